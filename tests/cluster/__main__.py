@@ -1,0 +1,5 @@
+import sys
+
+from tests.cluster.testcluster import main
+
+sys.exit(main())

@@ -1,0 +1,505 @@
+"""The DockerMPI test cluster: one master host and N node hosts, each a container.
+
+Every host boots systemd, so Salt and (once highstate has run) each node's own Docker
+engine are managed as services, as on real hosts. Layout on this machine:
+
+- network ``dmpi-cluster`` (10.197.1.0/24): the cluster network. master .2, nodes .11...
+- network ``dmpi-site`` (10.197.2.0/24): the site LAN the nodes also sit on; a host here
+  that is not on the cluster network must not reach sshd or MPI ports.
+- volume ``dmpi-shared``: the shared data area, mounted at the same path on every node.
+  The kernel here has no NFS, so the platform (a Docker volume) shares it; pillar says
+  ``storage.type: preshared``, which is also how a site with a cluster file system runs.
+- volume ``dmpi-<node>-docker``: each node engine's /var/lib/docker (overlay2 needs it).
+
+Everything is built offline: a debootstrapped Debian base, a local wheelhouse for Salt,
+and the MPI image pushed to the registry on the master host.
+"""
+
+import hashlib
+import io
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+import docker
+import docker.errors
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FILES = pathlib.Path(__file__).resolve().parent / "files"
+CACHE = pathlib.Path(os.environ.get("DMPI_CACHE", "/var/cache/dockermpi"))
+WHEELHOUSE = CACHE / "wheelhouse"
+
+LABEL = "io.dockermpi.testcluster"
+BASE_IMAGE = "dockermpi/debian:bookworm"
+CLUSTER_NET = ("dmpi-cluster", "10.197.1.0/24", "10.197.1.1")
+SITE_NET = ("dmpi-site", "10.197.2.0/24", "10.197.2.1")
+MASTER = "dmpi-master"
+MASTER_ADDR = "10.197.1.2"
+REGISTRY = f"{MASTER_ADDR}:5000"
+REGISTRY_HOST_PORT = int(os.environ.get("DMPI_REGISTRY_PORT", "15000"))
+SHARED_VOLUME = "dmpi-shared"
+SHARED_PATH = "/srv/dockermpi"
+NODE_ROLE_GRAINS = {"roles": ["mpi-node"]}
+
+# What a container needs to boot systemd and run a nested Docker engine on this kernel
+# (--privileged is refused here: the bounding set lacks CAP_SYS_RESOURCE).
+SYSTEMD_HOST_OPTIONS = {
+    "cap_add": ["ALL"],
+    "cap_drop": ["SYS_RESOURCE"],
+    "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+    "device_cgroup_rules": ["a *:* rwm"],
+    "tmpfs": {"/run": "", "/run/lock": "", "/tmp": ""},
+    "cgroupns": "host",
+    "environment": {"container": "docker"},
+}
+
+
+class ClusterError(Exception):
+    """The test cluster could not be brought to the asked state."""
+
+
+def step(message):
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def node_name(index):
+    return f"node{index}"
+
+
+def node_container(index):
+    return f"dmpi-{node_name(index)}"
+
+
+def node_address(index, network=CLUSTER_NET):
+    return network[1].rsplit(".", 1)[0] + f".{10 + index}"
+
+
+def tree_digest(*paths):
+    """A short content hash of files, so a changed image definition gets a new tag."""
+    digest = hashlib.sha256()
+    for root in paths:
+        root = pathlib.Path(root)
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for path in files:
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def tar_of(files):
+    """An in-memory tar of {archive name: bytes or path}."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, content in files.items():
+            if isinstance(content, pathlib.Path):
+                archive.add(str(content), arcname=name)
+                continue
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(content))
+    buffer.seek(0)
+    return buffer
+
+
+class TestCluster:
+    """Bring up, inspect and tear down the test cluster; run commands on its hosts."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, nodes=3):
+        if not 1 <= nodes <= 9:
+            raise ClusterError(f"nodes must be between 1 and 9, got {nodes}")
+        self.node_count = nodes
+        self.docker = docker.from_env(timeout=600)
+
+    # --- naming -------------------------------------------------------------------
+    @property
+    def nodes(self):
+        """Minion ids of the nodes, in order."""
+        return [node_name(i) for i in range(1, self.node_count + 1)]
+
+    def container(self, host):
+        """The container of ``master`` or a node's minion id."""
+        name = MASTER if host == "master" else f"dmpi-{host}"
+        return self.docker.containers.get(name)
+
+    # --- running commands ---------------------------------------------------------
+    def exec(self, host, argv, check=True, user=None, environment=None):
+        """Run argv on a host; returns (exit code, combined output text)."""
+        result = self.container(host).exec_run(
+            argv, user=user or "", environment=environment, demux=False
+        )
+        output = (result.output or b"").decode(errors="replace")
+        if check and result.exit_code != 0:
+            raise ClusterError(f"{host}: {argv!r} exited {result.exit_code}:\n{output}")
+        return result.exit_code, output
+
+    def salt(self, argv, check=True):
+        """Run a salt CLI (``salt``, ``salt-run``, ``salt-key``) on the master."""
+        return self.exec("master", argv, check=check)
+
+    def salt_json(self, argv):
+        """Run a salt CLI with --out=json --static and parse its output."""
+        code, output = self.salt(list(argv) + ["--out=json", "--static"], check=False)
+        try:
+            return code, json.loads(output) if output.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ClusterError(f"{argv!r} exited {code} without JSON:\n{output}") from exc
+
+    # --- images -------------------------------------------------------------------
+    def ensure_base_image(self):
+        try:
+            self.docker.images.get(BASE_IMAGE)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+        step(f"building {BASE_IMAGE} with debootstrap (about a minute)")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE) as scratch:
+            rootfs = pathlib.Path(scratch) / "rootfs"
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", "bookworm", str(rootfs)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+            subprocess.run(
+                ["docker", "import", "-c", 'CMD ["/bin/bash"]', "-", BASE_IMAGE],
+                stdin=tar.stdout,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            if tar.wait() != 0:
+                raise ClusterError("tar of the debootstrapped root failed")
+
+    def build_image(self, name, context_dir, extra=None):
+        """Build context_dir (plus extra {name: path}) as name:<content hash>, once."""
+        extra = extra or {}
+        tag = f"{name}:{tree_digest(context_dir)}"
+        try:
+            self.docker.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+        step(f"building {tag} from {context_dir.relative_to(REPO)}")
+        with tempfile.TemporaryDirectory() as scratch:
+            context = pathlib.Path(scratch) / "context"
+            shutil.copytree(context_dir, context)
+            for arcname, source in extra.items():
+                shutil.copytree(source, context / arcname, copy_function=os.link)
+            started = time.monotonic()
+            for chunk in self.docker.api.build(
+                path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
+                buildargs={"BASE": BASE_IMAGE},
+            ):
+                if "error" in chunk:
+                    raise ClusterError(f"building {tag}: {chunk['error']}")
+                line = chunk.get("stream", "").strip()
+                if line.startswith("Step "):
+                    print(f"    {line}", flush=True)
+        step(f"built {tag} in {time.monotonic() - started:.0f}s")
+        return tag
+
+    def host_image(self):
+        if not any(WHEELHOUSE.glob("salt-3008.4-*.whl")):
+            raise ClusterError(f"no Salt wheel in {WHEELHOUSE}: run tests/cluster/dmpi-cluster")
+        return self.build_image(
+            "dockermpi/testhost", REPO / "images" / "host", {"wheelhouse": WHEELHOUSE}
+        )
+
+    def mpi_image(self):
+        return self.build_image("dockermpi/mpi", REPO / "images" / "mpi")
+
+    # --- bring up -------------------------------------------------------------------
+    def ensure_network(self, spec):
+        name, subnet, gateway = spec
+        try:
+            return self.docker.networks.get(name)
+        except docker.errors.NotFound:
+            pool = docker.types.IPAMPool(subnet=subnet, gateway=gateway)
+            return self.docker.networks.create(
+                name, driver="bridge", ipam=docker.types.IPAMConfig(pool_configs=[pool]),
+                labels={LABEL: "1"},
+            )
+
+    def ensure_volume(self, name):
+        try:
+            return self.docker.volumes.get(name)
+        except docker.errors.NotFound:
+            return self.docker.volumes.create(name, labels={LABEL: "1"})
+
+    def start_host(self, name, hostname, image, address, mounts, extra_networks=(), ports=None):
+        """Create (or start) a systemd host container on the cluster network."""
+        try:
+            container = self.docker.containers.get(name)
+            if container.status != "running":
+                container.start()
+            return container, False
+        except docker.errors.NotFound:
+            pass
+        container = self.docker.containers.create(
+            image,
+            name=name,
+            hostname=hostname,
+            labels={LABEL: "1"},
+            volumes=mounts,
+            network=CLUSTER_NET[0],
+            ports=ports or {},
+            **SYSTEMD_HOST_OPTIONS,
+        )
+        # Fixed addresses: connect explicitly (create() only takes the network name).
+        cluster = self.docker.networks.get(CLUSTER_NET[0])
+        cluster.disconnect(container)
+        cluster.connect(container, ipv4_address=address)
+        for network, extra_address in extra_networks:
+            self.docker.networks.get(network).connect(container, ipv4_address=extra_address)
+        container.start()
+        return container, True
+
+    def wait_for_systemd(self, host, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            code, state = self.exec(host, ["systemctl", "is-system-running"], check=False)
+            if state.strip() in ("running", "degraded"):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{host}: systemd did not come up ({state.strip()})")
+            time.sleep(0.5)
+
+    def put_file(self, host, path, content):
+        path = pathlib.PurePosixPath(path)
+        self.exec(host, ["mkdir", "-p", str(path.parent)])
+        self.container(host).put_archive(str(path.parent), tar_of({path.name: content}))
+
+    def up_master(self, image):
+        mounts = {
+            str(REPO / "salt"): {"bind": "/srv/salt", "mode": "ro"},
+            str(REPO / "pillar"): {"bind": "/srv/pillar", "mode": "ro"},
+            "dmpi-registry": {"bind": "/var/lib/docker-registry", "mode": "rw"},
+            "dmpi-master-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
+            "dmpi-master-cache": {"bind": "/var/cache/salt", "mode": "rw"},
+        }
+        for folder in ("_modules", "_states", "_runners", "_utils"):
+            mounts[str(REPO / folder)] = {"bind": f"/srv/salt-ext/{folder}", "mode": "ro"}
+        _, created = self.start_host(
+            MASTER, "master", image, MASTER_ADDR, mounts,
+            ports={"5000/tcp": ("127.0.0.1", REGISTRY_HOST_PORT)},
+        )
+        self.wait_for_systemd("master")
+        if created:
+            self.put_file("master", "/etc/salt/master.d/cluster.conf",
+                          (FILES / "master.conf").read_bytes())
+            self.put_file("master", "/etc/docker/registry/config.yml",
+                          (FILES / "registry.yml").read_bytes())
+            self.exec("master", ["mkdir", "-p", "/srv/pillar-local"])
+            self.exec("master", ["chown", "docker-registry:", "/var/lib/docker-registry"])
+            self.exec("master", ["systemctl", "enable", "--now", "salt-master",
+                                 "docker-registry"])
+
+    def up_node(self, index, image):
+        name = node_name(index)
+        mounts = {
+            SHARED_VOLUME: {"bind": SHARED_PATH, "mode": "rw"},
+            f"dmpi-{name}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
+            f"dmpi-{name}-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
+            "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+        }
+        _, created = self.start_host(
+            f"dmpi-{name}", name, image, node_address(index), mounts,
+            extra_networks=[(SITE_NET[0], node_address(index, SITE_NET))],
+        )
+        self.wait_for_systemd(name)
+        if created:
+            minion = {"id": name, "master": MASTER_ADDR, "grains": NODE_ROLE_GRAINS}
+            self.put_file(name, "/etc/salt/minion.d/cluster.conf",
+                          yaml.safe_dump(minion).encode())
+            self.exec(name, ["systemctl", "enable", "--now", "salt-minion"])
+
+    def wait_for_minions(self, timeout=120):
+        """Accept the nodes' keys (and only theirs) and wait until all answer."""
+        deadline = time.monotonic() + timeout
+        pending = set(self.nodes)
+        while pending:
+            _, keys = self.salt_json(["salt-key", "--list=all"])
+            accepted = set(keys.get("minions", []))
+            for minion in sorted(pending & set(keys.get("minions_pre", []))):
+                self.salt(["salt-key", "--yes", f"--accept={minion}"])
+            pending -= accepted
+            if pending and time.monotonic() > deadline:
+                raise ClusterError(f"minions never asked for key acceptance: {sorted(pending)}")
+            if pending:
+                time.sleep(1)
+        while True:
+            _, answers = self.salt_json(["salt", "-L", ",".join(self.nodes), "test.ping",
+                                         "--timeout=5"])
+            missing = [n for n in self.nodes if answers.get(n) is not True]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"minions not answering: {missing}")
+            time.sleep(1)
+
+    def publish_mpi_image(self, tag):
+        """Push the MPI image to the cluster registry; pin its digest in the pillar."""
+        local = f"127.0.0.1:{REGISTRY_HOST_PORT}/dockermpi/mpi"
+        version = tag.split(":", 1)[1]
+        self.docker.images.get(tag).tag(local, version)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                for chunk in self.docker.images.push(local, version, stream=True, decode=True):
+                    if "error" in chunk:
+                        raise ClusterError(f"push {local}:{version}: {chunk['error']}")
+                break
+            except docker.errors.APIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)  # the registry may still be starting
+        digest = next(
+            d.split("@", 1)[1]
+            for d in self.docker.images.get(tag).attrs["RepoDigests"]
+            if d.startswith(local + "@")
+        )
+        reference = f"{REGISTRY}/dockermpi/mpi@{digest}"
+        pillar = {"mpi": {"images": {"mpi": reference}}}
+        self.put_file("master", "/srv/pillar-local/testcluster_images.sls",
+                      yaml.safe_dump(pillar).encode())
+        return reference
+
+    def sync_and_highstate(self):
+        """Sync custom modules everywhere, then apply highstate to every node."""
+        self.salt(["salt-run", "saltutil.sync_all"])
+        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.sync_all"])
+        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.refresh_pillar", "wait=True"])
+        return self.highstate()
+
+    def highstate(self, test=False):
+        """Apply highstate to every node; returns {node: {id: result}}; raises on failure."""
+        argv = ["salt", "-L", ",".join(self.nodes), "state.apply", "--timeout=600"]
+        if test:
+            argv.append("test=True")
+        started = time.monotonic()
+        code, results = self.salt_json(argv)
+        failed = {}
+        for node in self.nodes:
+            states = results.get(node)
+            if not isinstance(states, dict):
+                failed[node] = states
+                continue
+            bad = {k: v.get("comment") for k, v in states.items() if v.get("result") is False}
+            if bad:
+                failed[node] = bad
+        if failed:
+            raise ClusterError("highstate failed:\n" + json.dumps(failed, indent=2))
+        changed = {
+            node: sorted(k for k, v in results[node].items() if v.get("changes"))
+            for node in self.nodes
+        }
+        step(
+            f"highstate{' (test)' if test else ''} on {len(self.nodes)} nodes took "
+            f"{time.monotonic() - started:.0f}s; changed states: "
+            + ", ".join(f"{n}={len(c)}" for n, c in changed.items())
+        )
+        return results
+
+    def up(self):
+        """Bring the whole cluster up from nothing; safe to run again on a running one."""
+        started = time.monotonic()
+        self.ensure_base_image()
+        host_image = self.host_image()
+        mpi_image = self.mpi_image()
+        for spec in (CLUSTER_NET, SITE_NET):
+            self.ensure_network(spec)
+        self.ensure_volume(SHARED_VOLUME)
+        step("starting master host (salt-master, registry)")
+        self.up_master(host_image)
+        for index in range(1, self.node_count + 1):
+            step(f"starting {node_name(index)}")
+            self.up_node(index, host_image)
+        step("accepting minion keys, waiting for minions")
+        self.wait_for_minions()
+        step("pushing the MPI image to the cluster registry")
+        reference = self.publish_mpi_image(mpi_image)
+        step(f"approved image mpi = {reference}")
+        step("highstate on all nodes (first run installs Docker on each node)")
+        self.sync_and_highstate()
+        step(f"cluster up in {time.monotonic() - started:.0f}s")
+
+    # --- inspect and tear down --------------------------------------------------------
+    def containers(self):
+        return self.docker.containers.list(all=True, filters={"label": LABEL})
+
+    def is_up(self):
+        running = {c.name for c in self.containers() if c.status == "running"}
+        return {MASTER, *(f"dmpi-{n}" for n in self.nodes)} <= running
+
+    def status(self):
+        """Containers, addresses, whether each minion answers and its engine runs."""
+        report = {"containers": {}, "minions": {}}
+        for container in sorted(self.containers(), key=lambda c: c.name):
+            networks = container.attrs["NetworkSettings"]["Networks"]
+            report["containers"][container.name] = {
+                "status": container.status,
+                "addresses": {net: info["IPAddress"] for net, info in networks.items()},
+            }
+        if report["containers"].get(MASTER, {}).get("status") == "running":
+            _, pings = self.salt_json(["salt", "*", "test.ping", "--timeout=5"])
+            _, engines = self.salt_json(["salt", "*", "service.status", "docker", "--timeout=5"])
+            for minion in sorted(pings):
+                report["minions"][minion] = {
+                    "answers": pings[minion] is True,
+                    "docker_running": engines.get(minion) is True,
+                }
+        return report
+
+    def down(self):
+        """Remove every container, network and volume of the test cluster."""
+        for container in self.containers():
+            step(f"removing {container.name}")
+            container.remove(force=True, v=True)
+        for network in self.docker.networks.list(filters={"label": LABEL}):
+            network.remove()
+        for volume in self.docker.volumes.list(filters={"label": LABEL}):
+            volume.remove(force=True)
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="dmpi-cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=int(os.environ.get("DMPI_NODES", "3")))
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="bring the cluster up (safe to repeat)")
+    sub.add_parser("status", help="show containers and minions")
+    sub.add_parser("down", help="remove all containers, networks and volumes")
+    sub.add_parser("highstate", help="apply highstate to every node again")
+    run = sub.add_parser("salt", help="run a salt command on the master, e.g. salt-run mpi.launch")
+    run.add_argument("salt_argv", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cluster = TestCluster(nodes=args.nodes)
+    try:
+        if args.command == "up":
+            cluster.up()
+        elif args.command == "status":
+            print(json.dumps(cluster.status(), indent=2))
+        elif args.command == "down":
+            cluster.down()
+        elif args.command == "highstate":
+            cluster.sync_and_highstate()
+        elif args.command == "salt":
+            result = cluster.container("master").exec_run(args.salt_argv, stream=True)
+            for chunk in result.output:
+                sys.stdout.write(chunk.decode(errors="replace"))
+            return 0
+    except ClusterError as exc:
+        print(f"dmpi-cluster: {exc}", file=sys.stderr)
+        return 1
+    return 0
