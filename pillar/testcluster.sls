@@ -1,6 +1,6 @@
 # Pillar of the local test cluster (tests/cluster). A site writes its own from pillar.example.
 mpi:
-  cluster_network: 10.197.1.0/24
+  cluster_network: 10.251.1.0/24
   slots_per_node: 2
   storage:
     # The kernel here has no NFS: a Docker volume shares /srv/dockermpi between the nodes.
@@ -8,4 +8,4 @@ mpi:
     path: /srv/dockermpi
   docker:
     insecure_registries:
-      - 10.197.1.2:5000
+      - 10.251.1.2:5000

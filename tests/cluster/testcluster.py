@@ -3,8 +3,8 @@
 Every host boots systemd, so Salt and (once highstate has run) each node's own Docker
 engine are managed as services, as on real hosts. Layout on this machine:
 
-- network ``dmpi-cluster`` (10.197.1.0/24): the cluster network. master .2, nodes .11...
-- network ``dmpi-site`` (10.197.2.0/24): the site LAN the nodes also sit on; a host here
+- network ``dmpi-cluster`` (10.251.1.0/24): the cluster network. master .2, nodes .11...
+- network ``dmpi-site`` (10.251.2.0/24): the site LAN the nodes also sit on; a host here
   that is not on the cluster network must not reach sshd or MPI ports.
 - volume ``dmpi-shared``: the shared data area, mounted at the same path on every node.
   The kernel here has no NFS, so the platform (a Docker volume) shares it; pillar says
@@ -38,10 +38,10 @@ WHEELHOUSE = CACHE / "wheelhouse"
 
 LABEL = "io.dockermpi.testcluster"
 BASE_IMAGE = "dockermpi/debian:bookworm"
-CLUSTER_NET = ("dmpi-cluster", "10.197.1.0/24", "10.197.1.1")
-SITE_NET = ("dmpi-site", "10.197.2.0/24", "10.197.2.1")
+CLUSTER_NET = ("dmpi-cluster", "10.251.1.0/24", "10.251.1.1")
+SITE_NET = ("dmpi-site", "10.251.2.0/24", "10.251.2.1")
 MASTER = "dmpi-master"
-MASTER_ADDR = "10.197.1.2"
+MASTER_ADDR = "10.251.1.2"
 REGISTRY = f"{MASTER_ADDR}:5000"
 REGISTRY_HOST_PORT = int(os.environ.get("DMPI_REGISTRY_PORT", "15000"))
 SHARED_VOLUME = "dmpi-shared"
@@ -148,7 +148,8 @@ class TestCluster:
 
     def salt_json(self, argv):
         """Run a salt CLI with --out=json --static and parse its output."""
-        code, output = self.salt(list(argv) + ["--out=json", "--static"], check=False)
+        static = [] if argv[0] == "salt-key" else ["--static"]
+        code, output = self.salt(list(argv) + ["--out=json", *static], check=False)
         try:
             return code, json.loads(output) if output.strip() else {}
         except json.JSONDecodeError as exc:
@@ -250,7 +251,7 @@ class TestCluster:
             name=name,
             hostname=hostname,
             labels={LABEL: "1"},
-            volumes=mounts,
+            volumes={**mounts, "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
             network=CLUSTER_NET[0],
             ports=ports or {},
             **SYSTEMD_HOST_OPTIONS,
@@ -310,7 +311,6 @@ class TestCluster:
             SHARED_VOLUME: {"bind": SHARED_PATH, "mode": "rw"},
             f"dmpi-{name}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
             f"dmpi-{name}-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
-            "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
         }
         _, created = self.start_host(
             f"dmpi-{name}", name, image, node_address(index), mounts,
