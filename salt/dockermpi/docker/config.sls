@@ -1,0 +1,27 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+{%- from tplroot ~ "/map.jinja" import mpi with context %}
+
+include:
+  - .package
+{#- No `hosts` key: the engine keeps its default unix socket only (a `hosts`
+    key would also clash with dockerd's `-H fd://` in Debian's unit). #}
+{%- set daemon = {
+      "log-driver": "json-file",
+      "log-opts": {
+        "max-size": mpi.docker.log_max_size | string,
+        "max-file": mpi.docker.log_max_file | string,
+      },
+      "insecure-registries": mpi.docker.insecure_registries,
+    } %}
+
+mpi-docker-config-daemon-json:
+  file.serialize:
+    - name: /etc/docker/daemon.json
+    - serializer: json
+    - dataset: {{ daemon | json }}
+    - user: root
+    - group: root
+    - mode: '0644'
+    - makedirs: True
+    - require:
+      - pkg: mpi-docker-package-installed

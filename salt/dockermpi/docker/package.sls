@@ -1,0 +1,6 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+{%- from tplroot ~ "/map.jinja" import mpi with context %}
+
+mpi-docker-package-installed:
+  pkg.installed:
+    - name: {{ mpi.docker.package | json }}

@@ -1,0 +1,3 @@
+mpi-firewall-package-installed:
+  pkg.installed:
+    - name: iptables

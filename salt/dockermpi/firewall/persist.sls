@@ -1,0 +1,56 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+{%- from tplroot ~ "/map.jinja" import mpi with context %}
+{#- The same rules restored at boot: a rules file for iptables-restore --noflush
+    (it flushes and refills only our chain) and a oneshot unit that restores it
+    and puts the jump back at rule 1 of INPUT. The execution module renders the
+    file so live and boot rules cannot drift apart. #}
+{%- set chain = mpi.firewall.chain %}
+{%- set rules_file = mpi.firewall.rules_file %}
+{%- set payload = salt['mpi_firewall.restore_payload'](mpi.cluster_network, mpi.ports, chain=chain) %}
+
+include:
+  - .package
+  - .rules
+
+mpi-firewall-persist-rules-file:
+  file.managed:
+    - name: {{ rules_file | json }}
+    - contents: {{ payload | json }}
+    - user: root
+    - group: root
+    - mode: '0644'
+    - makedirs: True
+
+mpi-firewall-persist-unit-file:
+  file.managed:
+    - name: /etc/systemd/system/dockermpi-firewall.service
+    - user: root
+    - group: root
+    - mode: '0644'
+    - contents: |
+        # Managed by Salt (dockermpi.firewall.persist).
+        [Unit]
+        Description=DockerMPI firewall chain {{ chain }}
+        Wants=network-pre.target
+        Before=network-pre.target
+
+        [Service]
+        Type=oneshot
+        RemainAfterExit=yes
+        ExecStart=/usr/sbin/iptables-restore -w --noflush {{ rules_file }}
+        ExecStart=-/usr/sbin/iptables -w -D INPUT -j {{ chain }}
+        ExecStart=/usr/sbin/iptables -w -I INPUT 1 -j {{ chain }}
+
+        [Install]
+        WantedBy=multi-user.target
+
+mpi-firewall-persist-service-running:
+  service.running:
+    - name: dockermpi-firewall
+    - enable: True
+    - require:
+      - pkg: mpi-firewall-package-installed
+      - mpi_firewall: mpi-firewall-rules-chain-present
+    - watch:
+      - file: mpi-firewall-persist-rules-file
+      - file: mpi-firewall-persist-unit-file

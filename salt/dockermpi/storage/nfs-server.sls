@@ -1,0 +1,62 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+{%- from tplroot ~ "/map.jinja" import mpi with context %}
+{#- Export mpi:storage:nfs:export to the cluster network only, root squashed.
+    Salt 3008 core no longer ships the nfs_export state, so the export is a
+    file in /etc/exports.d and `exportfs -ra` runs only when that file changes. #}
+{%- set export = mpi.storage.nfs.export %}
+{%- set export_line = export ~ " " ~ mpi.cluster_network ~ "(rw,sync,root_squash,no_subtree_check)" %}
+
+include:
+  - {{ tplroot }}.guest
+
+mpi-storage-nfs-server-package-installed:
+  pkg.installed:
+    - name: nfs-kernel-server
+
+mpi-storage-nfs-server-export-directory:
+  file.directory:
+    - name: {{ export | json }}
+    - user: root
+    - group: root
+    - mode: '0755'
+    - makedirs: True
+
+mpi-storage-nfs-server-users-directory:
+  file.directory:
+    - name: {{ (export ~ "/users") | json }}
+    - user: {{ mpi.guest.user | json }}
+    - group: {{ mpi.guest.group | json }}
+    - mode: '0711'
+    - require:
+      - file: mpi-storage-nfs-server-export-directory
+      - user: mpi-guest-user-user-present
+
+mpi-storage-nfs-server-exports-file:
+  file.managed:
+    - name: /etc/exports.d/dockermpi.exports
+    - user: root
+    - group: root
+    - mode: '0644'
+    - makedirs: True
+    - contents:
+      - '# Managed by Salt (dockermpi.storage.nfs-server).'
+      - {{ export_line | json }}
+    - require:
+      - file: mpi-storage-nfs-server-export-directory
+
+mpi-storage-nfs-server-service-running:
+  service.running:
+    - name: nfs-kernel-server
+    - enable: True
+    - require:
+      - pkg: mpi-storage-nfs-server-package-installed
+      - file: mpi-storage-nfs-server-exports-file
+
+mpi-storage-nfs-server-exportfs-reload:
+  cmd.run:
+    - name: exportfs -ra
+    - python_shell: False
+    - onchanges:
+      - file: mpi-storage-nfs-server-exports-file
+    - require:
+      - service: mpi-storage-nfs-server-service-running

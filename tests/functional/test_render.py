@@ -1,0 +1,247 @@
+"""
+Render the real state tree (salt/ plus the repo's _modules and _states) with
+``salt-call --local`` and check what a node would be given.
+
+Nothing is applied: ``state.show_highstate`` renders the top file and every SLS,
+with the custom modules synced the way a highstate syncs them.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SALT_CALL = pathlib.Path(sys.executable).with_name("salt-call")
+
+CLUSTER_NETWORK = "172.30.0.0/16"
+
+
+def _run(config_dir, *args, check=True):
+    proc = subprocess.run(
+        [str(SALT_CALL), "--local", "-c", str(config_dir), "--out", "json", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"salt-call {' '.join(args)} failed ({proc.returncode}):\n"
+            f"{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def _minion(tmp_path, roles, mpi_pillar):
+    """A salt-call --local config whose file_roots never include the repo root."""
+    root = tmp_path / "root"
+    extra = tmp_path / "extra_roots"
+    pillar_roots = tmp_path / "pillar"
+    for path in (root, extra, pillar_roots):
+        path.mkdir()
+    (extra / "_modules").symlink_to(REPO / "_modules")
+    (extra / "_states").symlink_to(REPO / "_states")
+    (pillar_roots / "top.sls").write_text("base:\n  '*':\n    - mpi\n")
+    (pillar_roots / "mpi.sls").write_text(yaml.safe_dump({"mpi": mpi_pillar}))
+    config = {
+        "id": "render-node",
+        "root_dir": str(root),
+        "pki_dir": str(root / "pki"),
+        "cachedir": str(root / "cache"),
+        "sock_dir": str(root / "sock"),
+        "log_file": str(root / "minion.log"),
+        "file_client": "local",
+        "file_roots": {"base": [str(REPO / "salt"), str(extra)]},
+        "pillar_roots": {"base": [str(pillar_roots)]},
+        "grains": {"roles": roles},
+        "log_level": "error",
+    }
+    (tmp_path / "minion").write_text(yaml.safe_dump(config))
+    return tmp_path
+
+
+def _highstate(config_dir):
+    # a highstate syncs _modules/_states itself; show_highstate does not
+    _run(config_dir, "saltutil.sync_all")
+    ret = json.loads(_run(config_dir, "state.show_highstate").stdout)["local"]
+    assert isinstance(ret, dict), f"rendering failed: {ret}"
+    return ret
+
+
+def _args(high, state_id, function):
+    """Arguments of `function` (e.g. 'file.managed') under `state_id`, as a dict."""
+    assert state_id in high, f"{state_id} not rendered; have {sorted(high)}"
+    mod, fun = function.split(".")
+    body = high[state_id][mod]
+    assert fun in body, f"{state_id} is not {function}: {body}"
+    args = {}
+    for item in body:
+        if isinstance(item, dict):
+            args.update(item)
+    args.setdefault("name", state_id)
+    return args
+
+
+NFS_PILLAR = {
+    "cluster_network": CLUSTER_NETWORK,
+    "storage": {
+        "type": "nfs",
+        "path": "/srv/shared",
+        "nfs": {"server": "172.30.0.10", "export": "/export/mpi"},
+    },
+    "images": {
+        "openmpi": "registry.test:5000/mpi/openmpi@sha256:" + "ab" * 32,
+    },
+}
+
+PRESHARED_PILLAR = {
+    "cluster_network": CLUSTER_NETWORK,
+    "storage": {"type": "preshared", "path": "/data/cluster"},
+}
+
+
+@pytest.fixture(scope="module")
+def nfs_high(tmp_path_factory):
+    cfg = _minion(
+        tmp_path_factory.mktemp("nfs"), ["mpi-node", "mpi-nfs-server"], NFS_PILLAR
+    )
+    return _highstate(cfg)
+
+
+@pytest.fixture(scope="module")
+def preshared_high(tmp_path_factory):
+    cfg = _minion(tmp_path_factory.mktemp("preshared"), ["mpi-node"], PRESHARED_PILLAR)
+    return _highstate(cfg)
+
+
+def test_nfs_export_is_cluster_network_only_and_root_squashed(nfs_high):
+    exports = _args(nfs_high, "mpi-storage-nfs-server-exports-file", "file.managed")
+    assert exports["name"] == "/etc/exports.d/dockermpi.exports"
+    lines = [l for l in exports["contents"] if not l.startswith("#")]
+    assert lines == [
+        f"/export/mpi {CLUSTER_NETWORK}(rw,sync,root_squash,no_subtree_check)"
+    ]
+    assert "no_root_squash" not in lines[0]
+    assert "*" not in lines[0]
+
+
+def test_nfs_export_reload_only_on_change(nfs_high):
+    reload_ = _args(nfs_high, "mpi-storage-nfs-server-exportfs-reload", "cmd.run")
+    assert reload_["onchanges"] == [{"file": "mpi-storage-nfs-server-exports-file"}]
+
+
+def test_nfs_users_directory_owned_by_guest(nfs_high):
+    users = _args(nfs_high, "mpi-storage-nfs-server-users-directory", "file.directory")
+    assert users["name"] == "/export/mpi/users"
+    assert (users["user"], users["group"], users["mode"]) == (
+        "mpiguest",
+        "mpiguest",
+        "0711",
+    )
+
+
+def test_nfs_client_mounts_server_export_at_path(nfs_high):
+    mount = _args(nfs_high, "mpi-storage-nfs-client-mount-mounted", "mount.mounted")
+    assert mount["name"] == "/srv/shared"
+    assert mount["device"] == "172.30.0.10:/export/mpi"
+    assert mount["fstype"] == "nfs"
+    assert mount["opts"] == ["rw", "hard", "noatime", "vers=4.2"]
+    assert "mpi-storage-preshared-path-exists" not in nfs_high
+
+
+def test_nfs_server_states_come_before_client_mount(nfs_high):
+    order = {sid: body["__sls__"] for sid, body in nfs_high.items()}
+    assert order["mpi-storage-nfs-server-exports-file"] == "dockermpi.storage.nfs-server"
+    assert order["mpi-storage-nfs-client-mount-mounted"] == "dockermpi.storage.nfs-client"
+
+
+def test_preshared_checks_path_without_creating_it(preshared_high):
+    exists = _args(preshared_high, "mpi-storage-preshared-path-exists", "file.exists")
+    assert exists["name"] == "/data/cluster"
+    users = _args(preshared_high, "mpi-storage-preshared-users-directory", "file.directory")
+    assert users["name"] == "/data/cluster/users"
+    assert users["makedirs"] is False
+    assert (users["user"], users["mode"]) == ("mpiguest", "0711")
+    assert not [sid for sid in preshared_high if "nfs" in sid]
+
+
+def test_preshared_node_without_nfs_role_gets_no_server(preshared_high):
+    assert not [
+        sid for sid, body in preshared_high.items() if "nfs" in body["__sls__"]
+    ]
+
+
+@pytest.mark.parametrize("high", ["nfs_high", "preshared_high"])
+def test_ids_unique_and_named_by_component(request, high):
+    high = request.getfixturevalue(high)
+    for sid, body in high.items():
+        component = body["__sls__"].split(".")[1]
+        assert sid.startswith(f"mpi-{component}-"), (sid, body["__sls__"])
+    # salt reports conflicting IDs across SLS files as errors (a list, not a dict);
+    # also check every ID comes from exactly one SLS file
+    per_sls = {}
+    for sid, body in high.items():
+        per_sls.setdefault(sid, set()).add(body["__sls__"])
+    assert all(len(v) == 1 for v in per_sls.values())
+
+
+def test_docker_daemon_json(nfs_high):
+    cfg = _args(nfs_high, "mpi-docker-config-daemon-json", "file.serialize")
+    assert cfg["name"] == "/etc/docker/daemon.json"
+    assert cfg["dataset"] == {
+        "log-driver": "json-file",
+        "log-opts": {"max-size": "10m", "max-file": "3"},
+        "insecure-registries": [],
+    }
+    assert "hosts" not in cfg["dataset"]
+    svc = _args(nfs_high, "mpi-docker-service-running", "service.running")
+    assert svc["enable"] is True
+    assert {"file": "mpi-docker-config-daemon-json"} in svc["watch"]
+
+
+def test_firewall_rules_file_matches_live_rules(nfs_high):
+    chain = _args(nfs_high, "mpi-firewall-rules-chain-present", "mpi_firewall.chain_present")
+    assert chain["name"] == "DOCKERMPI-INPUT"
+    assert chain["cluster_network"] == CLUSTER_NETWORK
+    rules = _args(nfs_high, "mpi-firewall-persist-rules-file", "file.managed")
+    contents = rules["contents"]
+    assert ":DOCKERMPI-INPUT - [0:0]" in contents
+    for first, last in ((20000, 20099), (20100, 20199), (20200, 20999)):
+        assert (
+            f"-A DOCKERMPI-INPUT -s {CLUSTER_NETWORK} -p tcp -m tcp "
+            f"--dport {first}:{last} -j ACCEPT" in contents
+        )
+        assert f"-A DOCKERMPI-INPUT -p tcp -m tcp --dport {first}:{last} -j DROP" in contents
+
+
+def test_images_rendered_with_digest_reference(nfs_high):
+    img = _args(nfs_high, "mpi-images-present-openmpi", "mpi_image.present")
+    assert img["name"] == "openmpi"
+    assert img["reference"] == NFS_PILLAR["images"]["openmpi"]
+
+
+def test_guest_user(preshared_high):
+    user = _args(preshared_high, "mpi-guest-user-user-present", "user.present")
+    assert (user["name"], user["uid"], user["gid"]) == ("mpiguest", 2000, 2000)
+    assert user["createhome"] is False
+
+
+def test_nfs_without_server_fails_with_clear_message(tmp_path):
+    pillar = {"storage": {"type": "nfs", "nfs": {"server": ""}}}
+    cfg = _minion(tmp_path, ["mpi-node"], pillar)
+    _run(cfg, "saltutil.sync_all")
+    proc = _run(cfg, "state.show_highstate", check=False)
+    assert "mpi:storage:nfs:server must name the NFS server" in proc.stdout + proc.stderr
+
+
+def test_unknown_storage_type_fails(tmp_path):
+    cfg = _minion(tmp_path, ["mpi-node"], {"storage": {"type": "ceph"}})
+    _run(cfg, "saltutil.sync_all")
+    proc = _run(cfg, "state.show_highstate", check=False)
+    assert "mpi:storage:type must be one of nfs, preshared" in proc.stdout + proc.stderr

@@ -1,0 +1,193 @@
+"""
+Unit tests of the mpi_image execution and state modules: reference validation and
+error edges. The Docker SDK is mocked only to produce errors (a registry without
+the digest, an engine that cannot be reached, a pull that returns the wrong
+image); real pulls are tested on the cluster.
+"""
+
+import importlib.util
+import pathlib
+from unittest.mock import MagicMock, patch
+
+import docker.errors
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mpi_image = _load("_modules/mpi_image.py", "mpi_image_module")
+mpi_image_state = _load("_states/mpi_image.py", "mpi_image_state")
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+REF = f"registry.test:5000/dockermpi/openmpi@{DIGEST}"
+
+
+@pytest.fixture
+def state_salt():
+    return {
+        "mpi_image.parse_reference": mpi_image.parse_reference,
+        "mpi_image.inspect": MagicMock(return_value=None),
+        "mpi_image.registry_has": MagicMock(return_value=DIGEST),
+        "mpi_image.pull": MagicMock(
+            return_value={"id": "sha256:feed", "repo_digests": [REF], "repo_tags": []}
+        ),
+    }
+
+
+@pytest.fixture
+def configure_loader_modules(state_salt):
+    return {
+        mpi_image: {},
+        mpi_image_state: {"__salt__": state_salt, "__opts__": {"test": False}},
+    }
+
+
+def _client_raising(**errors):
+    """A docker client whose images.<method> raise the given exceptions."""
+    client = MagicMock()
+    for method, exc in errors.items():
+        getattr(client.images, method).side_effect = exc
+    return client
+
+
+def _not_found(msg):
+    response = MagicMock(status_code=404)
+    return docker.errors.NotFound(msg, response=response, explanation=msg)
+
+
+def test_virtual_says_why_without_docker_sdk():
+    with patch.object(mpi_image, "HAS_DOCKER", False):
+        ret = mpi_image.__virtual__()
+    assert ret[0] is False
+    assert "docker Python package" in ret[1]
+
+
+def test_valid_reference_is_split():
+    assert mpi_image.parse_reference(REF) == {
+        "repository": "registry.test:5000/dockermpi/openmpi",
+        "digest": DIGEST,
+    }
+    assert mpi_image.parse_reference(f"debian@{DIGEST}")["repository"] == "debian"
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "registry.test:5000/dockermpi/openmpi:4.1",  # tag only
+        "registry.test:5000/dockermpi/openmpi",  # nothing
+        "registry.test:5000/dockermpi/openmpi:latest@" + DIGEST,  # tag and digest
+        "registry.test:5000/dockermpi/openmpi@sha256:abc",  # short digest
+        "registry.test:5000/dockermpi/openmpi@" + DIGEST.upper(),  # not lower hex
+        "registry.test:5000/dockermpi/openmpi@sha512:" + "0" * 64,
+        "Registry/Upper@" + DIGEST.replace("sha256:", "sha256:"),  # upper-case repo
+        "",
+        42,
+    ],
+)
+def test_reference_not_pinned_by_digest_is_rejected(reference):
+    with pytest.raises(SaltInvocationError):
+        mpi_image.parse_reference(reference)
+
+
+def test_unreachable_engine_is_a_command_error():
+    with patch.object(
+        mpi_image.docker, "from_env", side_effect=docker.errors.DockerException("no socket")
+    ):
+        with pytest.raises(CommandExecutionError, match="cannot reach the Docker engine"):
+            mpi_image.inspect(REF)
+
+
+def test_inspect_returns_none_when_image_absent():
+    client = _client_raising(get=docker.errors.ImageNotFound("no such image"))
+    with patch.object(mpi_image.docker, "from_env", return_value=client):
+        assert mpi_image.inspect(REF) is None
+
+
+def test_pull_of_digest_the_registry_lacks_names_reference_and_cause():
+    client = _client_raising(pull=_not_found("manifest unknown"))
+    with patch.object(mpi_image.docker, "from_env", return_value=client):
+        with pytest.raises(CommandExecutionError) as exc:
+            mpi_image.pull(REF)
+    assert REF in str(exc.value)
+    assert "does not have this digest" in str(exc.value)
+    assert "manifest unknown" in str(exc.value)
+    client.images.pull.assert_called_once_with(
+        "registry.test:5000/dockermpi/openmpi", tag=DIGEST
+    )
+
+
+def test_pull_that_yields_other_digest_is_an_error():
+    client = MagicMock()
+    client.images.pull.return_value = MagicMock(
+        id="sha256:beef", attrs={"RepoDigests": ["other/repo@" + DIGEST]}
+    )
+    with patch.object(mpi_image.docker, "from_env", return_value=client):
+        with pytest.raises(CommandExecutionError, match="do not contain it"):
+            mpi_image.pull(REF)
+
+
+def test_registry_has_reports_missing_digest():
+    client = _client_raising(get_registry_data=_not_found("manifest unknown"))
+    with patch.object(mpi_image.docker, "from_env", return_value=client):
+        with pytest.raises(CommandExecutionError, match="does not have"):
+            mpi_image.registry_has(REF)
+
+
+def test_state_rejects_tag_reference_without_touching_docker(state_salt):
+    ret = mpi_image_state.present("openmpi", "registry.test:5000/dockermpi/openmpi:4.1")
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    assert "openmpi" in ret["comment"] and "not pinned by digest" in ret["comment"]
+    state_salt["mpi_image.inspect"].assert_not_called()
+    state_salt["mpi_image.pull"].assert_not_called()
+
+
+def test_state_present_image_is_no_change(state_salt):
+    state_salt["mpi_image.inspect"].return_value = {"id": "sha256:feed"}
+    ret = mpi_image_state.present("openmpi", REF)
+    assert (ret["result"], ret["changes"]) == (True, {})
+    state_salt["mpi_image.pull"].assert_not_called()
+
+
+def test_state_test_mode_would_pull_and_does_not(state_salt):
+    with patch.dict(mpi_image_state.__opts__, {"test": True}):
+        ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is None
+    assert ret["changes"] == {"pulled": {"old": None, "new": REF}}
+    state_salt["mpi_image.pull"].assert_not_called()
+
+
+def test_state_test_mode_fails_for_digest_registry_lacks(state_salt):
+    state_salt["mpi_image.registry_has"].side_effect = CommandExecutionError(
+        f"the registry does not have {REF}"
+    )
+    with patch.dict(mpi_image_state.__opts__, {"test": True}):
+        ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    assert "openmpi" in ret["comment"] and REF in ret["comment"]
+
+
+def test_state_pull_failure_names_image_reference_and_cause(state_salt):
+    state_salt["mpi_image.pull"].side_effect = CommandExecutionError(
+        f"cannot pull {REF}: the registry does not have this digest: manifest unknown"
+    )
+    ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    for part in ("openmpi", REF, "manifest unknown"):
+        assert part in ret["comment"]
+
+
+def test_state_reports_pull(state_salt):
+    ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is True
+    assert ret["changes"]["pulled"]["new"] == REF
