@@ -1,0 +1,368 @@
+"""
+Unit tests for ``_utils/mpi_launch.py``: the text and argv builders of a DockerMPI job.
+
+The mpirun failure samples under ``data/mpirun/`` are real standard error captured from
+Open MPI 4.1.4 (Debian bookworm's openmpi-bin, image ``dockermpi/mpi:dev``) running
+``mpirun -np 4`` from a launcher container over ssh into two worker containers.
+"""
+
+import importlib.util
+import pathlib
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "mpirun"
+
+_spec = importlib.util.spec_from_file_location("mpi_launch", REPO / "_utils" / "mpi_launch.py")
+mpi_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mpi_launch)
+
+CIDR = "10.197.1.0/24"
+OOB = "20100-20199"
+BTL = (20200, 20999)
+SSH_PORT = 20022
+
+
+def _sample(name):
+    return (DATA / f"{name}.stderr").read_text()
+
+
+def _mca(argv):
+    """Map ``--mca NAME VALUE`` triples of an argv to a dict."""
+    out = {}
+    for i, arg in enumerate(argv):
+        if arg == "--mca":
+            out[argv[i + 1]] = argv[i + 2]
+    return out
+
+
+# ------------------------------------------------------------------------------ keys
+
+
+def test_keypair_is_openssh_ed25519_and_matches():
+    from cryptography.hazmat.primitives import serialization
+
+    private, public = mpi_launch.generate_ed25519_keypair("job-42")
+    assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    assert private.endswith("-----END OPENSSH PRIVATE KEY-----\n")
+    keytype, blob, comment = public.split(" ")
+    assert (keytype, comment) == ("ssh-ed25519", "job-42")
+    loaded = serialization.load_ssh_private_key(private.encode(), password=None)
+    derived = loaded.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+    assert derived == f"{keytype} {blob}"
+
+
+def test_keypairs_differ():
+    assert mpi_launch.generate_ed25519_keypair()[0] != mpi_launch.generate_ed25519_keypair()[0]
+
+
+@pytest.mark.parametrize("comment", ["", "two words", None])
+def test_keypair_rejects_bad_comment(comment):
+    with pytest.raises(ValueError, match="comment"):
+        mpi_launch.generate_ed25519_keypair(comment)
+
+
+# ---------------------------------------------------------------------- ssh config text
+
+
+def test_sshd_config_for_unprivileged_sshd():
+    text = mpi_launch.sshd_config_text(SSH_PORT, "guest")
+    lines = text.splitlines()
+    for expected in (
+        "Port 20022",
+        "HostKey /run/dockermpi/ssh_host_key",
+        "AuthorizedKeysFile /run/dockermpi/authorized_keys",
+        "AllowUsers guest",
+        "UsePAM no",
+        "PidFile none",
+        "PasswordAuthentication no",
+        "AllowTcpForwarding no",
+    ):
+        assert expected in lines
+    assert not any(line.startswith("ListenAddress") for line in lines)
+    assert text.endswith("\n")
+
+
+def test_sshd_config_listen_address():
+    text = mpi_launch.sshd_config_text(SSH_PORT, "guest", listen_address="10.197.1.11")
+    assert "ListenAddress 10.197.1.11" in text.splitlines()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"port": 22}, "between 1024 and 65535"),
+        ({"port": 70000}, "between 1024 and 65535"),
+        ({"port": "20022"}, "integer"),
+        ({"port": True}, "integer"),
+        ({"user": "Guest Name"}, "POSIX name"),
+        ({"user": "a\nMatch all"}, "POSIX name"),
+        ({"run_dir": "relative/dir"}, "absolute"),
+        ({"listen_address": "node1"}, "IPv4"),
+    ],
+)
+def test_sshd_config_rejects(kwargs, message):
+    args = {"port": SSH_PORT, "user": "guest", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        mpi_launch.sshd_config_text(**args)
+
+
+def test_authorized_keys_restricts_each_key():
+    _, pub1 = mpi_launch.generate_ed25519_keypair("a")
+    _, pub2 = mpi_launch.generate_ed25519_keypair("b")
+    assert mpi_launch.authorized_keys_text(pub1) == f"restrict {pub1}\n"
+    assert mpi_launch.authorized_keys_text([pub1, pub2]).splitlines() == [
+        f"restrict {pub1}",
+        f"restrict {pub2}",
+    ]
+
+
+@pytest.mark.parametrize("bad", [[], "not a key", ["ssh-ed25519 AAAA\ncommand=\"sh\" ssh-ed25519 AAAA"]])
+def test_authorized_keys_rejects(bad):
+    with pytest.raises(ValueError):
+        mpi_launch.authorized_keys_text(bad)
+
+
+def test_known_hosts_uses_alias_and_drops_comment():
+    _, host_pub = mpi_launch.generate_ed25519_keypair("host")
+    keytype, blob, _ = host_pub.split()
+    assert mpi_launch.known_hosts_text(host_pub) == f"dockermpi-job {keytype} {blob}\n"
+    assert mpi_launch.known_hosts_text(host_pub, alias="job-7").startswith("job-7 ssh-ed25519 ")
+
+
+@pytest.mark.parametrize("alias", ["", "*", "a b", "[x]:22"])
+def test_known_hosts_rejects_bad_alias(alias):
+    _, host_pub = mpi_launch.generate_ed25519_keypair("host")
+    with pytest.raises(ValueError, match="alias"):
+        mpi_launch.known_hosts_text(host_pub, alias=alias)
+
+
+# ---------------------------------------------------------------------- passwd / group
+
+
+def test_passwd_names_guest_with_data_home():
+    text = mpi_launch.passwd_text("guest", 2000, 2000)
+    entries = {fields[0]: fields for fields in (line.split(":") for line in text.splitlines())}
+    assert all(len(fields) == 7 for fields in entries.values())
+    assert entries["guest"] == ["guest", "x", "2000", "2000", "DockerMPI guest", "/data", "/bin/sh"]
+    assert entries["root"][2] == "0"
+    assert "sshd" in entries
+
+
+def test_group_names_guest_group():
+    lines = mpi_launch.group_text("guest", 2000).splitlines()
+    assert "guest:x:2000:" in lines
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("guest", 0, 2000), "not root"),
+        (("guest", 2000, 0), "not root"),
+        (("root", 2000, 2000), "clashes"),
+        (("guest", 65534, 2000), "clashes"),
+        (("bad:name", 2000, 2000), "POSIX name"),
+    ],
+)
+def test_passwd_rejects(args, message):
+    with pytest.raises(ValueError, match=message):
+        mpi_launch.passwd_text(*args)
+
+
+def test_group_rejects_root_gid():
+    with pytest.raises(ValueError, match="not root"):
+        mpi_launch.group_text("guest", 0)
+
+
+# ------------------------------------------------------------------------- hostfile
+
+
+def test_hostfile_keeps_placement_order():
+    text = mpi_launch.hostfile_text([("10.197.1.12", 4), ("10.197.1.11", 2)])
+    assert text == "10.197.1.12 slots=4 max_slots=4\n10.197.1.11 slots=2 max_slots=2\n"
+
+
+@pytest.mark.parametrize(
+    "placement, message",
+    [
+        ([], "non-empty"),
+        ([("node1", 2)], "IPv4"),
+        ([("10.197.1.11", 0)], "positive"),
+        ([("10.197.1.11", "2")], "positive"),
+        ([("10.197.1.11", 2), ("10.197.1.11", 1)], "twice"),
+        ([("10.197.1.11",)], "(address, slots)"),
+    ],
+)
+def test_hostfile_rejects(placement, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        mpi_launch.hostfile_text(placement)
+
+
+# ------------------------------------------------------------------------- launcher
+
+
+def _argv(**kwargs):
+    args = {
+        "np": 4,
+        "program": ["python3", "-c", "print(1)"],
+        "cluster_cidr": CIDR,
+        "oob_ports": OOB,
+        "btl_ports": BTL,
+        "ssh_port": SSH_PORT,
+        "workdir": "/data/jobs/42",
+    }
+    args.update(kwargs)
+    return mpi_launch.mpirun_argv(**args)
+
+
+def test_mpirun_argv_settings():
+    argv = _argv(env_names=["OMP_NUM_THREADS", "MY_VAR"])
+    assert argv[:7] == ["mpirun", "--hostfile", "/run/dockermpi/hostfile", "-np", "4",
+                        "--wdir", "/data/jobs/42"]
+    assert argv[-3:] == ["python3", "-c", "print(1)"]
+    mca = _mca(argv)
+    assert mca["oob_tcp_if_include"] == CIDR
+    assert mca["btl_tcp_if_include"] == CIDR
+    assert mca["oob_tcp_dynamic_ipv4_ports"] == "20100-20199"
+    assert mca["oob_tcp_dynamic_ipv6_ports"] == "20100-20199"
+    assert (mca["btl_tcp_port_min_v4"], mca["btl_tcp_port_range_v4"]) == ("20200", "800")
+    assert (mca["btl_tcp_port_min_v6"], mca["btl_tcp_port_range_v6"]) == ("20200", "800")
+    assert mca["btl_vader_single_copy_mechanism"] == "none"
+    assert (mca["oob_tcp_keepalive_time"], mca["oob_tcp_keepalive_intvl"],
+            mca["oob_tcp_keepalive_probes"]) == ("2", "1", "3")
+    assert mca["btl"] == "self,vader,tcp"
+    xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert xs == ["OMP_NUM_THREADS", "MY_VAR"]
+
+
+def test_ssh_args_reach_the_job_port_with_job_keys():
+    rsh_args = _mca(_argv())["plm_rsh_args"].split(" ")
+    # Open MPI splits plm_rsh_args on spaces: every option must survive that split.
+    assert rsh_args == mpi_launch.ssh_args(SSH_PORT)
+    joined = " ".join(rsh_args)
+    for expected in ("-p 20022", "-i /run/dockermpi/id_ed25519", "HostKeyAlias=dockermpi-job",
+                     "UserKnownHostsFile=/run/dockermpi/known_hosts", "StrictHostKeyChecking=yes",
+                     "BatchMode=yes"):
+        assert expected in joined
+
+
+def test_custom_keepalive():
+    mca = _mca(_argv(keepalive=(5, 2, 4)))
+    assert (mca["oob_tcp_keepalive_time"], mca["oob_tcp_keepalive_intvl"],
+            mca["oob_tcp_keepalive_probes"]) == ("5", "2", "4")
+
+
+def test_program_is_passed_verbatim():
+    program = ["./a.out", "$(touch /tmp/pwned)", "; rm -rf /", "--mca", "a b"]
+    assert _argv(program=program)[-5:] == program
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"np": 0}, "np"),
+        ({"np": "4"}, "np"),
+        ({"program": "python3 app.py"}, "list"),
+        ({"program": []}, "non-empty"),
+        ({"program": ["--mca", "x", "y"]}, "option"),
+        ({"program": ["a", 3]}, "strings"),
+        ({"cluster_cidr": "eth0"}, "CIDR"),
+        ({"cluster_cidr": "10.197.1.5/24"}, "not a network"),
+        ({"cluster_cidr": "fd00::/64"}, "IPv4"),
+        ({"oob_ports": "20100"}, "LOW-HIGH"),
+        ({"oob_ports": (20199, 20100)}, "empty"),
+        ({"oob_ports": (80, 200)}, "between 1024"),
+        ({"btl_ports": (20150, 20300)}, "overlap"),
+        ({"ssh_port": 20150}, "inside"),
+        ({"workdir": "data/x"}, "absolute"),
+        ({"workdir": "/data/my job"}, "whitespace"),
+        ({"env_names": "PATH"}, "list"),
+        ({"env_names": ["A=B"]}, "not valid"),
+        ({"env_names": ["1X"]}, "not valid"),
+        ({"keepalive": (0, 1, 3)}, "positive"),
+    ],
+)
+def test_mpirun_argv_rejects(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _argv(**kwargs)
+
+
+def test_launcher_argv_wraps_mpirun_in_fixed_script():
+    argv = mpi_launch.launcher_argv(
+        "/data/jobs/42/stdout", "/data/jobs/42/stderr", 4, ["python3", "x.py"], CIDR, OOB, BTL,
+        SSH_PORT, "/data/jobs/42",
+    )
+    assert argv[:6] == ["/bin/sh", "-c", mpi_launch.LAUNCHER_SCRIPT, "sh",
+                        "/data/jobs/42/stdout", "/data/jobs/42/stderr"]
+    assert argv[6:] == _argv(program=["python3", "x.py"])
+
+
+def test_launcher_argv_rejects_same_output_file():
+    with pytest.raises(ValueError, match="differ"):
+        mpi_launch.launcher_argv("/data/o", "/data/o", 1, ["x"], CIDR, OOB, BTL, SSH_PORT, "/data")
+
+
+def test_launcher_script_redirects_and_keeps_exit_code(tmp_path):
+    """Run the fixed wrapper with a stand-in for mpirun: hostile strings stay data."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    hostile = ["$(touch pwned)", "; touch pwned2", "`id`", "a b"]
+    script = 'printf "%s\\n" "$@"; echo oops >&2; exit 7'
+    argv = ["/bin/sh", "-c", mpi_launch.LAUNCHER_SCRIPT, "sh", str(out), str(err),
+            "/bin/sh", "-c", script, "inner"] + hostile
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, check=False)
+    assert result.returncode == 7
+    assert result.stdout == b"" and result.stderr == b""
+    assert out.read_text().splitlines() == hostile
+    assert err.read_text() == "oops\n"
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+
+
+# ---------------------------------------------------------------------- failure parse
+
+
+@pytest.mark.parametrize(
+    "sample, expected",
+    [
+        # rank 1: sys.exit(3) (mpi4py still finalizes) and os._exit(3)
+        ("exit3", {"rank": 1, "exit_code": 3}),
+        ("exit3os", {"rank": 1, "exit_code": 3}),
+        # rank 1 kills itself with SIGSEGV; the sample also holds Open MPI's backtrace
+        ("segv", {"rank": 1, "signal": 11, "signal_name": "SIGSEGV"}),
+        ("sigkill", {"rank": 2, "signal": 9, "signal_name": "SIGKILL"}),
+        # rank 3: MPI.COMM_WORLD.Abort(5)
+        ("abort", {"rank": 3, "exit_code": 5}),
+        # not a rank's failure: success, a worker killed, a missing program
+        ("hello", None),
+        ("lostnode", None),
+        ("notfound", None),
+    ],
+)
+def test_parse_real_mpirun_stderr(sample, expected):
+    assert mpi_launch.parse_mpirun_failure(_sample(sample)) == expected
+
+
+def test_parse_crlf():
+    text = _sample("exit3").replace("\n", "\r\n")
+    assert mpi_launch.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
+
+
+def test_parse_last_message_wins_over_program_output():
+    forged = _sample("segv").replace("rank 1 with", "rank 0 with").replace("signal 11", "signal 6")
+    # The program printed a look-alike first; mpirun's real verdict comes last.
+    text = forged + _sample("exit3os")
+    assert mpi_launch.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
+
+
+def test_parse_unknown_signal_number_keeps_text():
+    text = ("mpirun noticed that process rank 5 with PID 12 on node 10.0.0.1 exited on "
+            "signal 99 (Odd signal).\n")
+    assert mpi_launch.parse_mpirun_failure(text) == {"rank": 5, "signal": 99, "signal_name": "Odd signal"}
+
+
+def test_parse_rejects_bytes():
+    with pytest.raises(ValueError, match="string"):
+        mpi_launch.parse_mpirun_failure(b"bytes")
