@@ -434,8 +434,8 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     cancelled, rejected), ``exit_code``, ``failure`` (``rank`` with ``exit_code`` or
     ``signal``), ``reason``, ``placement`` (node: ranks), ``timings`` (seconds for
     allocate, containers_up, sshd_ready, mpirun, cleanup, total), ``output`` (where
-    stdout, stderr and status.json are). ``salt-run`` exits non-zero unless the job
-    succeeded.
+    stdout, stderr and status.json are), ``retcode`` (0 only when the job succeeded;
+    ``salt-run`` exits with it). A rejected job returns ``state``, ``error``, ``retcode``.
 
     CLI Example:
 
@@ -462,8 +462,7 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
                 f"image {request['image']!r} is not approved; approved images: {sorted(images)}"
             )
     except (SaltInvocationError, CommandExecutionError) as exc:
-        __context__["retcode"] = 1
-        return {"state": "rejected", "error": str(exc)}
+        return _rejected(exc)
     return _run(client, request, config, candidates, count, started)
 
 
@@ -498,8 +497,7 @@ def _run(client, request, config, candidates, count, started):
     try:
         placement, slot = _allocate(job_id, request, candidates, count, config, record)
     except SaltInvocationError as exc:
-        __context__["retcode"] = 1
-        return {"state": "rejected", "error": str(exc)}
+        return _rejected(exc)
     port, oob_ports = _slot_ports(config, slot)
     record["placement"] = placement
     timings["allocate"] = round(time.monotonic() - mark, 3)
@@ -561,9 +559,15 @@ def _run(client, request, config, candidates, count, started):
         _finish(job_id, state, record)
         _fire(job_id, state, {"reason": reason, "exit_code": record.get("exit_code")})
         signal.signal(signal.SIGTERM, previous_handler) if previous_handler else None
-    if state != "succeeded":
-        __context__["retcode"] = 1
+    record["retcode"] = 0 if state == "succeeded" else 1
+    __context__["retcode"] = record["retcode"]
     return record
+
+
+def _rejected(exc):
+    """What a job that never started returns; salt-run exits with ``retcode``."""
+    __context__["retcode"] = 1
+    return {"state": "rejected", "error": str(exc), "retcode": 1}
 
 
 def _set_state(job_id, state, record):

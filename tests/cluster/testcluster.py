@@ -132,28 +132,58 @@ class TestCluster:
         return self.docker.containers.get(name)
 
     # --- running commands ---------------------------------------------------------
-    def exec(self, host, argv, check=True, user=None, environment=None):
-        """Run argv on a host; returns (exit code, combined output text)."""
+    def exec(self, host, argv, check=True, user=None, environment=None, stdout_only=False):
+        """Run argv on a host; returns (exit code, output text).
+
+        The output is stdout and stderr together, or stdout alone with ``stdout_only``
+        (Salt's CLIs log warnings on stderr that would spoil JSON).
+        """
         result = self.container(host).exec_run(
-            argv, user=user or "", environment=environment, demux=False
+            argv, user=user or "", environment=environment, demux=True
         )
-        output = (result.output or b"").decode(errors="replace")
+        stdout, stderr = (part.decode(errors="replace") if part else "" for part in result.output)
+        output = stdout if stdout_only else stdout + stderr
         if check and result.exit_code != 0:
-            raise ClusterError(f"{host}: {argv!r} exited {result.exit_code}:\n{output}")
+            raise ClusterError(f"{host}: {argv!r} exited {result.exit_code}:\n{stdout}{stderr}")
         return result.exit_code, output
 
-    def salt(self, argv, check=True):
+    def salt(self, argv, check=True, stdout_only=False):
         """Run a salt CLI (``salt``, ``salt-run``, ``salt-key``) on the master."""
-        return self.exec("master", argv, check=check)
+        return self.exec("master", argv, check=check, stdout_only=stdout_only)
 
     def salt_json(self, argv):
         """Run a salt CLI with --out=json --static and parse its output."""
         static = [] if argv[0] == "salt-key" else ["--static"]
-        code, output = self.salt(list(argv) + ["--out=json", *static], check=False)
+        code, output = self.salt(list(argv) + ["--out=json", *static], check=False,
+                                 stdout_only=True)
         try:
             return code, json.loads(output) if output.strip() else {}
         except json.JSONDecodeError as exc:
             raise ClusterError(f"{argv!r} exited {code} without JSON:\n{output}") from exc
+
+    def run_json(self, fun, **kwargs):
+        """``salt-run fun key=value ...`` on the master; returns (exit code, parsed output).
+
+        Values that are not plain strings travel as JSON, which Salt's argument parser
+        reads back as the same structure.
+        """
+        argv = ["salt-run", fun]
+        for key, value in kwargs.items():
+            argv.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
+        code, output = self.salt(argv + ["--out=json"], check=False, stdout_only=True)
+        try:
+            return code, json.loads(output)
+        except json.JSONDecodeError as exc:
+            raise ClusterError(f"{argv!r} exited {code} without JSON:\n{output}") from exc
+
+    def job_leftovers(self):
+        """{node: {job id: containers and secrets}} of every job still on any node."""
+        _, found = self.salt_json(["salt", "-L", ",".join(self.nodes), "mpi_job.jobs"])
+        return {node: jobs for node, jobs in found.items() if jobs}
+
+    def read_shared(self, path):
+        """A file's text from the shared storage, as a node sees it."""
+        return self.exec(self.nodes[-1], ["cat", path])[1]
 
     # --- images -------------------------------------------------------------------
     def ensure_base_image(self):
