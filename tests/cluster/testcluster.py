@@ -463,6 +463,23 @@ class TestCluster:
         self.sync_and_highstate()
         step(f"cluster up in {time.monotonic() - started:.0f}s")
 
+    def demo(self):
+        """Run a real mpi4py program over every node through ``salt-run mpi.launch``."""
+        user, home = "demo", f"{SHARED_PATH}/users/demo"
+        node = self.nodes[0]
+        guest = ["setpriv", "--reuid=2000", "--regid=2000", "--clear-groups", "--"]
+        self.exec(node, guest + ["mkdir", "-p", "-m", "0700", home])
+        self.container(node).put_archive("/var/tmp", tar_of({"pi.py": (FILES / "pi.py").read_bytes()}))
+        self.exec(node, guest + ["cp", "/var/tmp/pi.py", f"{home}/pi.py"])
+        np = 2 * len(self.nodes)
+        step(f"salt-run mpi.launch user={user} image=mpi np={np} cmd='python3 pi.py'")
+        code, job = self.run_json("mpi.launch", user=user, image="mpi", np=np, cmd="python3 pi.py")
+        if job.get("state") != "succeeded":
+            raise ClusterError("demo job did not succeed:\n" + json.dumps(job, indent=2))
+        print(self.read_shared(job["output"]["stdout"]), end="")
+        step(f"job {job['job_id']} {job['state']} on {job['placement']}; timings {job['timings']}")
+        step(f"output, stderr and status.json are in {job['output']['dir']} (shared storage)")
+
     # --- inspect and tear down --------------------------------------------------------
     def containers(self):
         return self.docker.containers.list(all=True, filters={"label": LABEL})
@@ -511,6 +528,7 @@ def main(argv=None):
     sub.add_parser("status", help="show containers and minions")
     sub.add_parser("down", help="remove all containers, networks and volumes")
     sub.add_parser("highstate", help="apply highstate to every node again")
+    sub.add_parser("demo", help="bring the cluster up and run an MPI job through salt-run")
     run = sub.add_parser("salt", help="run a salt command on the master, e.g. salt-run mpi.launch")
     run.add_argument("salt_argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -524,11 +542,11 @@ def main(argv=None):
             cluster.down()
         elif args.command == "highstate":
             cluster.sync_and_highstate()
+        elif args.command == "demo":
+            cluster.up()
+            cluster.demo()
         elif args.command == "salt":
-            result = cluster.container("master").exec_run(args.salt_argv, stream=True)
-            for chunk in result.output:
-                sys.stdout.write(chunk.decode(errors="replace"))
-            return 0
+            return subprocess.run(["docker", "exec", MASTER, *args.salt_argv], check=False).returncode
     except ClusterError as exc:
         print(f"dmpi-cluster: {exc}", file=sys.stderr)
         return 1
