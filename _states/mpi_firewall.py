@@ -1,5 +1,6 @@
 """
-Keep DockerMPI's iptables chain equal to the rules computed from the pillar.
+Keep DockerMPI's iptables chain equal to the rules computed from the pillar, in
+the IPv4 and the IPv6 filter table.
 
 .. code-block:: yaml
 
@@ -12,7 +13,16 @@ Keep DockerMPI's iptables chain equal to the rules computed from the pillar.
             oob: [20100, 20199]
             btl: [20200, 20999]
 
-:depends: the ``mpi_firewall`` execution module (iptables)
+    mpi-firewall-rules-ipv6-chain-present:
+      mpi_firewall.chain_present:
+        - name: DOCKERMPI-INPUT
+        - family: ipv6
+        - ports:
+            sshd: [20000, 20099]
+            oob: [20100, 20199]
+            btl: [20200, 20999]
+
+:depends: the ``mpi_firewall`` execution module (iptables, ip6tables)
 """
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -44,7 +54,7 @@ def _changes(before, after_rules):
     return changes
 
 
-def chain_present(name, cluster_network, ports):
+def chain_present(name, cluster_network=None, ports=None, family="ipv4"):
     """
     Ensure the chain ``name`` holds exactly the DockerMPI rules and is jumped
     to from rule 1 of ``INPUT``. Applies only when something differs.
@@ -53,39 +63,47 @@ def chain_present(name, cluster_network, ports):
         Name of the chain, e.g. ``DOCKERMPI-INPUT``.
 
     cluster_network
-        IPv4 network in CIDR form allowed to reach the MPI ports.
+        IPv4 network in CIDR form allowed to reach the MPI ports. Required for
+        ``ipv4``; not used for ``ipv6``.
 
     ports
         Mapping of range name to ``[first, last]``; must contain ``sshd``,
-        ``oob`` and ``btl``. Each range is accepted from ``cluster_network``
-        and dropped for anyone else.
+        ``oob`` and ``btl``.
+
+    family
+        ``ipv4`` (default, ``iptables``): each range is accepted from
+        ``cluster_network`` and dropped for anyone else. ``ipv6``
+        (``ip6tables``): each range is dropped for anyone but loopback.
     """
     ret = {"name": name, "result": False, "changes": {}, "comment": ""}
+    what = name if family == "ipv4" else f"{name} ({family})"
     try:
-        before = __salt__["mpi_firewall.diff"](cluster_network, ports, chain=name)
+        before = __salt__["mpi_firewall.diff"](
+            cluster_network, ports, chain=name, family=family
+        )
     except (SaltInvocationError, CommandExecutionError) as exc:
-        ret["comment"] = f"Cannot read chain {name}: {exc}"
+        ret["comment"] = f"Cannot read chain {what}: {exc}"
         return ret
 
     if before["in_sync"]:
         ret["result"] = True
-        ret["comment"] = f"Chain {name} holds the {len(before['new'])} desired rules"
+        ret["comment"] = f"Chain {what} holds the {len(before['new'])} desired rules"
         return ret
 
     changes = _changes(before, before["new"])
     if __opts__["test"]:
         ret["result"] = None
         ret["changes"] = changes
-        ret["comment"] = f"Chain {name} would be updated"
+        ret["comment"] = f"Chain {what} would be updated"
         return ret
 
     try:
-        __salt__["mpi_firewall.apply"](cluster_network, ports, chain=name)
+        __salt__["mpi_firewall.apply"](cluster_network, ports, chain=name, family=family)
     except (SaltInvocationError, CommandExecutionError) as exc:
-        ret["comment"] = f"Failed to update chain {name}: {exc}"
+        ret["comment"] = f"Failed to update chain {what}: {exc}"
         return ret
 
     ret["result"] = True
     ret["changes"] = changes
-    ret["comment"] = f"Chain {name} updated"
+    ret["comment"] = f"Chain {what} updated"
     return ret

@@ -6,3 +6,4 @@ include:
   - .storage
   - .firewall
   - .images
+  - .node

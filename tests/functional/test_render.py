@@ -20,6 +20,10 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SALT_CALL = pathlib.Path(sys.executable).with_name("salt-call")
 
 CLUSTER_NETWORK = "172.30.0.0/16"
+#: The default port ranges [first, last] the pillars below leave unchanged.
+DEFAULT_PORTS = yaml.safe_load((REPO / "salt/dockermpi/defaults.yaml").read_text())["mpi"][
+    "ports"
+]
 
 
 def _run(config_dir, *args, check=True):
@@ -103,6 +107,7 @@ NFS_PILLAR = {
 PRESHARED_PILLAR = {
     "cluster_network": CLUSTER_NETWORK,
     "storage": {"type": "preshared", "path": "/data/cluster"},
+    "job_root": "/var/local/mpi-jobs",
 }
 
 
@@ -212,12 +217,51 @@ def test_firewall_rules_file_matches_live_rules(nfs_high):
     rules = _args(nfs_high, "mpi-firewall-persist-rules-file", "file.managed")
     contents = rules["contents"]
     assert ":DOCKERMPI-INPUT - [0:0]" in contents
-    for first, last in ((20000, 20099), (20100, 20199), (20200, 20999)):
+    for first, last in DEFAULT_PORTS.values():
         assert (
             f"-A DOCKERMPI-INPUT -s {CLUSTER_NETWORK} -p tcp -m tcp "
             f"--dport {first}:{last} -j ACCEPT" in contents
         )
         assert f"-A DOCKERMPI-INPUT -p tcp -m tcp --dport {first}:{last} -j DROP" in contents
+
+
+def test_firewall_ipv6_chain_drops_ranges_for_all_but_loopback(nfs_high):
+    chain = _args(
+        nfs_high, "mpi-firewall-rules-ipv6-chain-present", "mpi_firewall.chain_present"
+    )
+    assert chain["name"] == "DOCKERMPI-INPUT"
+    assert chain["family"] == "ipv6"
+    assert "cluster_network" not in chain
+    v4 = _args(nfs_high, "mpi-firewall-rules-chain-present", "mpi_firewall.chain_present")
+    assert v4["family"] == "ipv4"
+    assert chain["ports"] == v4["ports"]
+    rules = _args(nfs_high, "mpi-firewall-persist-ipv6-rules-file", "file.managed")
+    assert rules["name"] == "/etc/dockermpi/firewall6.rules"
+    contents = rules["contents"]
+    assert ":DOCKERMPI-INPUT - [0:0]" in contents
+    assert "-A DOCKERMPI-INPUT -i lo -j RETURN" in contents
+    assert "ACCEPT" not in contents and CLUSTER_NETWORK not in contents
+    for first, last in DEFAULT_PORTS.values():
+        assert f"-A DOCKERMPI-INPUT -p tcp -m tcp --dport {first}:{last} -j DROP" in contents
+    unit = _args(nfs_high, "mpi-firewall-persist-unit-file", "file.managed")["contents"]
+    assert "ExecStart=/usr/sbin/ip6tables-restore -w --noflush /etc/dockermpi/firewall6.rules" in unit
+    assert "ExecStart=/usr/sbin/ip6tables -w -I INPUT 1 -j DOCKERMPI-INPUT" in unit
+    svc = _args(nfs_high, "mpi-firewall-persist-service-running", "service.running")
+    assert {"file": "mpi-firewall-persist-ipv6-rules-file"} in svc["watch"]
+
+
+@pytest.mark.parametrize(
+    "high,job_root",
+    [("nfs_high", "/var/lib/dockermpi/jobs"), ("preshared_high", "/var/local/mpi-jobs")],
+)
+def test_node_job_root_root_owned_0711_with_setpriv(request, high, job_root):
+    high = request.getfixturevalue(high)
+    root = _args(high, "mpi-node-jobs-root-directory", "file.directory")
+    assert root["name"] == job_root
+    assert (root["user"], root["group"], root["mode"]) == ("root", "root", "0711")
+    assert high["mpi-node-jobs-root-directory"]["__sls__"] == "dockermpi.node.jobs"
+    pkg = _args(high, "mpi-node-jobs-util-linux-installed", "pkg.installed")
+    assert pkg["name"] == "util-linux"
 
 
 def test_images_rendered_with_digest_reference(nfs_high):

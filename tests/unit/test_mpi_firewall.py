@@ -32,22 +32,26 @@ PORTS = {"sshd": [20000, 20099], "oob": [20100, 20199], "btl": [20200, 20999]}
 
 
 class FakeIptables:
-    """In-memory filter table: {chain: [rule lines without '-A CHAIN ']}."""
+    """In-memory filter tables, IPv4 (``chains``) and IPv6 (``chains6``):
+    {chain: [rule lines without '-A CHAIN ']}."""
+
+    BUILTIN = ("INPUT", "FORWARD", "OUTPUT")
 
     def __init__(self):
-        self.chains = {"INPUT": [], "FORWARD": [], "OUTPUT": []}
+        self.chains = {chain: [] for chain in self.BUILTIN}
+        self.chains6 = {chain: [] for chain in self.BUILTIN}
         self.calls = []
         self.fail_restore = None
 
-    def _dump(self, only=None):
+    def _dump(self, chains, only=None):
         lines = []
-        for chain in ("INPUT", "FORWARD", "OUTPUT"):
+        for chain in self.BUILTIN:
             if only in (None, chain):
                 lines.append(f"-P {chain} ACCEPT")
-        for chain in self.chains:
-            if chain not in ("INPUT", "FORWARD", "OUTPUT") and only in (None, chain):
+        for chain in chains:
+            if chain not in self.BUILTIN and only in (None, chain):
                 lines.append(f"-N {chain}")
-        for chain, rules in self.chains.items():
+        for chain, rules in chains.items():
             if only in (None, chain):
                 lines.extend(f"-A {chain} {rule}" for rule in rules)
         return "\n".join(lines)
@@ -57,26 +61,28 @@ class FakeIptables:
         assert python_shell is False, "python_shell must be False"
         self.calls.append(cmd)
         ok = {"retcode": 0, "stdout": "", "stderr": ""}
-        if cmd[0] == "iptables-restore":
+        chains = self.chains6 if cmd[0].startswith("ip6tables") else self.chains
+        if cmd[0] in ("iptables-restore", "ip6tables-restore"):
             assert "--noflush" in cmd
             if self.fail_restore:
                 return {"retcode": 2, "stdout": "", "stderr": self.fail_restore}
             for line in stdin.splitlines():
                 if line.startswith(":"):
-                    self.chains[line[1:].split()[0]] = []  # declare = create or flush
+                    chains[line[1:].split()[0]] = []  # declare = create or flush
                 elif line.startswith("-A "):
                     _, chain, rule = line.split(" ", 2)
-                    self.chains[chain].append(rule)
+                    chains[chain].append(rule)
             return ok
-        assert cmd[:2] == ["iptables", "-w"] and cmd[2:4] == ["-t", "filter"]
+        assert cmd[0] in ("iptables", "ip6tables"), f"unexpected command {cmd}"
+        assert cmd[1] == "-w" and cmd[2:4] == ["-t", "filter"]
         args = cmd[4:]
         if args[0] == "-S":
-            return {"retcode": 0, "stdout": self._dump(*args[1:]), "stderr": ""}
+            return {"retcode": 0, "stdout": self._dump(chains, *args[1:]), "stderr": ""}
         if args[0] == "-D":
-            del self.chains[args[1]][int(args[2]) - 1]
+            del chains[args[1]][int(args[2]) - 1]
             return ok
         if args[0] == "-I":
-            self.chains[args[1]].insert(int(args[2]) - 1, " ".join(args[3:]))
+            chains[args[1]].insert(int(args[2]) - 1, " ".join(args[3:]))
             return ok
         raise AssertionError(f"unexpected command {cmd}")
 
@@ -262,3 +268,114 @@ def test_state_bad_pillar_fails_cleanly(iptables):
     assert ret["result"] is False
     assert ret["changes"] == {}
     assert "cluster_network" in ret["comment"]
+
+
+# --- IPv6: the same chain in ip6tables; the ranges open to loopback only ---------------
+
+
+def test_ipv6_desired_rules_drop_ranges_for_all_but_loopback():
+    assert mpi_firewall.desired_rules(None, PORTS, family="ipv6") == [
+        f"-A {CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+        f"-A {CHAIN} -i lo -j RETURN",
+        f"-A {CHAIN} -p tcp -m tcp --dport 20000:20099 -j DROP",
+        f"-A {CHAIN} -p tcp -m tcp --dport 20100:20199 -j DROP",
+        f"-A {CHAIN} -p tcp -m tcp --dport 20200:20999 -j DROP",
+    ]
+
+
+def test_ipv6_ignores_the_ipv4_cluster_network():
+    rules = mpi_firewall.desired_rules(NET, PORTS, family="ipv6")
+    assert rules == mpi_firewall.desired_rules(None, PORTS, family="ipv6")
+    assert not [r for r in rules if "ACCEPT" in r or " -s " in r]
+
+
+def test_ipv6_restore_payload_names_ip6tables_restore():
+    payload = mpi_firewall.restore_payload(None, PORTS, family="ipv6").splitlines()
+    assert "ip6tables-restore --noflush" in payload[0]
+    assert payload[1:3] == ["*filter", f":{CHAIN} - [0:0]"]
+    assert payload[3:-1] == mpi_firewall.desired_rules(None, PORTS, family="ipv6")
+    assert payload[-1] == "COMMIT"
+
+
+@pytest.mark.parametrize("family", ["ipv5", "inet6", "", None, "IPv6"])
+def test_bad_family_is_rejected(family):
+    with pytest.raises(SaltInvocationError, match="family"):
+        mpi_firewall.desired_rules(NET, PORTS, family=family)
+
+
+def test_ipv6_still_checks_ports():
+    with pytest.raises(SaltInvocationError, match="missing the range"):
+        mpi_firewall.desired_rules(None, {"sshd": [1, 2]}, family="ipv6")
+
+
+def test_ipv4_needs_a_cluster_network():
+    with pytest.raises(SaltInvocationError, match="cluster_network"):
+        mpi_firewall.desired_rules(None, PORTS)
+
+
+def test_ipv6_apply_uses_ip6tables_and_leaves_ipv4_alone(iptables):
+    iptables.chains6["INPUT"] = ["-p tcp -m tcp --dport 22 -j ACCEPT"]
+    after = mpi_firewall.apply(None, PORTS, family="ipv6")
+    assert after["in_sync"] is True
+    assert iptables.chains6["INPUT"] == [
+        f"-j {CHAIN}",
+        "-p tcp -m tcp --dport 22 -j ACCEPT",
+    ]
+    assert [f"-A {CHAIN} {r}" for r in iptables.chains6[CHAIN]] == (
+        mpi_firewall.desired_rules(None, PORTS, family="ipv6")
+    )
+    assert CHAIN not in iptables.chains
+    assert iptables.chains["INPUT"] == []
+    assert {cmd[0] for cmd in iptables.calls} == {"ip6tables", "ip6tables-restore"}
+
+
+def test_families_are_compared_separately(iptables):
+    mpi_firewall.apply(NET, PORTS)
+    assert mpi_firewall.diff(NET, PORTS)["in_sync"] is True
+    v6 = mpi_firewall.diff(None, PORTS, family="ipv6")
+    assert (v6["in_sync"], v6["chain_exists"]) == (False, False)
+    mpi_firewall.apply(None, PORTS, family="ipv6")
+    assert mpi_firewall.diff(None, PORTS, family="ipv6")["in_sync"] is True
+    # an IPv4 rule in the IPv6 chain is a difference
+    iptables.chains6[CHAIN].insert(2, "-s 10.0.0.0/8 -p tcp -m tcp --dport 20000:20099 -j ACCEPT")
+    assert mpi_firewall.diff(None, PORTS, family="ipv6")["in_sync"] is False
+    assert mpi_firewall.diff(NET, PORTS)["in_sync"] is True
+
+
+def test_missing_ip6tables_binary_is_reported():
+    with patch("salt.utils.path.which", lambda name: None):
+        with pytest.raises(CommandExecutionError, match="ip6tables is not installed"):
+            mpi_firewall.current_rules(family="ipv6")
+
+
+def test_ipv6_failed_restore_names_ip6tables_restore(iptables):
+    iptables.fail_restore = "line 3 failed"
+    with pytest.raises(CommandExecutionError, match="ip6tables-restore of chain"):
+        mpi_firewall.apply(None, PORTS, family="ipv6")
+
+
+def test_state_ipv6_applies_then_reports_no_changes(iptables):
+    first = mpi_firewall_state.chain_present(CHAIN, ports=PORTS, family="ipv6")
+    assert first["result"] is True, first["comment"]
+    assert first["changes"]["chain"] == {"old": None, "new": "created"}
+    assert len(first["changes"]["rules"]["added"]) == 5
+    assert "ipv6" in first["comment"]
+    second = mpi_firewall_state.chain_present(CHAIN, ports=PORTS, family="ipv6")
+    assert (second["result"], second["changes"]) == (True, {})
+    assert CHAIN not in iptables.chains
+
+
+def test_state_ipv6_test_mode_changes_nothing(iptables):
+    with patch.dict(mpi_firewall_state.__opts__, {"test": True}):
+        ret = mpi_firewall_state.chain_present(CHAIN, ports=PORTS, family="ipv6")
+    assert ret["result"] is None
+    assert ret["changes"]["chain"] == {"old": None, "new": "created"}
+    assert CHAIN not in iptables.chains6
+
+
+def test_state_bad_family_fails_cleanly(iptables):
+    ret = mpi_firewall_state.chain_present(CHAIN, NET, PORTS, family="ipx")
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    assert "family" in ret["comment"]
+    assert iptables.calls == []

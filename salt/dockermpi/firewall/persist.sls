@@ -1,12 +1,15 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
-{#- The same rules restored at boot: a rules file for iptables-restore --noflush
-    (it flushes and refills only our chain) and a oneshot unit that restores it
-    and puts the jump back at rule 1 of INPUT. The execution module renders the
-    file so live and boot rules cannot drift apart. #}
+{#- The same rules restored at boot: rules files for iptables-restore and
+    ip6tables-restore --noflush (each flushes and refills only our chain) and a
+    oneshot unit that restores them and puts the jumps back at rule 1 of INPUT.
+    The execution module renders the files so live and boot rules cannot drift
+    apart. #}
 {%- set chain = mpi.firewall.chain %}
 {%- set rules_file = mpi.firewall.rules_file %}
-{%- set payload = salt['mpi_firewall.restore_payload'](mpi.cluster_network, mpi.ports, chain=chain) %}
+{%- set rules_file_ipv6 = mpi.firewall.rules_file_ipv6 %}
+{%- set payload = salt['mpi_firewall.restore_payload'](mpi.cluster_network, mpi.ports, chain=chain, family='ipv4') %}
+{%- set payload_ipv6 = salt['mpi_firewall.restore_payload'](None, mpi.ports, chain=chain, family='ipv6') %}
 
 include:
   - .package
@@ -16,6 +19,15 @@ mpi-firewall-persist-rules-file:
   file.managed:
     - name: {{ rules_file | json }}
     - contents: {{ payload | json }}
+    - user: root
+    - group: root
+    - mode: '0644'
+    - makedirs: True
+
+mpi-firewall-persist-ipv6-rules-file:
+  file.managed:
+    - name: {{ rules_file_ipv6 | json }}
+    - contents: {{ payload_ipv6 | json }}
     - user: root
     - group: root
     - mode: '0644'
@@ -40,6 +52,9 @@ mpi-firewall-persist-unit-file:
         ExecStart=/usr/sbin/iptables-restore -w --noflush {{ rules_file }}
         ExecStart=-/usr/sbin/iptables -w -D INPUT -j {{ chain }}
         ExecStart=/usr/sbin/iptables -w -I INPUT 1 -j {{ chain }}
+        ExecStart=/usr/sbin/ip6tables-restore -w --noflush {{ rules_file_ipv6 }}
+        ExecStart=-/usr/sbin/ip6tables -w -D INPUT -j {{ chain }}
+        ExecStart=/usr/sbin/ip6tables -w -I INPUT 1 -j {{ chain }}
 
         [Install]
         WantedBy=multi-user.target
@@ -51,6 +66,8 @@ mpi-firewall-persist-service-running:
     - require:
       - pkg: mpi-firewall-package-installed
       - mpi_firewall: mpi-firewall-rules-chain-present
+      - mpi_firewall: mpi-firewall-rules-ipv6-chain-present
     - watch:
       - file: mpi-firewall-persist-rules-file
+      - file: mpi-firewall-persist-ipv6-rules-file
       - file: mpi-firewall-persist-unit-file
