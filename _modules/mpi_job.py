@@ -13,6 +13,10 @@ only acts on the local Docker engine and local disk:
 - :func:`cleanup` writes the status file, then removes every container and secret of a
   job. It is idempotent.
 - :func:`jobs` lists what of which job is on this node.
+- :func:`report` is the node's evidence about every job on it (containers, launcher exit,
+  Docker engine, reachability of the job's other nodes); the ``mpi_jobs`` beacon fires
+  it as an event every interval.
+- :func:`read_output` returns the tail of a job's standard output or error.
 
 Every job container drops all capabilities, sets no-new-privileges and mounts only the
 user's data directory (read-write, at ``/data``) and the job's secret directory
@@ -30,6 +34,8 @@ import re
 import shutil
 import socket
 import sys
+import stat
+import threading
 import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -66,6 +72,9 @@ SECRET_FILES = {
 }
 _JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 _USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_PORT_RE = re.compile(r"^\s*Port\s+(\d+)\s*$", re.IGNORECASE | re.MULTILINE)
+OUTPUT_STREAMS = ("stdout", "stderr")
+TAIL_BYTES = 65536
 
 # Writes stdin to argv[1] atomically; run as the guest uid through setpriv.
 _WRITE_FILE = (
@@ -436,3 +445,246 @@ def jobs(job_root="/var/lib/dockermpi/jobs"):
         for name in os.listdir(job_root):
             found.setdefault(name, {"containers": {}, "secrets": False})["secrets"] = True
     return found
+
+
+def _read_tail(storage_path, user, job_id, stream, tail_bytes):
+    """
+    The last ``tail_bytes`` of ``<storage>/users/<user>/mpi-jobs/<job_id>/<stream>``.
+
+    The user's directory is writable from inside the user's jobs, so the file is opened
+    only if it resolves inside that directory, is not a symlink and is a regular file
+    (a FIFO must not block the caller). Raises OSError when it cannot be read.
+    """
+    data_dir, job_dir = _user_dirs(storage_path, user, job_id)
+    path = os.path.join(job_dir, stream)
+    real_data = os.path.realpath(data_dir)
+    if os.path.commonpath([real_data, os.path.realpath(job_dir)]) != real_data:
+        raise OSError(f"{job_dir} leads outside {data_dir}")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        handle.seek(max(0, info.st_size - tail_bytes))
+        return handle.read(tail_bytes).decode(errors="replace")
+
+
+def read_output(job_id, storage_path, user, stream="stdout", tail_bytes=TAIL_BYTES):
+    """
+    Return the tail of a job's standard output or standard error (text).
+
+    job_id
+        The job id.
+    storage_path
+        Where the shared storage is on this node.
+    user
+        Whose job it is (the output is under ``<storage_path>/users/<user>/mpi-jobs``).
+    stream
+        ``stdout`` or ``stderr``.
+    tail_bytes
+        At most this many bytes from the end of the file (default 64 KiB).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.read_output <job_id> /srv/dockermpi alice stream=stderr
+    """
+    _check_job_id(job_id)
+    if stream not in OUTPUT_STREAMS:
+        raise SaltInvocationError(f"stream must be one of {OUTPUT_STREAMS}, got {stream!r}")
+    try:
+        tail_bytes = int(tail_bytes)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"tail_bytes must be an integer, got {tail_bytes!r}") from None
+    if tail_bytes < 1:
+        raise SaltInvocationError(f"tail_bytes must be positive, got {tail_bytes}")
+    try:
+        return _read_tail(storage_path, user, job_id, stream, tail_bytes)
+    except OSError as exc:
+        raise CommandExecutionError(f"cannot read the {stream} of job {job_id}: {exc}") from exc
+
+
+def _job_peers(secret_dir):
+    """(the job's sshd port, [node addresses from the hostfile]) or (None, [])."""
+    try:
+        with open(os.path.join(secret_dir, "sshd_config"), errors="replace") as handle:
+            match = _PORT_RE.search(handle.read())
+        with open(os.path.join(secret_dir, "hostfile"), errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None, []
+    if not match:
+        return None, []
+    addresses = []
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        try:
+            addresses.append(str(ipaddress.ip_address(words[0])))
+        except ValueError:
+            log.warning("%s/hostfile: ignoring %r", secret_dir, line)
+    return int(match.group(1)), addresses
+
+
+def _own_addresses(cluster_network):
+    """This node's addresses that are never a job's peers."""
+    if cluster_network is None:
+        return set(__grains__.get("ipv4", []))
+    try:
+        return {_cluster_address(cluster_network)}
+    except CommandExecutionError as exc:
+        log.warning("%s; treating every local address as this node", exc)
+        return set(__grains__.get("ipv4", []))
+
+
+def _tcp_connects(address, port, timeout):
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _probe_all(targets, timeout):
+    """{(address, port): bool}: TCP connect to every target at once, bounded by timeout."""
+    results = {}
+
+    def probe(target):
+        results[target] = _tcp_connects(target[0], target[1], timeout)
+
+    threads = [threading.Thread(target=probe, args=(t,), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout + 0.2
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {target: results.get(target, False) for target in targets}
+
+
+def _engine_jobs(engine_timeout):
+    """{job_id: {"user", "containers", "launcher_exit_code"}} from the Docker engine."""
+    client = docker.from_env(timeout=engine_timeout)
+    try:
+        containers = client.containers.list(
+            all=True, filters={"label": LABEL_JOB}, ignore_removed=True
+        )
+    finally:
+        client.close()
+    found = {}
+    for container in containers:
+        labels = container.labels
+        job_id, role = labels.get(LABEL_JOB), labels.get(LABEL_ROLE)
+        if not _JOB_ID_RE.match(job_id or "") or role not in ("worker", "launcher"):
+            log.warning("ignoring container %s with labels %s", container.name, labels)
+            continue
+        job = found.setdefault(job_id, _empty_job())
+        user = labels.get(LABEL_USER)
+        if job["user"] is None and user and _USER_RE.match(user):
+            job["user"] = user
+        job["containers"][role] = container.status
+        if role == "launcher" and container.status in ("exited", "dead"):
+            job["launcher_exit_code"] = container.attrs.get("State", {}).get("ExitCode")
+    return found
+
+
+def _empty_job():
+    return {
+        "user": None,
+        "containers": {"worker": None, "launcher": None},
+        "launcher_exit_code": None,
+        "failure": None,
+        "secrets": False,
+        "peers": {},
+    }
+
+
+def report(storage_path, job_root="/var/lib/dockermpi/jobs", cluster_network=None,
+           probe_timeout=0.5, engine_timeout=5):
+    """
+    Report what this node knows about every DockerMPI job on it.
+
+    storage_path
+        Where the shared storage is on this node (to read a failed job's stderr).
+    job_root
+        Node-local directory of per-job secrets.
+    cluster_network
+        The cluster network (CIDR); this node's address in it is not probed as a peer.
+        Default: none of this node's addresses is.
+    probe_timeout
+        Seconds each TCP probe of a peer may take; all probes run at once.
+    engine_timeout
+        Seconds the Docker engine has to answer.
+
+    Jobs come from containers labelled ``io.dockermpi.job`` and from secret directories
+    in ``job_root``. Returns::
+
+        {"engine": "ok" or the error text when the Docker engine cannot be reached,
+         "jobs": {job_id: {"user": str or None,
+                           "containers": {"worker": status or None,
+                                          "launcher": status or None},
+                           "launcher_exit_code": int or None,
+                           "failure": which rank failed (from stderr) or None,
+                           "secrets": bool,
+                           "peers": {address: bool}}},
+         "time": unix time}
+
+    ``peers`` holds, while the job's worker or launcher runs, whether each other node
+    of the job (from its hostfile) accepts a TCP connection on the job's sshd port.
+    With the engine down, jobs come from ``job_root`` only and nothing is probed.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_job.report /srv/dockermpi cluster_network=10.0.0.0/24
+    """
+    if not os.path.isabs(str(storage_path)):
+        raise SaltInvocationError(f"storage path must be absolute, got {storage_path!r}")
+    if not os.path.isabs(str(job_root)):
+        raise SaltInvocationError(f"job_root must be absolute, got {job_root!r}")
+    try:
+        probe_timeout = float(probe_timeout)
+        engine_timeout = float(engine_timeout)
+    except (TypeError, ValueError):
+        raise SaltInvocationError("probe_timeout and engine_timeout must be numbers") from None
+    if probe_timeout <= 0 or engine_timeout <= 0:
+        raise SaltInvocationError("probe_timeout and engine_timeout must be positive")
+    own = _own_addresses(cluster_network)
+    now = time.time()
+
+    engine = "ok"
+    try:
+        found = _engine_jobs(engine_timeout)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        engine = str(exc) or type(exc).__name__
+        found = {}
+    try:
+        names = os.listdir(job_root)
+    except FileNotFoundError:
+        names = []
+    except OSError as exc:
+        raise CommandExecutionError(f"cannot list {job_root}: {exc}") from exc
+    for name in names:
+        if _JOB_ID_RE.match(name) and os.path.isdir(os.path.join(job_root, name)):
+            found.setdefault(name, _empty_job())["secrets"] = True
+
+    wanted = {}
+    for job_id, job in found.items():
+        code = job["launcher_exit_code"]
+        if code not in (None, 0) and job["user"] is not None:
+            try:
+                text = _read_tail(storage_path, job["user"], job_id, "stderr", TAIL_BYTES)
+                job["failure"] = __utils__["mpi_launch.parse_mpirun_failure"](text)
+            except (OSError, CommandExecutionError, SaltInvocationError) as exc:
+                log.debug("job %s: cannot read stderr: %s", job_id, exc)
+        running = "running" in job["containers"].values()
+        if running and job["secrets"]:
+            port, addresses = _job_peers(os.path.join(job_root, job_id))
+            if port is not None:
+                wanted[job_id] = [(a, port) for a in addresses if a not in own]
+    results = _probe_all({t for targets in wanted.values() for t in targets}, probe_timeout)
+    for job_id, targets in wanted.items():
+        found[job_id]["peers"] = {address: results[(address, port)] for address, port in targets}
+    return {"engine": engine, "jobs": found, "time": now}

@@ -1,2 +1,3 @@
 include:
   - .jobs
+  - .beacon

@@ -1,0 +1,324 @@
+"""
+Unit tests of ``mpi_job.report`` and ``mpi_job.read_output``: the node's evidence about
+its jobs. Peers are probed through real sockets on loopback addresses (a listener, a
+closed port, and a listener whose accept queue is full, which drops SYNs like a
+firewall DROP). The Docker SDK is faked only for what a unit test cannot make: an
+engine that is down and job containers with given labels, states and exit codes; the
+real engine is exercised on the cluster.
+"""
+
+import importlib.util
+import os
+import pathlib
+import socket
+import time
+from unittest.mock import MagicMock, patch
+
+import docker.errors
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+STDERR_DATA = REPO / "tests" / "unit" / "data" / "mpirun"
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mpi_job = _load("_modules/mpi_job.py", "mpi_job_module")
+mpi_launch = _load("_utils/mpi_launch.py", "mpi_launch_util_for_report")
+
+JOB = "20261130-120000-abcdef"
+OTHER_JOB = "20261130-120001-012345"
+USER = "alice"
+OWN = "127.0.0.9"
+NET = "127.0.0.0/24"
+
+
+@pytest.fixture
+def configure_loader_modules():
+    return {
+        mpi_job: {
+            "__grains__": {"ipv4": ["10.9.9.9", OWN]},
+            "__utils__": {"mpi_launch.parse_mpirun_failure": mpi_launch.parse_mpirun_failure},
+            "__opts__": {"id": "node1"},
+        }
+    }
+
+
+@pytest.fixture
+def storage(tmp_path):
+    path = tmp_path / "storage"
+    (path / "users" / USER / "mpi-jobs" / JOB).mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def job_root(tmp_path):
+    path = tmp_path / "jobs"
+    path.mkdir()
+    return path
+
+
+def _secrets(job_root, job_id, addresses, port):
+    directory = job_root / job_id
+    directory.mkdir(mode=0o700)
+    (directory / "sshd_config").write_text(f"# generated\nPort {port}\nHostKey /run/x\n")
+    (directory / "hostfile").write_text(
+        "".join(f"{address} slots=2 max_slots=2\n" for address in addresses)
+    )
+
+
+def _container(job_id, role, status, exit_code=0, user=USER):
+    container = MagicMock()
+    container.name = f"dmpi-{job_id}-{role}"
+    container.labels = {mpi_job.LABEL_JOB: job_id, mpi_job.LABEL_ROLE: role,
+                        mpi_job.LABEL_USER: user}
+    container.status = status
+    container.attrs = {"State": {"Status": status, "ExitCode": exit_code}}
+    return container
+
+
+def _engine(*containers):
+    client = MagicMock()
+    client.containers.list.return_value = list(containers)
+    return patch.object(mpi_job.docker, "from_env", return_value=client)
+
+
+class Listeners:
+    """Sockets on loopback addresses sharing one port."""
+
+    def __init__(self):
+        self.sockets = []
+        self.port = None
+
+    def listen(self, address, backlog=16):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, self.port or 0))
+        sock.listen(backlog)
+        self.port = sock.getsockname()[1]
+        self.sockets.append(sock)
+        return sock
+
+    def dropping(self, address):
+        """A listener that never accepts and whose queue is full: SYNs are dropped."""
+        self.listen(address, backlog=0)
+        held = socket.create_connection((address, self.port), timeout=1)
+        self.sockets.append(held)
+        try:
+            socket.create_connection((address, self.port), timeout=0.2).close()
+        except OSError:
+            return
+        pytest.fail("a full accept queue should drop further connections")
+
+    def close(self):
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.fixture
+def listeners():
+    found = Listeners()
+    yield found
+    found.close()
+
+
+# ------------------------------------------------------------------------ report
+
+
+def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, listeners):
+    listeners.listen("127.0.0.2")
+    listeners.dropping("127.0.0.4")
+    listeners.dropping("127.0.0.5")
+    # 127.0.0.3 has nothing on the port: refused. OWN is this node: never probed.
+    _secrets(job_root, JOB, [OWN, "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"],
+             listeners.port)
+    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "running")):
+        started = time.monotonic()
+        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET,
+                             probe_timeout=0.4)
+        took = time.monotonic() - started
+    assert ret["engine"] == "ok"
+    assert ret["jobs"][JOB] == {
+        "user": USER,
+        "containers": {"worker": "running", "launcher": "running"},
+        "launcher_exit_code": None,
+        "failure": None,
+        "secrets": True,
+        "peers": {"127.0.0.2": True, "127.0.0.3": False, "127.0.0.4": False,
+                  "127.0.0.5": False},
+    }
+    # Two dropped peers cost one probe_timeout, not two.
+    assert took < 0.75
+    assert abs(ret["time"] - time.time()) < 5
+
+
+def test_peers_are_not_probed_once_no_container_runs(storage, job_root, listeners):
+    listeners.listen("127.0.0.2")
+    _secrets(job_root, JOB, [OWN, "127.0.0.2"], listeners.port)
+    with _engine(_container(JOB, "worker", "exited", 137)):
+        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET)
+    assert ret["jobs"][JOB]["containers"] == {"worker": "exited", "launcher": None}
+    assert ret["jobs"][JOB]["peers"] == {}
+
+
+def test_exited_launcher_reports_exit_code_and_failed_rank(storage, job_root):
+    stderr = (STDERR_DATA / "exit3.stderr").read_text()
+    (storage / "users" / USER / "mpi-jobs" / JOB / "stderr").write_text(stderr)
+    with _engine(_container(JOB, "worker", "running"),
+                 _container(JOB, "launcher", "exited", 3)):
+        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET)
+    job = ret["jobs"][JOB]
+    assert job["launcher_exit_code"] == 3
+    assert job["failure"] == {"rank": 1, "exit_code": 3}
+    assert job["secrets"] is False
+
+
+def test_successful_launcher_has_no_failure(storage, job_root):
+    # Even with a failure message in stderr, exit code 0 means nothing failed.
+    stderr = (STDERR_DATA / "segv.stderr").read_text()
+    (storage / "users" / USER / "mpi-jobs" / JOB / "stderr").write_text(stderr)
+    with _engine(_container(JOB, "launcher", "exited", 0)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["launcher_exit_code"] == 0
+    assert ret["jobs"][JOB]["failure"] is None
+
+
+def test_only_the_last_64_kib_of_stderr_are_read(storage, job_root):
+    stderr = (STDERR_DATA / "segv.stderr").read_text() + "x" * 70000
+    (storage / "users" / USER / "mpi-jobs" / JOB / "stderr").write_text(stderr)
+    with _engine(_container(JOB, "launcher", "exited", 139)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["launcher_exit_code"] == 139
+    assert ret["jobs"][JOB]["failure"] is None
+
+
+def test_missing_stderr_leaves_failure_unknown(storage, job_root):
+    with _engine(_container(JOB, "launcher", "exited", 1)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["launcher_exit_code"] == 1
+    assert ret["jobs"][JOB]["failure"] is None
+
+
+def test_engine_down_reports_the_error_and_jobs_from_secrets_only(storage, job_root,
+                                                                  listeners):
+    listeners.listen("127.0.0.2")
+    _secrets(job_root, JOB, [OWN, "127.0.0.2"], listeners.port)
+    down = docker.errors.DockerException("Error while fetching server API version")
+    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET)
+    assert "fetching server API version" in ret["engine"]
+    assert ret["jobs"] == {
+        JOB: {
+            "user": None,
+            "containers": {"worker": None, "launcher": None},
+            "launcher_exit_code": None,
+            "failure": None,
+            "secrets": True,
+            "peers": {},
+        }
+    }
+
+
+def test_jobs_are_merged_from_containers_and_secret_dirs_and_junk_is_ignored(storage,
+                                                                              job_root):
+    (job_root / OTHER_JOB).mkdir()
+    (job_root / "not-a-job").mkdir()
+    stray = _container("../../etc", "worker", "running")
+    with _engine(_container(JOB, "worker", "running"), stray):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert set(ret["jobs"]) == {JOB, OTHER_JOB}
+    assert ret["jobs"][JOB]["secrets"] is False
+    assert ret["jobs"][OTHER_JOB]["secrets"] is True
+    assert ret["jobs"][OTHER_JOB]["containers"] == {"worker": None, "launcher": None}
+
+
+def test_without_cluster_network_no_local_address_is_a_peer(storage, job_root, listeners):
+    listeners.listen("127.0.0.2")
+    _secrets(job_root, JOB, ["10.9.9.9", OWN, "127.0.0.2"], listeners.port)
+    with _engine(_container(JOB, "worker", "running")):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["peers"] == {"127.0.0.2": True}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"storage_path": "relative"},
+        {"job_root": "jobs"},
+        {"probe_timeout": 0},
+        {"probe_timeout": "soon"},
+        {"cluster_network": "not-a-network"},
+    ],
+)
+def test_report_rejects_bad_arguments(storage, job_root, kwargs):
+    args = {"storage_path": str(storage), "job_root": str(job_root), **kwargs}
+    with _engine(), pytest.raises(SaltInvocationError):
+        mpi_job.report(**args)
+
+
+# ------------------------------------------------------------------- read_output
+
+
+def test_read_output_returns_the_tail(storage):
+    path = storage / "users" / USER / "mpi-jobs" / JOB / "stdout"
+    path.write_text("head\n" + "y" * 100 + "\nlast line\n")
+    assert mpi_job.read_output(JOB, str(storage), USER, tail_bytes=10) == "last line\n"
+    assert mpi_job.read_output(JOB, str(storage), USER).startswith("head\n")
+
+
+def test_read_output_reads_stderr(storage):
+    path = storage / "users" / USER / "mpi-jobs" / JOB / "stderr"
+    path.write_text("oops\n")
+    assert mpi_job.read_output(JOB, str(storage), USER, stream="stderr") == "oops\n"
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((JOB, "USER_DIR", USER), {"stream": "status.json"}),
+        ((JOB, "USER_DIR", USER), {"tail_bytes": 0}),
+        (("../x", "USER_DIR", USER), {}),
+        ((JOB, "USER_DIR", "../root"), {}),
+    ],
+)
+def test_read_output_rejects_bad_arguments(storage, args, kwargs):
+    args = tuple(str(storage) if a == "USER_DIR" else a for a in args)
+    with pytest.raises(SaltInvocationError):
+        mpi_job.read_output(*args, **kwargs)
+
+
+def test_read_output_missing_file_is_an_execution_error(storage):
+    with pytest.raises(CommandExecutionError, match="cannot read the stdout"):
+        mpi_job.read_output(JOB, str(storage), USER)
+
+
+def test_read_output_refuses_a_symlink_planted_by_the_job(storage, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("private key\n")
+    os.symlink(secret, storage / "users" / USER / "mpi-jobs" / JOB / "stdout")
+    with pytest.raises(CommandExecutionError):
+        mpi_job.read_output(JOB, str(storage), USER)
+
+
+def test_read_output_refuses_a_job_dir_leading_outside_the_user_dir(storage, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "stdout").write_text("not the user's\n")
+    job_dir = storage / "users" / USER / "mpi-jobs" / OTHER_JOB
+    os.symlink(outside, job_dir)
+    with pytest.raises(CommandExecutionError, match="outside"):
+        mpi_job.read_output(OTHER_JOB, str(storage), USER)
+
+
+def test_read_output_does_not_block_on_a_fifo(storage):
+    os.mkfifo(storage / "users" / USER / "mpi-jobs" / JOB / "stdout")
+    started = time.monotonic()
+    with pytest.raises(CommandExecutionError, match="not a regular file"):
+        mpi_job.read_output(JOB, str(storage), USER)
+    assert time.monotonic() - started < 1
