@@ -1,61 +1,74 @@
 """
 Run users' MPI programs across DockerMPI nodes, from the Salt master.
 
-``salt-run mpi.launch`` validates a job, allocates slots on reachable nodes, hands each
-node the job's freshly generated keys through Salt's encrypted channel, starts a worker
-container (sshd as the guest uid) on every node, runs ``mpirun`` from a launcher
-container on the first node, records the outcome in the user's directory and always
-removes every container and key of the job, whether it succeeds, fails, runs out of
-walltime or ``salt-run`` is interrupted.
+``salt-run mpi.submit`` validates a job and queues it; the queue starts jobs first come,
+first served, all or nothing across nodes, backfilling smaller jobs only where that
+cannot delay the head of the queue, within per-user limits. ``mpi.launch`` is submit and
+wait. A job does not depend on the ``salt-run`` that submitted it.
 
-Site settings come from the ``mpi`` pillar of the nodes merged over
-``salt://dockermpi/defaults.yaml``; slot and port allocations live in a small SQLite
-store in the master's cache directory, so concurrent launches never share a slot or an
-sshd port.
+Salt's own machinery carries the job's life (no extra daemon):
 
-Every transition is fired on the master event bus as ``mpi/job/<id>/<state>``.
+- the node beacon ``mpi_jobs`` reports every second what each node runs, whether the
+  launcher exited (and which rank failed), whether the engine answers and whether the
+  node still reaches the job's other nodes; the reactor hands each report to
+  :func:`node_report`;
+- the master schedule calls :func:`tick` every two seconds: walltimes, nodes that
+  stopped reporting, jobs stuck while starting, and the queue;
+- every transition is fired as ``mpi/job/<id>/<state>``; ``mpi/job/<id>/queued`` makes
+  the reactor call :func:`schedule`.
 
-:depends: the ``mpi_job`` execution module on the nodes, the ``mpi_launch`` utils module
+Records live in a SQLite store in the master's cache directory and survive restarts;
+after a restart, running jobs are kept when their nodes report them alive and failed
+when not.
+
+:depends: the ``mpi_job`` execution module and ``mpi_jobs`` beacon on the nodes; the
+    ``mpi_launch``, ``mpi_sched`` and ``mpi_store`` utils modules
 """
 
-import contextlib
+import contextvars
 import ipaddress
-import json
 import logging
-import math
 import os
 import posixpath
 import re
 import secrets
 import shlex
 import signal
-import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import salt.client
 import salt.fileclient
 import salt.utils.dictupdate
 import salt.utils.event
+import salt.utils.minions
 import salt.utils.yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 log = logging.getLogger(__name__)
 
 __virtualname__ = "mpi"
+__func_alias__ = {"list_": "list"}
 
 NODE_TARGET = "G@roles:mpi-node"
-ACTIVE_STATES = ("starting", "running")
+ACTIVE = ("starting", "running")
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 DATA_MOUNT = "/data"
 JOBS_SUBDIR = "mpi-jobs"
-WAIT_SLICE = 5  # seconds one mpi_job.wait call may block on the node
 # mpirun listens on every port of its OOB range, so each job gets its own block.
 OOB_PORTS_PER_JOB = 2
+NODE_TIMEOUT = 5  # seconds without a report before a node counts as lost
+START_TIMEOUT = 90  # seconds a job may stay in "starting"
+RESTART_GRACE = 15  # seconds after a master restart before silent nodes count as lost
+SITE_REFRESH = 60  # seconds between re-reads of the site settings by the tick
 RESERVED_ENV_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_")
 RESERVED_ENV_NAMES = ("HOME",)
 
 _USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WALLTIME_RE = re.compile(r"^(?:(?P<days>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
+_WALLTIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 
 
 def __virtual__():
@@ -70,25 +83,38 @@ class _Interrupted(Exception):
 
 
 def _parse_walltime(value):
-    """Slurm's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S. Returns seconds."""
-    text = str(value).strip()
-    match = _WALLTIME_RE.match(text)
-    if isinstance(value, bool) or not match:
-        raise SaltInvocationError(
-            f"walltime {value!r} is not a time: use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS"
-        )
-    parts = [int(p) for p in match.group("rest").split(":")]
-    if match.group("days") is not None:
-        parts += [0] * (3 - len(parts))
-        hours, minutes, seconds = parts
-        seconds += int(match.group("days")) * 86400
-    elif len(parts) == 1:
-        hours, minutes, seconds = 0, parts[0], 0
-    elif len(parts) == 2:
-        hours, (minutes, seconds) = 0, parts
+    """
+    Seconds from a walltime: a number of seconds, a number with a unit (``90s``, ``30m``,
+    ``2h``, ``1d``), or Slurm's ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM:SS``.
+
+    A bare number means seconds, not Slurm's minutes: Salt's YAML already turns ``2:00``
+    into 120 on the command line, so seconds is the only reading that stays consistent.
+    """
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        raise SaltInvocationError(f"walltime {value!r} is not a whole number of seconds")
+    if isinstance(value, (int, float)):
+        total = int(value)
     else:
-        hours, minutes, seconds = parts
-    total = hours * 3600 + minutes * 60 + seconds
+        text = str(value).strip().lower()
+        unit = _WALLTIME_UNITS.get(text[-1:]) if text[:-1].isdigit() else None
+        match = _WALLTIME_RE.match(text)
+        if text.isdigit():
+            total = int(text)
+        elif unit:
+            total = int(text[:-1]) * unit
+        elif match and (match.group("days") or ":" in text):
+            parts = [int(p) for p in match.group("rest").split(":")]
+            if match.group("days") is not None:
+                parts += [0] * (3 - len(parts))
+            elif len(parts) == 2:
+                parts = [0] + parts
+            hours, minutes, seconds = parts
+            total = int(match.group("days") or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+        else:
+            raise SaltInvocationError(
+                f"walltime {value!r} is not a time: use seconds, 30m, 2h, MM:SS, HH:MM:SS "
+                "or D-HH:MM:SS"
+            )
     if total <= 0:
         raise SaltInvocationError(f"walltime {value!r} must be longer than zero")
     return total
@@ -113,8 +139,13 @@ def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env
             raise SaltInvocationError(f"cmd cannot be split into words: {exc}") from None
     elif isinstance(cmd, (list, tuple)) and all(isinstance(a, str) for a in cmd):
         program = list(cmd)
-    else:
+    elif cmd is None:
         raise SaltInvocationError("cmd is required: the program and its arguments")
+    else:
+        raise SaltInvocationError(
+            f"cmd must be the program and its arguments as text or a list, got {cmd!r} "
+            "(quote it if the shell or YAML changed it)"
+        )
     if not program or not program[0]:
         raise SaltInvocationError("cmd is empty: give the program to run")
     if program[0].startswith("-"):
@@ -126,7 +157,7 @@ def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env
         or slots_per_node < 1
     ):
         raise SaltInvocationError(f"slots_per_node must be a positive whole number, got {slots_per_node!r}")
-    seconds = _parse_walltime("1:00:00" if walltime is None else walltime)
+    seconds = _parse_walltime(3600 if walltime is None else walltime)
     if seconds > max_walltime:
         raise SaltInvocationError(
             f"walltime {walltime} exceeds the site's limit of {max_walltime} seconds"
@@ -166,6 +197,7 @@ def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env
     }
 
 
+
 # ------------------------------------------------------------------- cluster access
 
 
@@ -194,37 +226,6 @@ def _call(client, minions, fun, timeout, **kwargs):
             info={"results": results, "errors": errors},
         )
     return results
-
-
-def _target(nodes):
-    """(target, tgt_type, wanted node count or None) from the ``nodes`` argument."""
-    if nodes is None:
-        return NODE_TARGET, "compound", None
-    if isinstance(nodes, int):
-        if nodes < 1:
-            raise SaltInvocationError(f"nodes={nodes}: need at least one node")
-        return NODE_TARGET, "compound", nodes
-    if isinstance(nodes, (list, tuple)):
-        return [str(n) for n in nodes], "list", None
-    text = str(nodes).strip()
-    if text.isdigit():
-        return _target(int(text))
-    if re.fullmatch(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)+", text):
-        return text.split(","), "list", None
-    return f"{NODE_TARGET} and ( {text} )", "compound", None
-
-
-def _reachable_nodes(client, nodes):
-    target, tgt_type, count = _target(nodes)
-    answers = client.cmd(target, "test.ping", tgt_type=tgt_type, timeout=5)
-    reachable = sorted(m for m, ok in answers.items() if ok is True)
-    if tgt_type == "list":
-        missing = sorted(set(target) - set(reachable))
-        if missing:
-            raise SaltInvocationError(f"nodes not reachable or not MPI nodes: {missing}")
-    if not reachable:
-        raise SaltInvocationError(f"no reachable MPI node matches nodes={nodes!r}")
-    return reachable, count
 
 
 def _defaults():
@@ -258,26 +259,6 @@ def _cluster_addresses(minions, network):
     return addresses
 
 
-# ----------------------------------------------------------------------- job store
-
-
-@contextlib.contextmanager
-def _store():
-    """The master's job store; the connection holds a write lock inside ``with`` blocks."""
-    folder = os.path.join(__opts__["cachedir"], "dockermpi")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    conn = sqlite3.connect(os.path.join(folder, "jobs.sqlite"), timeout=30, isolation_level=None)
-    try:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, user TEXT NOT NULL,"
-            " state TEXT NOT NULL, port_slot INTEGER NOT NULL, placement TEXT NOT NULL, record TEXT NOT NULL,"
-            " created REAL NOT NULL, updated REAL NOT NULL)"
-        )
-        yield conn
-    finally:
-        conn.close()
-
-
 def _port_slots(config):
     """How many jobs can share a node: each takes one sshd port and an OOB port block."""
     sshd_low, sshd_high = (int(p) for p in config["ports"]["sshd"])
@@ -290,94 +271,6 @@ def _slot_ports(config, slot):
     sshd_low = int(config["ports"]["sshd"][0])
     oob_low = int(config["ports"]["oob"][0]) + slot * OOB_PORTS_PER_JOB
     return sshd_low + slot, (oob_low, oob_low + OOB_PORTS_PER_JOB - 1)
-
-
-def _allocate(job_id, request, candidates, count, config, record):
-    """Choose nodes, ranks per node and a port slot, atomically against other jobs."""
-    node_slots = int(config["slots_per_node"])
-    with _store() as conn:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            used = {}
-            busy_ports = {}
-            for placement, slot in conn.execute(
-                f"SELECT placement, port_slot FROM jobs WHERE state IN {ACTIVE_STATES!r}"
-            ):
-                for node, ranks in json.loads(placement).items():
-                    used[node] = used.get(node, 0) + ranks
-                    busy_ports.setdefault(node, set()).add(slot)
-            free = {n: node_slots - used.get(n, 0) for n in candidates}
-            placement = _place(request["np"], free, count, request["slots_per_node"], node_slots)
-            taken = set().union(*(busy_ports.get(n, set()) for n in placement))
-            slot = next((s for s in range(_port_slots(config)) if s not in taken), None)
-            if slot is None:
-                raise SaltInvocationError(
-                    "every sshd port / Open MPI port block on the chosen nodes is in use"
-                )
-            now = time.time()
-            conn.execute(
-                "INSERT INTO jobs VALUES (?, ?, 'starting', ?, ?, ?, ?, ?)",
-                (job_id, request["user"], slot, json.dumps(placement), json.dumps(record), now, now),
-            )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    return placement, slot
-
-
-def _place(np, free, count, per_node, node_slots):
-    """{node: ranks}: block distribution over nodes in order, all or nothing."""
-    if per_node is not None and per_node > node_slots:
-        raise SaltInvocationError(
-            f"slots_per_node={per_node} exceeds the {node_slots} slots each node has"
-        )
-    if count is not None:
-        if count > len(free):
-            raise SaltInvocationError(f"nodes={count} but only {len(free)} MPI nodes are reachable")
-        per_node = per_node or math.ceil(np / count)
-        if per_node * count < np:
-            raise SaltInvocationError(f"np={np} does not fit {count} nodes x {per_node} slots")
-    total = sum(max(0, f) for f in free.values())
-    if per_node is None and np > total:
-        raise SaltInvocationError(
-            f"np={np} is more than the {total} free slots on the matching nodes ({free})"
-        )
-    placement, remaining = {}, np
-    for node, available in free.items():
-        if remaining == 0 or (count is not None and len(placement) == count):
-            break
-        take = min(available, remaining) if per_node is None else min(per_node, remaining)
-        if take <= 0 or take > available:
-            continue
-        placement[node] = take
-        remaining -= take
-    if remaining:
-        raise SaltInvocationError(
-            f"np={np} cannot be placed{f' with {per_node} ranks per node' if per_node else ''}"
-            f": free slots per node are {free}"
-        )
-    return placement
-
-
-def _finish(job_id, state, record):
-    with _store() as conn:
-        conn.execute(
-            "UPDATE jobs SET state = ?, record = ?, updated = ? WHERE id = ?",
-            (state, json.dumps(record), time.time(), job_id),
-        )
-
-
-# ------------------------------------------------------------------------- the job
-
-
-def _fire(job_id, state, data):
-    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-        bus.fire_event(dict(data, job_id=job_id, state=state), f"mpi/job/{job_id}/{state}")
-
-
-def _new_job_id():
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
 def _job_files(config, placement, addresses, port):
@@ -399,6 +292,169 @@ def _job_files(config, placement, addresses, port):
             [(addresses[node], ranks) for node, ranks in placement.items()]
         ),
     }
+
+
+# ----------------------------------------------------------------- store and state
+
+
+def _store():
+    return __utils__["mpi_store.open_store"](
+        os.path.join(__opts__["cachedir"], "dockermpi", "jobs.sqlite")
+    )
+
+
+def _fire(job_id, state, data=None):
+    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
+        bus.fire_event(dict(data or {}, job_id=job_id, state=state), f"mpi/job/{job_id}/{state}")
+
+
+def _public(record):
+    """The job record as users see it (no internal scheduling data)."""
+    view = {k: v for k, v in record.items() if k not in ("spec", "port_slot")}
+    view["retcode"] = 0 if record["state"] == "succeeded" else 1
+    return view
+
+
+def _rejected(exc):
+    """What a job that never started returns; salt-run exits with ``retcode``."""
+    __context__["retcode"] = 1
+    return {"state": "rejected", "error": str(exc), "retcode": 1}
+
+
+def _failed_call(message):
+    __context__["retcode"] = 1
+    return {"error": message, "retcode": 1}
+
+
+def _mpi_nodes():
+    """Every minion that is an MPI node, known from the master's cache (no network)."""
+    found = salt.utils.minions.CkMinions(__opts__).check_minions(NODE_TARGET, "compound")
+    return sorted(found["minions"])
+
+
+def _alive(nodes_seen, now):
+    return {n for n, seen in nodes_seen.items() if now - seen["last_seen"] <= NODE_TIMEOUT}
+
+
+def _candidates(nodes, all_nodes):
+    """(candidate node ids, exact node count or None) for the ``nodes`` argument."""
+    if nodes is None:
+        return all_nodes, None
+    if isinstance(nodes, int):
+        if nodes < 1:
+            raise SaltInvocationError(f"nodes={nodes}: need at least one node")
+        if nodes > len(all_nodes):
+            raise SaltInvocationError(f"nodes={nodes} but only {len(all_nodes)} MPI nodes exist")
+        return all_nodes, nodes
+    if isinstance(nodes, (list, tuple)):
+        wanted = [str(n) for n in nodes]
+    else:
+        text = str(nodes).strip()
+        if text.isdigit():
+            return _candidates(int(text), all_nodes)
+        if re.fullmatch(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*", text) and "," in text:
+            wanted = text.split(",")
+        else:
+            found = salt.utils.minions.CkMinions(__opts__).check_minions(
+                f"{NODE_TARGET} and ( {text} )", "compound"
+            )["minions"]
+            if not found:
+                raise SaltInvocationError(f"no MPI node matches nodes={text!r}")
+            return sorted(found), None
+    unknown = sorted(set(wanted) - set(all_nodes))
+    if unknown:
+        raise SaltInvocationError(f"nodes not known as MPI nodes (not reachable?): {unknown}")
+    return wanted, None
+
+
+def _refresh_site(store, minion):
+    config = _site_config(minion)
+    store.set_meta("site", {"config": config, "read": time.time()})
+    return config
+
+
+# -------------------------------------------------------------------- public: jobs
+
+
+def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,
+           walltime=None, env=None, workdir=None):
+    """
+    Queue an MPI job and return its id at once; it starts when all its slots are free.
+
+    Arguments are those of :func:`launch`. Returns the job record (``job_id``,
+    ``state: queued``, ...) or ``{"state": "rejected", "error": ...}`` when any argument
+    is wrong or the job could never run; nothing is queued then.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.submit user=alice image=mpi np=6 cmd='python3 pi.py' walltime=10
+    """
+    try:
+        request = _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime,
+                                    env, workdir, max_walltime=366 * 86400)
+        all_nodes = _mpi_nodes()
+        if not all_nodes:
+            raise SaltInvocationError("there are no MPI nodes (grain roles:mpi-node)")
+        store = _store()
+        config = _refresh_site(store, all_nodes[0])
+        limit = int(config["limits"]["max_walltime"])
+        if request["walltime"] > limit:
+            raise SaltInvocationError(f"walltime exceeds the site's limit of {limit} seconds")
+        images = config.get("images") or {}
+        if request["image"] not in images:
+            raise SaltInvocationError(
+                f"image {request['image']!r} is not approved; approved images: {sorted(images)}"
+            )
+        candidates, count = _candidates(request["nodes"], all_nodes)
+        node_slots = int(config["slots_per_node"])
+        try:
+            __utils__["mpi_sched.place"](request["np"], {n: node_slots for n in candidates},
+                                         count, request["slots_per_node"], node_slots)
+        except ValueError as exc:
+            raise SaltInvocationError(
+                f"this job can never run: {exc} (each node has {node_slots} slots)"
+            ) from None
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _rejected(exc)
+    job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    job_dir = posixpath.join(config["storage"]["path"], "users", request["user"], JOBS_SUBDIR,
+                             job_id)
+    now = time.time()
+    record = {
+        "job_id": job_id,
+        "user": request["user"],
+        "image": request["image"],
+        "np": request["np"],
+        "cmd": request["program"],
+        "walltime": request["walltime"],
+        "state": "queued",
+        "reason": None,
+        "submitted": now,
+        "history": [{"state": "queued", "at": now, "reason": None}],
+        "output": {
+            "dir": job_dir,
+            "dir_in_job": posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
+            "stdout": posixpath.join(job_dir, "stdout"),
+            "stderr": posixpath.join(job_dir, "stderr"),
+            "status": posixpath.join(job_dir, "status.json"),
+        },
+        "timings": {},
+        "spec": {
+            "image_ref": images[request["image"]],
+            "candidates": candidates,
+            "count": count,
+            "per_node": request["slots_per_node"],
+            "env": request["env"],
+            "workdir": request["workdir"],
+            "config": {k: config[k] for k in ("guest", "cluster_network", "ports", "storage",
+                                             "job_root", "slots_per_node")},
+        },
+    }
+    store.add(record)
+    _fire(job_id, "queued", {"user": request["user"]})
+    return _public(record)
 
 
 def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,
@@ -423,19 +479,23 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     slots_per_node
         Ranks per node (at most the node's slots). Default: fill free slots.
     walltime
-        Time limit, Slurm style: minutes, ``MM:SS``, ``HH:MM:SS`` or ``D-HH:MM:SS``.
-        Default one hour; at most pillar ``mpi:limits:max_walltime`` seconds.
+        Time limit: seconds, ``30m``, ``2h``, or Slurm's ``MM:SS``, ``HH:MM:SS``,
+        ``D-HH:MM:SS``. Default one hour; at most pillar ``mpi:limits:max_walltime``.
     env
         ``{NAME: value}`` exported to every rank.
     workdir
         Working directory of the ranks, relative to the user's directory. Default: it.
 
+    The job waits in the queue while its slots are taken. Ctrl-C or SIGTERM cancels it
+    (like ``srun``); a ``salt-run`` killed otherwise leaves it running and tracked
+    (``mpi.status``, ``mpi.wait``).
+
     Returns the job record: ``job_id``, ``state`` (succeeded, failed, timed_out,
     cancelled, rejected), ``exit_code``, ``failure`` (``rank`` with ``exit_code`` or
-    ``signal``), ``reason``, ``placement`` (node: ranks), ``timings`` (seconds for
-    allocate, containers_up, sshd_ready, mpirun, cleanup, total), ``output`` (where
-    stdout, stderr and status.json are), ``retcode`` (0 only when the job succeeded;
-    ``salt-run`` exits with it). A rejected job returns ``state``, ``error``, ``retcode``.
+    ``signal``), ``reason``, ``placement`` (node: ranks), ``timings`` (seconds: queued,
+    containers_up, sshd_ready, mpirun, cleanup, total), ``history`` (each state with its
+    time and reason), ``output`` (where stdout, stderr and status.json are), ``retcode``
+    (0 only when the job succeeded; ``salt-run`` exits with it).
 
     CLI Example:
 
@@ -444,168 +504,26 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         salt-run mpi.launch user=alice image=mpi np=6 \\
             cmd='python3 -m mpi4py.bench helloworld' --out=json
     """
-    started = time.monotonic()
+    submitted = submit(user=user, image=image, np=np, cmd=cmd, nodes=nodes,
+                       slots_per_node=slots_per_node, walltime=walltime, env=env,
+                       workdir=workdir)
+    if submitted["state"] == "rejected":
+        return submitted
+    job_id = submitted["job_id"]
+    previous = _trap_sigterm()
     try:
-        request = _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime,
-                                    env, workdir, max_walltime=_max_walltime_default())
-        client = _client()
-        candidates, count = _reachable_nodes(client, request["nodes"])
-        config = _site_config(candidates[0])
-        request["walltime_limit"] = int(config.get("limits", {}).get("max_walltime", 86400))
-        if request["walltime"] > request["walltime_limit"]:
-            raise SaltInvocationError(
-                f"walltime exceeds the site's limit of {request['walltime_limit']} seconds"
-            )
-        images = config.get("images") or {}
-        if request["image"] not in images:
-            raise SaltInvocationError(
-                f"image {request['image']!r} is not approved; approved images: {sorted(images)}"
-            )
-    except (SaltInvocationError, CommandExecutionError) as exc:
-        return _rejected(exc)
-    return _run(client, request, config, candidates, count, started)
-
-
-def _max_walltime_default():
-    # The site's limit is checked again once the pillar is read; this bounds parsing.
-    return 366 * 86400
-
-
-def _run(client, request, config, candidates, count, started):
-    job_id = _new_job_id()
-    storage = config["storage"]["path"]
-    job_dir = posixpath.join(storage, "users", request["user"], JOBS_SUBDIR, job_id)
-    record = {
-        "job_id": job_id,
-        "user": request["user"],
-        "image": request["image"],
-        "np": request["np"],
-        "cmd": request["program"],
-        "state": "starting",
-        "submitted": time.time(),
-        "output": {
-            "dir": job_dir,
-            "dir_in_job": posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
-            "stdout": posixpath.join(job_dir, "stdout"),
-            "stderr": posixpath.join(job_dir, "stderr"),
-            "status": posixpath.join(job_dir, "status.json"),
-        },
-        "timings": {},
-    }
-    timings = record["timings"]
-    mark = time.monotonic()
-    try:
-        placement, slot = _allocate(job_id, request, candidates, count, config, record)
-    except SaltInvocationError as exc:
-        return _rejected(exc)
-    port, oob_ports = _slot_ports(config, slot)
-    record["placement"] = placement
-    timings["allocate"] = round(time.monotonic() - mark, 3)
-    nodes = list(placement)
-    common = {
-        "job_id": job_id,
-        "user": request["user"],
-        "guest": {"uid": config["guest"]["uid"], "gid": config["guest"]["gid"]},
-        "storage_path": storage,
-    }
-    previous_handler = _trap_sigterm()
-    state, reason = "failed", None
-    try:
-        _fire(job_id, "starting", {"user": request["user"], "placement": placement})
-        addresses = _cluster_addresses(nodes, config["cluster_network"])
-        files = _job_files(config, placement, addresses, port)
-        mark = time.monotonic()
-        workers = _call(
-            client, nodes, "mpi_job.start_worker", timeout=60, image=config["images"][request["image"]],
-            job_root=config["job_root"], port=port, cluster_network=config["cluster_network"],
-            files=files, **common,
-        )
-        timings["containers_up"] = round(time.monotonic() - mark, 3)
-        timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
-        argv = __utils__["mpi_launch.launcher_argv"](
-            posixpath.join(record["output"]["dir_in_job"], "stdout"),
-            posixpath.join(record["output"]["dir_in_job"], "stderr"),
-            request["np"], request["program"], config["cluster_network"],
-            oob_ports, config["ports"]["btl"], port, request["workdir"],
-            env_names=sorted(request["env"]),
-        )
-        record.update(state="running", started=time.time())
-        mark = time.monotonic()
-        _call(client, nodes[:1], "mpi_job.start_launcher", timeout=60,
-              image=config["images"][request["image"]], job_root=config["job_root"],
-              argv=argv, environment=request["env"], status=record, **common)
-        _set_state(job_id, "running", record)
-        state, reason, exit_info = _wait(client, nodes[0], common, request["walltime"], mark)
-        timings["mpirun"] = round(time.monotonic() - mark, 3)
-        record.update(exit_info)
-    except _Interrupted:
-        state, reason = "cancelled", "salt-run was terminated"
-    except KeyboardInterrupt:
-        state, reason = "cancelled", "salt-run was interrupted"
-    except (CommandExecutionError, SaltInvocationError) as exc:
-        state, reason = "failed", str(exc)
+        return wait(job_id)
+    except (_Interrupted, KeyboardInterrupt) as exc:
+        why = "salt-run was terminated" if isinstance(exc, _Interrupted) else "salt-run was interrupted"
+        cancel(job_id, reason=why)
+        return wait(job_id, timeout=30)
     finally:
-        record.update(state=state, reason=reason, ended=time.time())
-        mark = time.monotonic()
-        try:
-            _call(client, nodes, "mpi_job.cleanup", timeout=60, job_id=job_id,
-                  job_root=config["job_root"], status=record, status_node=nodes[0],
-                  storage_path=storage, user=request["user"], guest=common["guest"])
-        except CommandExecutionError as exc:
-            record["cleanup_error"] = str(exc)
-            log.error("job %s: cleanup incomplete: %s", job_id, exc)
-        timings["cleanup"] = round(time.monotonic() - mark, 3)
-        timings["total"] = round(time.monotonic() - started, 3)
-        _finish(job_id, state, record)
-        _fire(job_id, state, {"reason": reason, "exit_code": record.get("exit_code")})
-        signal.signal(signal.SIGTERM, previous_handler) if previous_handler else None
-    record["retcode"] = 0 if state == "succeeded" else 1
-    __context__["retcode"] = record["retcode"]
-    return record
-
-
-def _rejected(exc):
-    """What a job that never started returns; salt-run exits with ``retcode``."""
-    __context__["retcode"] = 1
-    return {"state": "rejected", "error": str(exc), "retcode": 1}
-
-
-def _set_state(job_id, state, record):
-    with _store() as conn:
-        conn.execute("UPDATE jobs SET state = ?, record = ?, updated = ? WHERE id = ?",
-                     (state, json.dumps(record), time.time(), job_id))
-    _fire(job_id, state, {})
-
-
-def _wait(client, launcher_node, common, walltime, started):
-    """Wait for the launcher to exit; returns (state, reason, exit details)."""
-    deadline = started + walltime
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return "timed_out", f"walltime of {walltime} seconds exceeded", {}
-        result = _call(client, [launcher_node], "mpi_job.wait",
-                       timeout=min(remaining, WAIT_SLICE) + 15, job_id=common["job_id"],
-                       storage_path=common["storage_path"], user=common["user"],
-                       seconds=min(remaining, WAIT_SLICE))[launcher_node]
-        if result["state"] == "missing":
-            return "failed", "the launcher container disappeared", {}
-        if result["state"] == "exited":
-            details = {"exit_code": result["exit_code"], "failure": result["failure"]}
-            if result["exit_code"] == 0:
-                return "succeeded", None, details
-            failure = result["failure"]
-            if failure and "signal" in failure:
-                reason = f"rank {failure['rank']} died of {failure['signal_name']}"
-            elif failure:
-                reason = f"rank {failure['rank']} exited with code {failure['exit_code']}"
-            else:
-                reason = f"mpirun exited with code {result['exit_code']}"
-            return "failed", reason, details
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _trap_sigterm():
-    """Turn SIGTERM into an exception so the job is cleaned up; returns the old handler."""
+    """Turn SIGTERM into an exception so the job can be cancelled; returns the old handler."""
 
     def handler(signum, frame):
         raise _Interrupted()
@@ -614,3 +532,488 @@ def _trap_sigterm():
         return signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not in the main thread (e.g. called through the API)
         return None
+
+
+def _check_job_id(job_id):
+    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
+        raise SaltInvocationError(f"{job_id!r} is not a job id (YYYYMMDD-HHMMSS-xxxxxx)")
+
+
+def wait(job_id, timeout=None):
+    """
+    Wait until a job has ended and return its record.
+
+    timeout
+        Seconds to wait at most; then the current record is returned (retcode 1).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.wait 20261130-132321-b26398 timeout=600
+    """
+    try:
+        _check_job_id(job_id)
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
+    store = _store()
+    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
+        bus.subscribe(f"mpi/job/{job_id}/")
+        while True:
+            record = store.get(job_id)
+            if record is None:
+                return _failed_call(f"no job {job_id}")
+            if record["state"] in FINAL or (deadline and time.monotonic() > deadline):
+                view = _public(record)
+                __context__["retcode"] = view["retcode"]
+                return view
+            # Events make this prompt; reading the store each second makes it certain.
+            bus.get_event(wait=1, tag=f"mpi/job/{job_id}/", match_type="startswith")
+
+
+def status(job_id):
+    """
+    Return a job's record, with the history of its states.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.status 20261130-132321-b26398
+    """
+    try:
+        _check_job_id(job_id)
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
+    record = _store().get(job_id)
+    if record is None:
+        return _failed_call(f"no job {job_id}")
+    return _public(record)
+
+
+def list_(user=None, state=None):
+    """
+    List jobs, oldest first: id, user, state, np, placement, times and reason.
+
+    user
+        Only this user's jobs.
+    state
+        Only jobs in this state (or a comma-separated list of states).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.list user=alice state=queued,running
+    """
+    states = None
+    if state:
+        states = [s.strip() for s in (state if isinstance(state, list) else str(state).split(","))]
+        unknown = sorted(set(states) - set(("queued",) + ACTIVE + FINAL))
+        if unknown:
+            return _failed_call(f"unknown job states: {unknown}")
+    keys = ("job_id", "user", "state", "np", "placement", "submitted", "started", "ended",
+            "reason", "waiting_for")
+    return [{k: r.get(k) for k in keys} for r in _store().jobs(states, user=user)]
+
+
+def cancel(job_id, reason="cancelled by request"):
+    """
+    Cancel a job: a queued job leaves the queue; a running one is stopped and every
+    container and key of it removed.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.cancel 20261130-132321-b26398
+    """
+    try:
+        _check_job_id(job_id)
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
+    store = _store()
+    record = store.get(job_id)
+    if record is None:
+        return _failed_call(f"no job {job_id}")
+    if record["state"] in FINAL:
+        return dict(_public(record), note=f"job had already ended ({record['state']})")
+    ended = _finish(job_id, "cancelled", reason, expect=("queued",) + ACTIVE)
+    schedule()
+    return _public(ended or store.get(job_id))
+
+
+def logs(job_id, stream="stdout", tail=65536):
+    """
+    Return the end of a job's standard output or error (read on one of the nodes).
+
+    stream
+        ``stdout`` or ``stderr``.
+    tail
+        How many bytes from the end, at most.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.logs 20261130-132321-b26398 stream=stderr
+    """
+    try:
+        _check_job_id(job_id)
+        if stream not in ("stdout", "stderr"):
+            raise SaltInvocationError("stream must be stdout or stderr")
+        store = _store()
+        record = store.get(job_id)
+        if record is None:
+            raise SaltInvocationError(f"no job {job_id}")
+        alive = _alive(store.nodes(), time.time())
+        readers = [n for n in record.get("placement") or {} if n in alive] or sorted(alive)
+        if not readers:
+            raise CommandExecutionError("no MPI node is reporting; cannot read shared storage")
+        config = record["spec"]["config"]
+        text = _call(_client(), readers[:1], "mpi_job.read_output", timeout=15, job_id=job_id,
+                     storage_path=config["storage"]["path"], user=record["user"],
+                     stream=stream, tail_bytes=int(tail))[readers[0]]
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
+    return text
+
+
+def nodes():
+    """
+    Show every MPI node: slots, used slots, running jobs, whether it reports, its engine.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.nodes
+    """
+    store = _store()
+    now = time.time()
+    seen = store.nodes()
+    site = store.get_meta("site") or {}
+    slots = int((site.get("config") or {}).get("slots_per_node", 0))
+    jobs = store.jobs(ACTIVE)
+    result = {}
+    for node in sorted(set(_mpi_nodes()) | set(seen)):
+        info = seen.get(node)
+        mine = [j for j in jobs if node in (j.get("placement") or {})]
+        result[node] = {
+            "slots": slots,
+            "used": sum(j["placement"][node] for j in mine),
+            "jobs": [j["job_id"] for j in mine],
+            "reachable": bool(info) and now - info["last_seen"] <= NODE_TIMEOUT,
+            "last_report_seconds_ago": round(now - info["last_seen"], 1) if info else None,
+            "engine": info["report"].get("engine") if info else None,
+        }
+    return result
+
+
+# ------------------------------------------------------------ reactor and schedule
+
+
+def schedule(**kwargs):
+    """
+    Start every queued job that can start now (reactor: ``mpi/job/*/queued``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.schedule
+    """
+    store = _store()
+    site = store.get_meta("site")
+    if not site:
+        return []
+    node_slots = int(site["config"]["slots_per_node"])
+    limits = site["config"].get("limits") or {}
+    now = time.time()
+    started = []
+    with store.transaction() as conn:
+        queued = store.jobs(["queued"], conn=conn)
+        if not queued:
+            return []
+        active = store.jobs(ACTIVE, conn=conn)
+        alive = _alive(store.nodes(conn), now)
+        used, busy_slots, usage, running = {}, {}, {}, []
+        for job in active:
+            for node, ranks in job["placement"].items():
+                used[node] = used.get(node, 0) + ranks
+                busy_slots.setdefault(node, set()).add(job["port_slot"])
+            mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
+            mine["jobs"] += 1
+            mine["slots"] += job["np"]
+            running.append({"placement": job["placement"],
+                            "end": job.get("deadline") or now + job["walltime"]})
+        free = {n: node_slots - used.get(n, 0) for n in sorted(alive)}
+        waiting = [
+            {"id": j["job_id"], "user": j["user"], "np": j["np"], "walltime": j["walltime"],
+             "candidates": j["spec"]["candidates"], "count": j["spec"]["count"],
+             "per_node": j["spec"]["per_node"]}
+            for j in queued
+        ]
+        starts, blocked = __utils__["mpi_sched.plan"](
+            waiting, free, running, now, node_slots,
+            {"max_running_jobs": limits.get("max_running_jobs_per_user"),
+             "max_slots": limits.get("max_slots_per_user")},
+            usage,
+        )
+        by_id = {j["job_id"]: j for j in queued}
+        for job_id, placement in starts:
+            config = by_id[job_id]["spec"]["config"]
+            taken = set().union(*(busy_slots.get(n, set()) for n in placement))
+            slot = next((s for s in range(_port_slots(config)) if s not in taken), None)
+            if slot is None:
+                blocked[job_id] = "port slots"
+                continue
+            for node in placement:
+                busy_slots.setdefault(node, set()).add(slot)
+            record = store.transition(
+                job_id, "starting", expect=("queued",), conn=conn, placement=placement,
+                port_slot=slot, waiting_for=None,
+            )
+            started.append(record)
+        for job_id, why in blocked.items():
+            if by_id[job_id].get("waiting_for") != why:
+                store.update(job_id, conn=conn, waiting_for=why)
+    for record in started:
+        _fire(record["job_id"], "starting", {"placement": record["placement"]})
+    if started:
+        # Salt's dunders live in context variables, which new threads do not inherit.
+        with ThreadPoolExecutor(max_workers=min(4, len(started))) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, _start, r) for r in started]
+            for future in futures:
+                future.result()
+    return [r["job_id"] for r in started]
+
+
+def _start(record):
+    """Bring up a job's workers and launcher; on any failure the job fails cleanly."""
+    job_id, spec = record["job_id"], record["spec"]
+    config, placement = spec["config"], record["placement"]
+    nodes_ = list(placement)
+    client = _client()
+    common = {
+        "job_id": job_id,
+        "user": record["user"],
+        "guest": {"uid": config["guest"]["uid"], "gid": config["guest"]["gid"]},
+        "storage_path": config["storage"]["path"],
+    }
+    timings = dict(record["timings"], queued=round(time.time() - record["submitted"], 3))
+    try:
+        port, oob_ports = _slot_ports(config, record["port_slot"])
+        addresses = _cluster_addresses(nodes_, config["cluster_network"])
+        files = _job_files(config, placement, addresses, port)
+        mark = time.monotonic()
+        workers = _call(client, nodes_, "mpi_job.start_worker", timeout=60,
+                        image=spec["image_ref"], job_root=config["job_root"], port=port,
+                        cluster_network=config["cluster_network"], files=files, **common)
+        timings["containers_up"] = round(time.monotonic() - mark, 3)
+        timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
+        argv = __utils__["mpi_launch.launcher_argv"](
+            posixpath.join(record["output"]["dir_in_job"], "stdout"),
+            posixpath.join(record["output"]["dir_in_job"], "stderr"),
+            record["np"], record["cmd"], config["cluster_network"], oob_ports,
+            config["ports"]["btl"], port, spec["workdir"], env_names=sorted(spec["env"]),
+        )
+        started = time.time()
+        view = dict(_public(record), state="running", started=started, timings=timings)
+        _call(client, nodes_[:1], "mpi_job.start_launcher", timeout=60, image=spec["image_ref"],
+              job_root=config["job_root"], argv=argv, environment=spec["env"],
+              status=view, **common)
+    except (CommandExecutionError, SaltInvocationError) as exc:
+        log.warning("job %s could not start: %s", job_id, exc)
+        _finish(job_id, "failed", f"could not start: {exc}", expect=("starting",),
+                timings=timings)
+        schedule()
+        return
+    running = _store().transition(
+        job_id, "running", expect=("starting",), started=started,
+        deadline=started + record["walltime"], addresses=addresses, timings=timings,
+    )
+    if running is None:  # cancelled while starting: _finish ran before our containers
+        _cleanup(_store().get(job_id), status=None)
+        return
+    _fire(job_id, "running", {"placement": placement})
+
+
+def _cleanup(record, status):
+    """Remove the job's containers and keys from its nodes that report; the rest later."""
+    placement = record.get("placement") or {}
+    store = _store()
+    alive = _alive(store.nodes(), time.time())
+    reachable = [n for n in placement if n in alive]
+    config = record["spec"]["config"]
+    error = None
+    if reachable:
+        try:
+            _call(_client(), reachable, "mpi_job.cleanup", timeout=15, job_id=record["job_id"],
+                  job_root=config["job_root"], status=status, status_node=reachable[0],
+                  storage_path=config["storage"]["path"], user=record["user"],
+                  guest={"uid": config["guest"]["uid"], "gid": config["guest"]["gid"]})
+        except CommandExecutionError as exc:
+            error = str(exc)
+            log.error("job %s: cleanup incomplete: %s", record["job_id"], exc)
+    return {"cleaned": reachable, "pending": [n for n in placement if n not in reachable],
+            "error": error}
+
+
+def _finish(job_id, state, reason, expect=ACTIVE, **fields):
+    """End a job exactly once: record the final state, clean up, announce it."""
+    store = _store()
+    now = time.time()
+    record = store.transition(job_id, state, reason, expect=expect, ended=now, **fields)
+    if record is None:
+        return None
+    if record.get("started"):
+        record["timings"].setdefault("mpirun", round(now - record["started"], 3))
+    if record.get("placement"):
+        mark = time.monotonic()
+        done = _cleanup(record, status=_public(record))
+        record["timings"]["cleanup"] = round(time.monotonic() - mark, 3)
+        record["timings"]["total"] = round(time.time() - record["submitted"], 3)
+        record = store.update(job_id, timings=record["timings"], cleanup=done) or record
+    else:
+        record["timings"]["total"] = round(now - record["submitted"], 3)
+        record = store.update(job_id, timings=record["timings"]) or record
+    _fire(job_id, state, {"reason": reason, "exit_code": record.get("exit_code")})
+    return record
+
+
+def _outcome(code, failure):
+    """(state, reason) from the launcher's exit code and the failing rank."""
+    if code == 0:
+        return "succeeded", None
+    if failure and "signal" in failure:
+        return "failed", f"rank {failure['rank']} died of {failure['signal_name']}"
+    if failure:
+        return "failed", f"rank {failure['rank']} exited with code {failure['exit_code']}"
+    return "failed", f"mpirun exited with code {code}"
+
+
+def node_report(node=None, report=None, **kwargs):
+    """
+    Take a node's beacon report (reactor: ``salt/beacon/*/mpi_jobs/report``): record that
+    the node is alive and end jobs whose launcher exited, whose containers vanished, whose
+    node lost its engine or cannot reach the job's other nodes; remove leftovers of jobs
+    that already ended.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.node_report node=node1 report='{"engine": "ok", "jobs": {}}'
+    """
+    if not node or not isinstance(report, dict):
+        return _failed_call("node_report needs node and report")
+    store = _store()
+    now = time.time()
+    store.node_seen(node, report, now)
+    reported = report.get("jobs") or {}
+    engine_ok = report.get("engine") == "ok"
+    ended = False
+    for record in store.jobs(["running"]):
+        if node not in record["placement"]:
+            continue
+        verdict = _judge(node, record, reported.get(record["job_id"]), engine_ok, report, now)
+        if verdict:
+            state, reason, fields = verdict
+            ended |= _finish(record["job_id"], state, reason, **fields) is not None
+    client = None
+    for job_id, info in reported.items():
+        if not (info.get("containers") or info.get("secrets")):
+            continue
+        record = store.get(job_id) if _JOB_ID_RE.match(job_id) else None
+        if record is None or record["state"] in FINAL:
+            # Leftovers of an ended job (e.g. from a node that was cut off): remove them.
+            client = client or _client()
+            config = record["spec"]["config"] if record else store.get_meta("site")["config"]
+            client.cmd_async([node], "mpi_job.cleanup", tgt_type="list",
+                             kwarg={"job_id": job_id, "job_root": config["job_root"]})
+    if ended:
+        schedule()
+    return True
+
+
+def _judge(node, record, info, engine_ok, report, now):
+    """Whether a running job must end, from one node's report: (state, reason, fields)."""
+    if not engine_ok:
+        return "failed", f"the Docker engine on {node} is not answering: {report.get('engine')}", {}
+    if info is None:
+        if now - record["started"] > 3:
+            return "failed", f"the job's containers on {node} are gone", {}
+        return None
+    containers = info.get("containers") or {}
+    launcher_node = next(iter(record["placement"]))
+    if node == launcher_node and info.get("launcher_exit_code") is not None:
+        code, failure = info["launcher_exit_code"], info.get("failure")
+        state, reason = _outcome(code, failure)
+        return state, reason, {"exit_code": code, "failure": failure}
+    if now > record["deadline"]:
+        return "timed_out", f"walltime of {record['walltime']} seconds exceeded", {}
+    if node == launcher_node and containers.get("launcher") not in ("running", "created"):
+        return "failed", f"the launcher container on {node} is gone", {}
+    if containers.get("worker") not in ("running", "created"):
+        return "failed", f"the worker container on {node} is gone", {}
+    unreachable = info.get("unreachable_peers") or []
+    if unreachable:
+        names = {a: n for n, a in (record.get("addresses") or {}).items()}
+        peers = sorted(names.get(a, a) for a in unreachable)
+        return "failed", f"{node} cannot reach {', '.join(peers)} (network partition)", {}
+    return None
+
+
+def tick(**kwargs):
+    """
+    The master schedule's pass (every 2 s): walltimes, nodes that stopped reporting,
+    jobs stuck starting, then the queue.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.tick
+    """
+    store = _store()
+    now = time.time()
+    last = store.get_meta("last_tick")
+    store.set_meta("last_tick", now)
+    if last is None or now - last > 10:
+        # The master was down: give nodes time to report again before judging them.
+        store.set_meta("grace_until", now + RESTART_GRACE)
+    grace_until = store.get_meta("grace_until", 0)
+    site = store.get_meta("site")
+    if site and now - site["read"] > SITE_REFRESH:
+        members = _mpi_nodes()
+        if members:
+            try:
+                _refresh_site(store, members[0])
+            except CommandExecutionError as exc:
+                log.warning("cannot re-read the site settings: %s", exc)
+    seen = store.nodes()
+    ended = []
+    for record in store.jobs(ACTIVE):
+        job_id = record["job_id"]
+        if record["state"] == "running" and now > record["deadline"]:
+            ended.append(_finish(job_id, "timed_out",
+                                 f"walltime of {record['walltime']} seconds exceeded"))
+            continue
+        if record["state"] == "starting":
+            since = record["history"][-1]["at"]
+            if now - since > START_TIMEOUT:
+                ended.append(_finish(job_id, "failed",
+                                     f"did not start within {START_TIMEOUT} seconds"))
+            continue
+        if now < grace_until:
+            continue
+        lost = [n for n in record["placement"]
+                if now - seen.get(n, {}).get("last_seen", 0) > NODE_TIMEOUT]
+        if lost:
+            ended.append(_finish(job_id, "failed",
+                                 f"node {', '.join(lost)} stopped answering "
+                                 f"(no report for over {NODE_TIMEOUT} s)"))
+    started = schedule()
+    return {"ended": [r["job_id"] for r in ended if r], "started": started}

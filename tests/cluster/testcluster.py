@@ -318,7 +318,7 @@ class TestCluster:
             "dmpi-master-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
             "dmpi-master-cache": {"bind": "/var/cache/salt", "mode": "rw"},
         }
-        for folder in ("_modules", "_states", "_runners", "_utils"):
+        for folder in ("_modules", "_states", "_runners", "_utils", "_beacons"):
             mounts[str(REPO / folder)] = {"bind": f"/srv/salt-ext/{folder}", "mode": "ro"}
         _, created = self.start_host(
             MASTER, "master", image, MASTER_ADDR, mounts,
@@ -406,7 +406,11 @@ class TestCluster:
 
     def sync_and_highstate(self):
         """Sync custom modules everywhere, then apply highstate to every node."""
-        self.salt(["salt-run", "saltutil.sync_all"])
+        _, synced = self.salt_json(["salt-run", "saltutil.sync_all"])
+        if synced.get("runners") or synced.get("utils"):
+            # The master's reactor and schedule keep the runner they loaded at start.
+            self.exec("master", ["systemctl", "restart", "salt-master"])
+            self.wait_for_minions()
         self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.sync_all"])
         self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.refresh_pillar", "wait=True"])
         return self.highstate()

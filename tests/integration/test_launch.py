@@ -79,7 +79,7 @@ def test_a_rank_dying_of_sigsegv_fails_the_job_naming_rank_and_signal(cluster):
 
 
 def test_walltime_ends_the_job_as_timed_out(cluster):
-    code, job = launch(cluster, user="alice", np=2, cmd="sleep 300", walltime="0:03")
+    code, job = launch(cluster, user="alice", np=2, cmd="sleep 300", walltime="3s")
     assert code == 1
     assert job["state"] == "timed_out"
     assert "walltime" in job["reason"]
@@ -128,14 +128,15 @@ def test_environment_reaches_every_rank_and_quotes_stay_literal(cluster):
         ({"image": "not-approved"}, "is not approved"),
         ({"image": "10.251.1.2:5000/dockermpi/mpi:latest"}, "is not approved"),
         ({"np": 0}, "np must be a positive"),
-        ({"np": 99}, "free slots"),
+        ({"np": 99}, "can never run"),
         ({"nodes": 5}, "only 3 MPI nodes"),
-        ({"nodes": "node1,node9"}, "not reachable"),
+        ({"nodes": "node1,node9"}, "not known as MPI nodes"),
         ({"slots_per_node": 5}, "exceeds the 2 slots"),
         ({"cmd": ""}, "cmd is empty"),
         ({"cmd": "--help"}, "must start with a program"),
         ({"cmd": "python3 'unterminated"}, "cannot be split"),
         ({"walltime": "soon"}, "is not a time"),
+        ({"walltime": "0"}, "longer than zero"),
         ({"walltime": "400-00:00:00"}, "exceeds the site's limit"),
         ({"env": {"OMPI_MCA_plm": "isolated"}}, "is reserved"),
         ({"env": {"BAD-NAME": "1"}}, "is not valid"),

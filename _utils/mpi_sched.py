@@ -1,0 +1,167 @@
+"""
+Placement and queue planning for DockerMPI jobs: pure functions, no Salt, no I/O.
+
+Jobs are started first come, first served, all or nothing across nodes. When the job at
+the head of the queue cannot start, it gets a reservation (EASY backfill): the earliest
+time enough slots will be free given the walltimes of running jobs, and the nodes it
+would take then. A later job may start before it only if it fits now and either ends
+(by its walltime) before that time or leaves the head's reserved slots untouched, so
+backfill never delays the head.
+"""
+
+import math
+
+
+class NoFit(ValueError):
+    """The job cannot be placed on the given free slots."""
+
+
+def place(np, free, count=None, per_node=None, node_slots=None):
+    """
+    Return ``{node: ranks}`` for ``np`` ranks on nodes with ``free`` slots.
+
+    np
+        Number of ranks.
+    free
+        ``{node: free slots}``, in the order nodes are preferred (block distribution:
+        fill the first node, then the next).
+    count
+        Exactly this many nodes, ranks spread evenly (``ceil(np / count)`` per node).
+    per_node
+        Exactly this many ranks per node (the last node may get fewer).
+    node_slots
+        Slots of one node, to reject a ``per_node`` that can never fit.
+
+    Raises :class:`NoFit` (a ValueError) saying why when the job does not fit.
+    """
+    if node_slots is not None and per_node is not None and per_node > node_slots:
+        raise NoFit(f"slots_per_node={per_node} exceeds the {node_slots} slots each node has")
+    if count is not None:
+        if count > len(free):
+            raise NoFit(f"nodes={count} but only {len(free)} nodes are available")
+        per_node = per_node or math.ceil(np / count)
+        if per_node * count < np:
+            raise NoFit(f"np={np} does not fit {count} nodes x {per_node} slots")
+    placement, remaining = {}, np
+    for node, available in free.items():
+        if remaining == 0 or (count is not None and len(placement) == count):
+            break
+        take = min(available, remaining) if per_node is None else min(per_node, remaining)
+        if take <= 0 or take > available:
+            continue
+        placement[node] = take
+        remaining -= take
+    if remaining:
+        detail = f" with {per_node} ranks per node" if per_node else ""
+        raise NoFit(f"np={np} cannot be placed{detail}: free slots per node are {free}")
+    return placement
+
+
+def fits(job, free, node_slots):
+    """The job's placement on ``free`` (restricted to its candidate nodes), or None."""
+    candidates = {n: free[n] for n in job["candidates"] if n in free}
+    try:
+        return place(job["np"], candidates, job.get("count"), job.get("per_node"), node_slots)
+    except NoFit:
+        return None
+
+
+def _subtract(free, placement):
+    return {n: s - placement.get(n, 0) for n, s in free.items()}
+
+
+def _reserve(head, free, running, node_slots):
+    """(time, placement) at which the head job can first start, or (inf, None)."""
+    capacity = dict(free)
+    for job in sorted(running, key=lambda r: r["end"]):
+        for node, ranks in job["placement"].items():
+            if node in capacity:
+                capacity[node] += ranks
+        placement = fits(head, capacity, node_slots)
+        if placement is not None:
+            return job["end"], placement
+    return math.inf, None
+
+
+def _within_limits(job, usage, limits):
+    mine = usage.get(job["user"], {"jobs": 0, "slots": 0})
+    max_jobs, max_slots = limits.get("max_running_jobs"), limits.get("max_slots")
+    if max_jobs and mine["jobs"] + 1 > max_jobs:
+        return False
+    if max_slots and mine["slots"] + job["np"] > max_slots:
+        return False
+    return True
+
+
+def plan(queued, free, running, now, node_slots, limits=None, usage=None):
+    """
+    Decide which queued jobs start now.
+
+    queued
+        Jobs in submission order: dicts with ``id``, ``user``, ``np``, ``candidates``
+        (node ids it may use), ``count``, ``per_node``, ``walltime`` (seconds).
+    free
+        ``{node: free slots}`` of the nodes that are up, in preference order.
+    running
+        Jobs holding slots: dicts with ``placement`` ``{node: ranks}`` and ``end`` (the
+        time their walltime runs out).
+    now
+        Current time, in the same clock as ``end``.
+    node_slots
+        Slots per node.
+    limits
+        ``{"max_running_jobs": n, "max_slots": n}`` per user; 0 or None is no limit.
+    usage
+        ``{user: {"jobs": n, "slots": n}}`` held by running jobs.
+
+    Returns ``(starts, blocked)``: ``starts`` is a list of ``(job id, placement)`` in
+    start order; ``blocked`` maps each job that waits to why (``"resources"``,
+    ``"user limit"`` or ``"reserved for <head id>"``).
+    """
+    limits = limits or {}
+    usage = {u: dict(v) for u, v in (usage or {}).items()}
+    free = dict(free)
+    starts, blocked = [], {}
+    head, shadow_time, shadow_free = None, None, None
+    for job in queued:
+        if not _within_limits(job, usage, limits):
+            blocked[job["id"]] = "user limit"
+            continue
+        placement = fits(job, free, node_slots)
+        if head is None:
+            if placement is None:
+                head = job
+                shadow_time, reserved = _reserve(job, free, running, node_slots)
+                # Slots still free at the shadow time once the head has its share.
+                shadow_free = None
+                if reserved is not None:
+                    capacity = dict(free)
+                    for run in running:
+                        if run["end"] <= shadow_time:
+                            for node, ranks in run["placement"].items():
+                                if node in capacity:
+                                    capacity[node] += ranks
+                    shadow_free = _subtract(capacity, reserved)
+                blocked[job["id"]] = "resources"
+                continue
+        elif placement is not None:
+            ends_in_time = now + job["walltime"] <= shadow_time
+            if not ends_in_time:
+                if shadow_free is None:
+                    # The head cannot be placed at any known time (its nodes are down):
+                    # nothing started now can delay it.
+                    pass
+                elif any(shadow_free.get(n, 0) < r for n, r in placement.items()):
+                    blocked[job["id"]] = f"reserved for {head['id']}"
+                    continue
+                else:
+                    shadow_free = _subtract(shadow_free, placement)
+        if placement is None:
+            blocked[job["id"]] = "resources"
+            continue
+        starts.append((job["id"], placement))
+        free = _subtract(free, placement)
+        mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
+        mine["jobs"] += 1
+        mine["slots"] += job["np"]
+    return starts, blocked

@@ -1,0 +1,197 @@
+"""
+The master's durable record of DockerMPI jobs and nodes: one SQLite file.
+
+Every job is a row whose ``state`` only moves forward (queued -> starting -> running ->
+succeeded / failed / cancelled / timed_out); :meth:`JobStore.transition` makes each move
+atomic and exclusive, so when the reactor, the schedule and a ``salt-run`` race to end
+the same job exactly one of them wins and does the clean-up. Several processes and
+threads share the file; writers serialise on SQLite's lock (``BEGIN IMMEDIATE``).
+"""
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+
+SCHEMA_VERSION = 1
+ACTIVE = ("starting", "running")
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+STATES = ("queued",) + ACTIVE + FINAL
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    user TEXT NOT NULL,
+    state TEXT NOT NULL,
+    port_slot INTEGER,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY,
+    last_seen REAL NOT NULL,
+    report TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+class StoreError(Exception):
+    """The job store cannot be used."""
+
+
+class JobStore:
+    """Jobs, node reports and a few settings, in ``path``."""
+
+    def __init__(self, path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        self.path = path
+        with self._connect() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise StoreError(f"{path} has schema {version}; this code knows {SCHEMA_VERSION}")
+            conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @contextlib.contextmanager
+    def _connect(self):
+        conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """A write transaction: nothing else writes until it ends."""
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    # --- jobs -----------------------------------------------------------------------
+    def add(self, record):
+        """Insert a new job record (state ``queued``)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO jobs (id, user, state, record) VALUES (?, ?, ?, ?)",
+                (record["job_id"], record["user"], record["state"], json.dumps(record)),
+            )
+
+    @staticmethod
+    def _row(row):
+        record = json.loads(row[1])
+        record["port_slot"] = row[0]
+        return record
+
+    def get(self, job_id, conn=None):
+        """The job's record, or None."""
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self._connect())
+            row = conn.execute("SELECT port_slot, record FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return self._row(row) if row else None
+
+    def jobs(self, states=None, user=None, conn=None):
+        """Records in submission order, optionally only these states / this user."""
+        query, args = "SELECT port_slot, record FROM jobs", []
+        clauses = []
+        if states:
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            args += list(states)
+        if user:
+            clauses.append("user = ?")
+            args.append(user)
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self._connect())
+            rows = conn.execute(query + " ORDER BY seq", args).fetchall()
+        return [self._row(r) for r in rows]
+
+    def transition(self, job_id, state, reason=None, expect=None, conn=None, **fields):
+        """
+        Move a job to ``state`` if it is in one of ``expect``; returns the new record or
+        None when the job was not in an expected state (someone else moved it).
+
+        ``fields`` are merged into the record; the move is appended to its history.
+        """
+        if state not in STATES:
+            raise StoreError(f"unknown job state {state!r}")
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self.transaction())
+            record = self.get(job_id, conn)
+            if record is None or (expect is not None and record["state"] not in expect):
+                return None
+            now = time.time()
+            port_slot = fields.pop("port_slot", record.pop("port_slot"))
+            record.update(fields)
+            record["state"] = state
+            if reason is not None or state in FINAL:
+                record["reason"] = reason
+            record.setdefault("history", []).append({"state": state, "at": now, "reason": reason})
+            conn.execute(
+                "UPDATE jobs SET state = ?, port_slot = ?, record = ? WHERE id = ?",
+                (state, port_slot, json.dumps(record), job_id),
+            )
+            record["port_slot"] = port_slot
+            return record
+
+    def update(self, job_id, conn=None, **fields):
+        """Merge fields into a job's record without changing its state."""
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self.transaction())
+            record = self.get(job_id, conn)
+            if record is None:
+                return None
+            record.pop("port_slot")
+            record.update(fields)
+            conn.execute("UPDATE jobs SET record = ? WHERE id = ?", (json.dumps(record), job_id))
+            return record
+
+    # --- nodes ----------------------------------------------------------------------
+    def node_seen(self, node, report, when=None):
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO nodes (id, last_seen, report) VALUES (?, ?, ?) ON CONFLICT(id)"
+                " DO UPDATE SET last_seen = excluded.last_seen, report = excluded.report",
+                (node, when or time.time(), json.dumps(report)),
+            )
+
+    def nodes(self, conn=None):
+        """``{node: {"last_seen": t, "report": {...}}}``."""
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self._connect())
+            rows = conn.execute("SELECT id, last_seen, report FROM nodes").fetchall()
+        return {r[0]: {"last_seen": r[1], "report": json.loads(r[2])} for r in rows}
+
+    # --- settings -------------------------------------------------------------------
+    def get_meta(self, key, default=None, conn=None):
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self._connect())
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_meta(self, key, value, conn=None):
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self.transaction())
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key)"
+                " DO UPDATE SET value = excluded.value",
+                (key, json.dumps(value)),
+            )
+
+
+def open_store(path):
+    """The job store at ``path`` (created on first use)."""
+    return JobStore(path)
