@@ -310,7 +310,7 @@ def _fire(job_id, state, data=None):
 
 def _public(record):
     """The job record as users see it (no internal scheduling data)."""
-    view = {k: v for k, v in record.items() if k not in ("spec", "port_slot")}
+    view = {k: v for k, v in record.items() if k not in ("spec", "port_slot", "closed")}
     view["retcode"] = 0 if record["state"] == "succeeded" else 1
     return view
 
@@ -564,7 +564,10 @@ def wait(job_id, timeout=None):
             record = store.get(job_id)
             if record is None:
                 return _failed_call(f"no job {job_id}")
-            if record["state"] in FINAL or (deadline and time.monotonic() > deadline):
+            # A final job is closed once its clean-up is recorded; a finisher that died
+            # in between (master restart) must not make us wait forever.
+            closed = record.get("closed") or time.time() - (record.get("ended") or 0) > 30
+            if (record["state"] in FINAL and closed) or (deadline and time.monotonic() > deadline):
                 view = _public(record)
                 __context__["retcode"] = view["retcode"]
                 return view
@@ -875,10 +878,10 @@ def _finish(job_id, state, reason, expect=ACTIVE, **fields):
         done = _cleanup(record, status=_public(record))
         record["timings"]["cleanup"] = round(time.monotonic() - mark, 3)
         record["timings"]["total"] = round(time.time() - record["submitted"], 3)
-        record = store.update(job_id, timings=record["timings"], cleanup=done) or record
+        record = store.update(job_id, timings=record["timings"], cleanup=done, closed=True) or record
     else:
         record["timings"]["total"] = round(now - record["submitted"], 3)
-        record = store.update(job_id, timings=record["timings"]) or record
+        record = store.update(job_id, timings=record["timings"], closed=True) or record
     _fire(job_id, state, {"reason": reason, "exit_code": record.get("exit_code")})
     return record
 

@@ -2,6 +2,7 @@
 
 import json
 import threading
+import uuid
 
 import pytest
 
@@ -36,14 +37,15 @@ def launch(cluster, **kwargs):
 
 
 def test_job_spans_nodes_and_writes_into_the_users_directory(cluster):
+    workdir = f"runs/{uuid.uuid4().hex[:8]}"
     code, job = launch(cluster, user="alice", np=4, slots_per_node=2, cmd=["python3", "-c", HOSTNAMES],
-                       workdir="runs/hostnames")
+                       workdir=workdir)
     # workdir must exist: the first attempt fails cleanly, nothing left behind.
     assert job["state"] == "failed" and code != 0
     cluster.exec(cluster.nodes[0], ["setpriv", "--reuid=2000", "--regid=2000", "--clear-groups",
-                                    "mkdir", "-p", "/srv/dockermpi/users/alice/runs/hostnames"])
+                                    "mkdir", "-p", f"/srv/dockermpi/users/alice/{workdir}"])
     code, job = launch(cluster, user="alice", np=4, slots_per_node=2, cmd=["python3", "-c", HOSTNAMES],
-                       workdir="runs/hostnames")
+                       workdir=workdir)
     assert code == 0, job
     assert job["state"] == "succeeded" and job["exit_code"] == 0
     assert job["placement"] == {cluster.nodes[0]: 2, cluster.nodes[1]: 2}
@@ -52,11 +54,11 @@ def test_job_spans_nodes_and_writes_into_the_users_directory(cluster):
     hosts = {line.split()[1] for line in lines}
     assert hosts == {cluster.nodes[0], cluster.nodes[1]}
     for rank in range(4):
-        written = cluster.read_shared(f"/srv/dockermpi/users/alice/runs/hostnames/rank-{rank}.txt")
+        written = cluster.read_shared(f"/srv/dockermpi/users/alice/{workdir}/rank-{rank}.txt")
         assert written == (cluster.nodes[0] if rank < 2 else cluster.nodes[1])
     status = json.loads(cluster.read_shared(job["output"]["status"]))
     assert status["state"] == "succeeded" and status["job_id"] == job["job_id"]
-    assert set(job["timings"]) >= {"allocate", "containers_up", "sshd_ready", "mpirun", "cleanup"}
+    assert set(job["timings"]) >= {"queued", "containers_up", "sshd_ready", "mpirun", "cleanup", "total"}
 
 
 def test_a_rank_exiting_non_zero_fails_the_job_naming_the_rank(cluster):
@@ -152,3 +154,5 @@ def test_bad_input_is_rejected_with_its_reason_and_starts_nothing(cluster, argum
     missing, _ = cluster.exec(cluster.nodes[0], ["test", "-e", "/srv/dockermpi/users/frank"],
                               check=False)
     assert missing != 0, "a rejected job must not create the user's directory"
+    _, queued = cluster.run_json("mpi.list", user="frank")
+    assert queued == [], "a rejected job must not be queued"
