@@ -397,6 +397,10 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
             removed.append(container.name)
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as exc:
+            # Another clean-up of the same job is removing it right now (409).
+            if exc.status_code != 409:
+                raise CommandExecutionError(f"cannot remove {container.name}: {exc}") from exc
     secret_dir = _secret_dir(job_root, job_id)
     had_secrets = os.path.isdir(secret_dir)
     shutil.rmtree(secret_dir, ignore_errors=True)

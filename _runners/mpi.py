@@ -59,7 +59,9 @@ JOBS_SUBDIR = "mpi-jobs"
 OOB_PORTS_PER_JOB = 2
 NODE_TIMEOUT = 5  # seconds without a report before a node counts as lost
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
+CLEANUP_TIMEOUT = 5  # seconds to wait for a node's clean-up before leaving it to its reports
 RESTART_GRACE = 15  # seconds after a master restart before silent nodes count as lost
+TICK_SECONDS = 2  # the master schedule's interval for tick (master config)
 SITE_REFRESH = 60  # seconds between re-reads of the site settings by the tick
 RESERVED_ENV_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_")
 RESERVED_ENV_NAMES = ("HOME",)
@@ -454,7 +456,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     }
     store.add(record)
     _fire(job_id, "queued", {"user": request["user"]})
-    return _public(record)
+    return dict(_public(record), retcode=0)  # queued is what submit promises
 
 
 def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,
@@ -765,13 +767,20 @@ def schedule(**kwargs):
             usage,
         )
         by_id = {j["job_id"]: j for j in queued}
+        # Port slots go round-robin: a block just freed may still have connections in
+        # TIME_WAIT, and mpirun fails when it cannot bind every port of its block.
+        next_slot = store.get_meta("next_port_slot", 0, conn=conn)
         for job_id, placement in starts:
             config = by_id[job_id]["spec"]["config"]
             taken = set().union(*(busy_slots.get(n, set()) for n in placement))
-            slot = next((s for s in range(_port_slots(config)) if s not in taken), None)
+            count = _port_slots(config)
+            order = [(next_slot + i) % count for i in range(count)]
+            slot = next((s for s in order if s not in taken), None)
             if slot is None:
                 blocked[job_id] = "port slots"
                 continue
+            next_slot = (slot + 1) % count
+            store.set_meta("next_port_slot", next_slot, conn=conn)
             for node in placement:
                 busy_slots.setdefault(node, set()).add(slot)
             record = store.transition(
@@ -811,7 +820,7 @@ def _start(record):
         addresses = _cluster_addresses(nodes_, config["cluster_network"])
         files = _job_files(config, placement, addresses, port)
         mark = time.monotonic()
-        workers = _call(client, nodes_, "mpi_job.start_worker", timeout=60,
+        workers = _call(client, nodes_, "mpi_job.start_worker", timeout=30,
                         image=spec["image_ref"], job_root=config["job_root"], port=port,
                         cluster_network=config["cluster_network"], files=files, **common)
         timings["containers_up"] = round(time.monotonic() - mark, 3)
@@ -824,7 +833,7 @@ def _start(record):
         )
         started = time.time()
         view = dict(_public(record), state="running", started=started, timings=timings)
-        _call(client, nodes_[:1], "mpi_job.start_launcher", timeout=60, image=spec["image_ref"],
+        _call(client, nodes_[:1], "mpi_job.start_launcher", timeout=30, image=spec["image_ref"],
               job_root=config["job_root"], argv=argv, environment=spec["env"],
               status=view, **common)
     except (CommandExecutionError, SaltInvocationError) as exc:
@@ -844,23 +853,31 @@ def _start(record):
 
 
 def _cleanup(record, status):
-    """Remove the job's containers and keys from its nodes that report; the rest later."""
+    """Remove the job's containers and keys from its nodes that report; the rest later.
+
+    Nodes that do not answer within a few seconds are left to the node reports: once a
+    node reports containers of an ended job, they are removed (:func:`node_report`).
+    """
     placement = record.get("placement") or {}
     store = _store()
     alive = _alive(store.nodes(), time.time())
     reachable = [n for n in placement if n in alive]
     config = record["spec"]["config"]
-    error = None
+    answered, error = [], None
     if reachable:
         try:
-            _call(_client(), reachable, "mpi_job.cleanup", timeout=15, job_id=record["job_id"],
-                  job_root=config["job_root"], status=status, status_node=reachable[0],
-                  storage_path=config["storage"]["path"], user=record["user"],
-                  guest={"uid": config["guest"]["uid"], "gid": config["guest"]["gid"]})
+            answered = list(_call(
+                _client(), reachable, "mpi_job.cleanup", timeout=CLEANUP_TIMEOUT,
+                job_id=record["job_id"], job_root=config["job_root"], status=status,
+                status_node=reachable[0], storage_path=config["storage"]["path"],
+                user=record["user"],
+                guest={"uid": config["guest"]["uid"], "gid": config["guest"]["gid"]},
+            ))
         except CommandExecutionError as exc:
+            answered = list((getattr(exc, "info", None) or {}).get("results", {}))
             error = str(exc)
-            log.error("job %s: cleanup incomplete: %s", record["job_id"], exc)
-    return {"cleaned": reachable, "pending": [n for n in placement if n not in reachable],
+            log.warning("job %s: cleanup incomplete: %s", record["job_id"], exc)
+    return {"cleaned": answered, "pending": [n for n in placement if n not in answered],
             "error": error}
 
 
@@ -969,6 +986,14 @@ def _judge(node, record, info, engine_ok, report, now):
     return None
 
 
+def _master_started():
+    """When this salt-master started: its pid file is written at start."""
+    try:
+        return os.stat(__opts__["pidfile"]).st_mtime
+    except (KeyError, OSError):
+        return 0.0
+
+
 def tick(**kwargs):
     """
     The master schedule's pass (every 2 s): walltimes, nodes that stopped reporting,
@@ -984,9 +1009,10 @@ def tick(**kwargs):
     now = time.time()
     last = store.get_meta("last_tick")
     store.set_meta("last_tick", now)
-    if last is None or now - last > 10:
-        # The master was down: give nodes time to report again before judging them.
-        store.set_meta("grace_until", now + RESTART_GRACE)
+    if last is None or now - last > 2 * TICK_SECONDS or now - _master_started() < RESTART_GRACE:
+        # The master was down, restarting or stalled, so reports could not arrive: give
+        # nodes time to report again before judging them by their silence.
+        store.set_meta("grace_until", max(now + 1, _master_started() + RESTART_GRACE))
     grace_until = store.get_meta("grace_until", 0)
     site = store.get_meta("site")
     if site and now - site["read"] > SITE_REFRESH:
@@ -1016,7 +1042,7 @@ def tick(**kwargs):
                 if now - seen.get(n, {}).get("last_seen", 0) > NODE_TIMEOUT]
         if lost:
             ended.append(_finish(job_id, "failed",
-                                 f"node {', '.join(lost)} stopped answering "
-                                 f"(no report for over {NODE_TIMEOUT} s)"))
+                                 f"{'nodes' if len(lost) > 1 else 'node'} {', '.join(lost)} "
+                                 f"stopped answering (no report for over {NODE_TIMEOUT} s)"))
     started = schedule()
     return {"ended": [r["job_id"] for r in ended if r], "started": started}
