@@ -242,9 +242,12 @@ class TestCluster:
     def host_image(self):
         if not any(WHEELHOUSE.glob("salt-3008.4-*.whl")):
             raise ClusterError(f"no Salt wheel in {WHEELHOUSE}: run tests/cluster/dmpi-cluster")
-        return self.build_image(
+        tag = self.build_image(
             "dockermpi/testhost", REPO / "images" / "host", {"wheelhouse": WHEELHOUSE}
         )
+        # A stable name for the Vagrantfile, which cannot know the content hash.
+        self.docker.images.get(tag).tag("dockermpi/testhost", "local")
+        return tag
 
     def mpi_image(self):
         return self.build_image("dockermpi/mpi", REPO / "images" / "mpi")
