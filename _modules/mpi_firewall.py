@@ -149,8 +149,8 @@ def desired_rules(cluster_network, ports, chain=DEFAULT_CHAIN, family="ipv4"):
 
     .. code-block:: bash
 
-        salt '*' mpi_firewall.desired_rules 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20199], "btl": [20200, 20999]}'
-        salt '*' mpi_firewall.desired_rules None '{"sshd": [20000, 20099], "oob": [20100, 20199], "btl": [20200, 20999]}' family=ipv6
+        salt '*' mpi_firewall.desired_rules 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20299], "btl": [20300, 20999]}'
+        salt '*' mpi_firewall.desired_rules None '{"sshd": [20000, 20099], "oob": [20100, 20299], "btl": [20300, 20999]}' family=ipv6
     """
     chain = _check_chain_name(chain)
     _commands(family)
@@ -190,7 +190,7 @@ def restore_payload(cluster_network, ports, chain=DEFAULT_CHAIN, family="ipv4"):
 
     .. code-block:: bash
 
-        salt '*' mpi_firewall.restore_payload 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20199], "btl": [20200, 20999]}'
+        salt '*' mpi_firewall.restore_payload 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20299], "btl": [20300, 20999]}'
     """
     rules = desired_rules(cluster_network, ports, chain=chain, family=family)
     restore = _commands(family)[1]
@@ -299,7 +299,7 @@ def diff(cluster_network, ports, chain=DEFAULT_CHAIN, family="ipv4"):
 
     .. code-block:: bash
 
-        salt '*' mpi_firewall.diff 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20199], "btl": [20200, 20999]}'
+        salt '*' mpi_firewall.diff 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20299], "btl": [20300, 20999]}'
     """
     new = desired_rules(cluster_network, ports, chain=chain, family=family)
     old = current_rules(chain=chain, family=family)
@@ -338,7 +338,7 @@ def apply(cluster_network, ports, chain=DEFAULT_CHAIN, family="ipv4"):
 
     .. code-block:: bash
 
-        salt '*' mpi_firewall.apply 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20199], "btl": [20200, 20999]}'
+        salt '*' mpi_firewall.apply 10.0.0.0/8 '{"sshd": [20000, 20099], "oob": [20100, 20299], "btl": [20300, 20999]}'
     """
     payload = restore_payload(cluster_network, ports, chain=chain, family=family)
     restore = _commands(family)[1]

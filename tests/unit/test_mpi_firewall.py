@@ -6,25 +6,17 @@ understands exactly the commands the module issues (`-S`, `-D`, `-I`,
 `iptables-restore --noflush`), so whole apply/compare cycles run without root.
 """
 
-import importlib.util
-import pathlib
 from unittest.mock import patch
 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.extension import load_extension
 
 
-mpi_firewall = _load("_modules/mpi_firewall.py", "mpi_firewall_module")
-mpi_firewall_state = _load("_states/mpi_firewall.py", "mpi_firewall_state")
+
+
+mpi_firewall = load_extension("_modules/mpi_firewall.py", "mpi_firewall_module")
+mpi_firewall_state = load_extension("_states/mpi_firewall.py", "mpi_firewall_state")
 
 CHAIN = "DOCKERMPI-INPUT"
 NET = "10.0.0.0/8"

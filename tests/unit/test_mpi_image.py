@@ -5,26 +5,18 @@ the digest, an engine that cannot be reached, a pull that returns the wrong
 image); real pulls are tested on the cluster.
 """
 
-import importlib.util
-import pathlib
 from unittest.mock import MagicMock, patch
 
 import docker.errors
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.extension import load_extension
 
 
-mpi_image = _load("_modules/mpi_image.py", "mpi_image_module")
-mpi_image_state = _load("_states/mpi_image.py", "mpi_image_state")
+
+
+mpi_image = load_extension("_modules/mpi_image.py", "mpi_image_module")
+mpi_image_state = load_extension("_states/mpi_image.py", "mpi_image_state")
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 REF = f"registry.test:5000/dockermpi/openmpi@{DIGEST}"

@@ -7,9 +7,7 @@ engine that is down and job containers with given labels, states and exit codes;
 real engine is exercised on the cluster.
 """
 
-import importlib.util
 import os
-import pathlib
 import socket
 import time
 from unittest.mock import MagicMock, patch
@@ -17,20 +15,14 @@ from unittest.mock import MagicMock, patch
 import docker.errors
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
+from tests.extension import REPO, load_extension
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 STDERR_DATA = REPO / "tests" / "unit" / "data" / "mpirun"
 
 
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-mpi_job = _load("_modules/mpi_job.py", "mpi_job_module")
-mpi_launch = _load("_utils/mpi_launch.py", "mpi_launch_util_for_report")
+mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module")
+mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch_util_for_report")
 
 JOB = "20261130-120000-abcdef"
 OTHER_JOB = "20261130-120001-012345"

@@ -5,23 +5,15 @@ failures). ``mpi_job.report`` is replaced by a scripted sequence of reports; the
 itself is tested in test_mpi_job_report.py and on the cluster.
 """
 
-import importlib.util
-import pathlib
 from unittest.mock import MagicMock
 
 import pytest
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.extension import load_extension
 
 
-mpi_jobs = _load("_beacons/mpi_jobs.py", "mpi_jobs_beacon")
+
+
+mpi_jobs = load_extension("_beacons/mpi_jobs.py", "mpi_jobs_beacon")
 
 JOB = "20261130-120000-abcdef"
 OTHER_JOB = "20261130-120001-012345"

@@ -6,18 +6,16 @@ Open MPI 4.1.4 (Debian bookworm's openmpi-bin, image ``dockermpi/mpi:dev``) runn
 ``mpirun -np 4`` from a launcher container over ssh into two worker containers.
 """
 
-import importlib.util
 import pathlib
 import subprocess
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.extension import load_extension
+
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "mpirun"
 
-_spec = importlib.util.spec_from_file_location("mpi_launch", REPO / "_utils" / "mpi_launch.py")
-mpi_launch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mpi_launch)
+mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
 
 CIDR = "10.197.1.0/24"
 OOB = "20100-20199"
