@@ -10,8 +10,8 @@ the IPv4 and the IPv6 filter table.
         - cluster_network: 10.0.0.0/8
         - ports:
             sshd: [20000, 20099]
-            oob: [20100, 20199]
-            btl: [20200, 20999]
+            oob: [20100, 20299]
+            btl: [20300, 20999]
 
     mpi-firewall-rules-ipv6-chain-present:
       mpi_firewall.chain_present:
@@ -19,8 +19,8 @@ the IPv4 and the IPv6 filter table.
         - family: ipv6
         - ports:
             sshd: [20000, 20099]
-            oob: [20100, 20199]
-            btl: [20200, 20999]
+            oob: [20100, 20299]
+            btl: [20300, 20999]
 
 :depends: the ``mpi_firewall`` execution module (iptables, ip6tables)
 """
