@@ -26,9 +26,10 @@ def place(np, free, count=None, per_node=None, node_slots=None):
         ``{node: free slots}``, in the order nodes are preferred (block distribution:
         fill the first node, then the next).
     count
-        Exactly this many nodes, ranks spread evenly (``ceil(np / count)`` per node).
+        Exactly this many nodes: ``per_node`` ranks each (the last may get fewer), or
+        without ``per_node`` an even spread (shares differ by at most one rank).
     per_node
-        Exactly this many ranks per node (the last node may get fewer).
+        This many ranks per node (the last node may get fewer).
     node_slots
         Slots of one node, to reject a ``per_node`` that can never fit.
 
@@ -37,14 +38,10 @@ def place(np, free, count=None, per_node=None, node_slots=None):
     if node_slots is not None and per_node is not None and per_node > node_slots:
         raise NoFit(f"slots_per_node={per_node} exceeds the {node_slots} slots each node has")
     if count is not None:
-        if count > len(free):
-            raise NoFit(f"nodes={count} but only {len(free)} nodes are available")
-        per_node = per_node or math.ceil(np / count)
-        if per_node * count < np:
-            raise NoFit(f"np={np} does not fit {count} nodes x {per_node} slots")
+        return _place_on_count(np, free, count, per_node)
     placement, remaining = {}, np
     for node, available in free.items():
-        if remaining == 0 or (count is not None and len(placement) == count):
+        if remaining == 0:
             break
         take = min(available, remaining) if per_node is None else min(per_node, remaining)
         if take <= 0 or take > available:
@@ -55,6 +52,36 @@ def place(np, free, count=None, per_node=None, node_slots=None):
         detail = f" with {per_node} ranks per node" if per_node else ""
         raise NoFit(f"np={np} cannot be placed{detail}: free slots per node are {free}")
     return placement
+
+
+def _place_on_count(np, free, count, per_node):
+    """Exactly ``count`` nodes: ``per_node`` each (the last fewer), or an even spread."""
+    if count > len(free):
+        raise NoFit(f"nodes={count} but only {len(free)} nodes are available")
+    if np < count:
+        raise NoFit(f"np={np} is fewer than nodes={count}: every node needs a rank")
+    if per_node:
+        last = np - per_node * (count - 1)
+        if last > per_node:
+            raise NoFit(f"np={np} does not fit {count} nodes x {per_node} slots")
+        if last <= 0:
+            raise NoFit(f"np={np} at {per_node} ranks per node needs fewer than {count} nodes")
+        shares = [per_node] * (count - 1) + [last]
+    else:
+        base, extra = divmod(np, count)
+        shares = [base + 1] * extra + [base] * (count - extra)
+    # Each node in preference order takes the largest share it has room for.
+    shares.sort(reverse=True)
+    placement = {}
+    for node, available in free.items():
+        share = next((s for s in shares if s <= available), None)
+        if share is None:
+            continue
+        placement[node] = share
+        shares.remove(share)
+        if not shares:
+            return placement
+    raise NoFit(f"np={np} over {count} nodes cannot be placed: free slots per node are {free}")
 
 
 def fits(job, free, node_slots):
@@ -121,6 +148,8 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
     limits = limits or {}
     usage = {u: dict(v) for u, v in (usage or {}).items()}
     free = dict(free)
+    # Jobs started by this plan hold their slots until their walltime, like running ones.
+    running = list(running)
     starts, blocked = [], {}
     head, shadow_time, shadow_free = None, None, None
     for job in queued:
@@ -161,6 +190,7 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
             continue
         starts.append((job["id"], placement))
         free = _subtract(free, placement)
+        running.append({"placement": placement, "end": now + job["walltime"]})
         mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
         mine["jobs"] += 1
         mine["slots"] += job["np"]

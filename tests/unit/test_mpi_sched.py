@@ -1,0 +1,423 @@
+"""
+Unit tests for ``_utils/mpi_sched.py``: where a job's ranks go and which queued jobs start.
+
+What a user sees of these functions is which nodes their ranks land on, whether their
+job starts now, and why it waits (``waiting_for``: ``resources``, ``user limit`` or
+``reserved for <job>``).
+"""
+
+import math
+import random
+
+import pytest
+
+from tests.extension import load_extension
+
+mpi_sched = load_extension("_utils/mpi_sched.py", "mpi_sched")
+
+NODE_SLOTS = 4
+NODES = ["n1", "n2", "n3"]
+NOW = 1000.0
+
+
+def _job(job_id, np, user="alice", candidates=None, count=None, per_node=None, walltime=60):
+    return {
+        "id": job_id,
+        "user": user,
+        "np": np,
+        "candidates": list(NODES if candidates is None else candidates),
+        "count": count,
+        "per_node": per_node,
+        "walltime": walltime,
+    }
+
+
+def _running(placement, ends_in):
+    return {"placement": placement, "end": NOW + ends_in}
+
+
+def _plan(queued, free, running=(), limits=None, usage=None):
+    return mpi_sched.plan(queued, dict(free), list(running), NOW, NODE_SLOTS, limits, usage)
+
+
+def _per_node_use(starts):
+    use = {}
+    for _, placement in starts:
+        for node, ranks in placement.items():
+            use[node] = use.get(node, 0) + ranks
+    return use
+
+
+# ------------------------------------------------------------------------------- place
+
+
+def test_place_fills_nodes_in_order():
+    assert mpi_sched.place(6, {"n1": 4, "n2": 4, "n3": 4}) == {"n1": 4, "n2": 2}
+
+
+def test_place_skips_nodes_without_free_slots():
+    assert mpi_sched.place(3, {"n1": 0, "n2": 1, "n3": 4}) == {"n2": 1, "n3": 2}
+
+
+@pytest.mark.parametrize(
+    "np, count, expected",
+    [
+        (6, 3, {"n1": 2, "n2": 2, "n3": 2}),
+        (5, 2, {"n1": 3, "n2": 2}),
+        (8, 2, {"n1": 4, "n2": 4}),
+        (1, 1, {"n1": 1}),
+    ],
+)
+def test_place_count_spreads_ranks_evenly(np, count, expected):
+    assert mpi_sched.place(np, {"n1": 4, "n2": 4, "n3": 4}, count=count) == expected
+
+
+def test_place_count_uses_exactly_that_many_nodes():
+    # README: nodes=3 is "a count (spread evenly)"; the docstring: "Exactly this many nodes".
+    placement = mpi_sched.place(4, {"n1": 4, "n2": 4, "n3": 4}, count=3)
+    assert len(placement) == 3
+    assert sum(placement.values()) == 4
+    assert max(placement.values()) - min(placement.values()) <= 1
+
+
+def test_place_count_passes_over_nodes_too_full_for_their_share():
+    assert mpi_sched.place(6, {"n1": 1, "n2": 4, "n3": 4}, count=2) == {"n2": 3, "n3": 3}
+
+
+def test_place_per_node_puts_that_many_ranks_on_each_node():
+    assert mpi_sched.place(5, {"n1": 4, "n2": 4, "n3": 4}, per_node=2) == {
+        "n1": 2, "n2": 2, "n3": 1,
+    }
+
+
+def test_place_per_node_passes_over_nodes_with_fewer_free_slots():
+    assert mpi_sched.place(4, {"n1": 1, "n2": 4, "n3": 4}, per_node=2) == {"n2": 2, "n3": 2}
+
+
+def test_place_count_and_per_node_together():
+    assert mpi_sched.place(4, {"n1": 4, "n2": 4, "n3": 4}, count=2, per_node=2) == {
+        "n1": 2, "n2": 2,
+    }
+
+
+def test_nofit_is_a_value_error():
+    # The runner turns ValueError into "this job can never run: ...".
+    assert issubclass(mpi_sched.NoFit, ValueError)
+
+
+def test_nofit_too_few_nodes():
+    with pytest.raises(mpi_sched.NoFit, match=r"nodes=3 but only 2 nodes are available"):
+        mpi_sched.place(6, {"n1": 4, "n2": 4}, count=3)
+
+
+def test_nofit_too_few_slots_says_what_is_free():
+    with pytest.raises(mpi_sched.NoFit, match=r"np=9 cannot be placed") as info:
+        mpi_sched.place(9, {"n1": 4, "n2": 4})
+    assert "'n1': 4" in str(info.value) and "'n2': 4" in str(info.value)
+
+
+def test_nofit_count_with_too_few_ranks_per_node():
+    with pytest.raises(mpi_sched.NoFit, match=r"np=9 does not fit 2 nodes x 4 slots"):
+        mpi_sched.place(9, {"n1": 4, "n2": 4, "n3": 4}, count=2, per_node=4)
+
+
+def test_nofit_per_node_leaves_no_room():
+    with pytest.raises(mpi_sched.NoFit, match=r"with 3 ranks per node"):
+        mpi_sched.place(6, {"n1": 4, "n2": 2, "n3": 2}, per_node=3)
+
+
+def test_nofit_per_node_larger_than_a_node():
+    with pytest.raises(mpi_sched.NoFit, match=r"slots_per_node=5 exceeds the 4 slots each node has"):
+        mpi_sched.place(5, {"n1": 4, "n2": 4}, per_node=5, node_slots=4)
+
+
+# -------------------------------------------------------------------------------- fits
+
+
+def test_fits_uses_only_candidate_nodes():
+    free = {"n1": 4, "n2": 4, "n3": 4}
+    assert mpi_sched.fits(_job("j", 4, candidates=["n2"]), free, NODE_SLOTS) == {"n2": 4}
+    assert mpi_sched.fits(_job("j", 5, candidates=["n2"]), free, NODE_SLOTS) is None
+
+
+def test_fits_ignores_candidates_that_are_down():
+    assert mpi_sched.fits(_job("j", 1, candidates=["n9"]), {"n1": 4}, NODE_SLOTS) is None
+    assert mpi_sched.fits(_job("j", 4, candidates=["n9", "n1"]), {"n1": 4}, NODE_SLOTS) == {
+        "n1": 4,
+    }
+
+
+def test_fits_count_larger_than_candidates():
+    job = _job("j", 2, candidates=["n1", "n2"], count=3)
+    assert mpi_sched.fits(job, {"n1": 4, "n2": 4, "n3": 4}, NODE_SLOTS) is None
+
+
+# -------------------------------------------------------------------------------- plan
+
+
+def test_plan_starts_in_submission_order():
+    queued = [_job("a", 4), _job("b", 4), _job("c", 4)]
+    starts, blocked = _plan(queued, {"n1": 4, "n2": 4, "n3": 4})
+    assert starts == [("a", {"n1": 4}), ("b", {"n2": 4}), ("c", {"n3": 4})]
+    assert blocked == {}
+
+
+def test_plan_never_places_a_job_partially():
+    starts, blocked = _plan([_job("big", 8)], {"n1": 4, "n2": 3})
+    assert starts == []
+    assert blocked == {"big": "resources"}
+
+
+def test_plan_blocked_head_is_not_passed_by_a_long_job_on_its_slots():
+    # n1 frees up in 100 s, so the head starts then; a 1000 s job would hold it.
+    running = [_running({"n1": 2}, 100)]
+    queued = [_job("head", 4, candidates=["n1"]), _job("long", 2, candidates=["n1"], walltime=1000)]
+    starts, blocked = _plan(queued, {"n1": 2}, running)
+    assert starts == []
+    assert blocked == {"head": "resources", "long": "reserved for head"}
+
+
+def test_plan_backfills_a_job_that_ends_before_the_head_can_start():
+    running = [_running({"n1": 2}, 100)]
+    queued = [_job("head", 4, candidates=["n1"]), _job("short", 2, candidates=["n1"], walltime=50)]
+    starts, blocked = _plan(queued, {"n1": 2}, running)
+    assert starts == [("short", {"n1": 2})]
+    assert blocked == {"head": "resources"}
+
+
+def test_plan_backfill_ending_exactly_at_the_shadow_time_starts():
+    running = [_running({"n1": 2}, 100)]
+    queued = [_job("head", 4, candidates=["n1"]), _job("short", 2, candidates=["n1"], walltime=100)]
+    starts, _ = _plan(queued, {"n1": 2}, running)
+    assert [s[0] for s in starts] == ["short"]
+
+
+def test_plan_backfills_a_long_job_on_slots_the_head_will_not_need():
+    # The head needs n1 whole once its running job ends; n2 is free and not reserved.
+    running = [_running({"n1": 4}, 100)]
+    queued = [_job("head", 4, candidates=["n1"]), _job("long", 4, walltime=10_000)]
+    starts, blocked = _plan(queued, {"n1": 0, "n2": 4}, running)
+    assert starts == [("long", {"n2": 4})]
+    assert blocked == {"head": "resources"}
+
+
+def test_plan_backfill_uses_up_the_unreserved_slots_only_once():
+    # At the shadow time (t+100) the head takes n1, n2 and 2 slots of n3: only 2 slots of
+    # n3 are free for long jobs, so only one of two 2-slot long jobs may start.
+    running = [_running({"n1": 4, "n2": 4}, 100)]
+    queued = [
+        _job("head", 10),
+        _job("long1", 2, candidates=["n3"], walltime=10_000),
+        _job("long2", 2, candidates=["n3"], walltime=10_000),
+    ]
+    starts, blocked = _plan(queued, {"n1": 0, "n2": 0, "n3": 4}, running)
+    assert starts == [("long1", {"n3": 2})]
+    assert blocked == {"head": "resources", "long2": "reserved for head"}
+
+
+def test_plan_backfill_cannot_delay_head_behind_a_job_started_in_the_same_plan():
+    # An idle 4-slot node and three jobs queued at once: "a" starts and ends in 60 s, so
+    # "head" (all 4 slots) can start in 60 s. "long" fits next to "a" now but would hold
+    # 2 slots for an hour: starting it delays the head, which backfill must never do.
+    queued = [
+        _job("a", 2, candidates=["n1"], walltime=60),
+        _job("head", 4, candidates=["n1"], walltime=60),
+        _job("long", 2, candidates=["n1"], walltime=3600),
+    ]
+    starts, blocked = _plan(queued, {"n1": 4})
+    assert starts == [("a", {"n1": 2})]
+    assert blocked == {"head": "resources", "long": "reserved for head"}
+
+
+def test_plan_user_over_job_limit_waits_without_blocking_others():
+    queued = [_job("a1", 1, user="alice"), _job("b1", 1, user="bob")]
+    starts, blocked = _plan(
+        queued, {"n1": 4}, [_running({"n2": 1}, 100)],
+        limits={"max_running_jobs": 1}, usage={"alice": {"jobs": 1, "slots": 1}},
+    )
+    assert starts == [("b1", {"n1": 1})]
+    assert blocked == {"a1": "user limit"}
+
+
+def test_plan_user_over_slot_limit_waits_without_blocking_others():
+    queued = [_job("a1", 4, user="alice"), _job("a2", 2, user="alice"), _job("b1", 4, user="bob")]
+    starts, blocked = _plan(
+        queued, {"n1": 4, "n2": 4}, limits={"max_slots": 4},
+        usage={"alice": {"jobs": 1, "slots": 2}},
+    )
+    assert starts == [("a2", {"n1": 2}), ("b1", {"n1": 2, "n2": 2})]
+    assert blocked == {"a1": "user limit"}
+
+
+def test_plan_user_limit_counts_jobs_started_in_the_same_plan():
+    queued = [_job("a1", 1, user="alice"), _job("a2", 1, user="alice"), _job("b1", 1, user="bob")]
+    starts, blocked = _plan(queued, {"n1": 4}, limits={"max_running_jobs": 1})
+    assert [s[0] for s in starts] == ["a1", "b1"]
+    assert blocked == {"a2": "user limit"}
+
+
+def test_plan_user_limited_job_does_not_reserve_slots():
+    # alice's big job waits for her limit, not for slots: it must not hold back bob.
+    queued = [_job("a1", 12, user="alice"), _job("b1", 4, user="bob", walltime=10_000)]
+    running = [_running({"n1": 4, "n2": 4}, 100)]
+    starts, blocked = _plan(
+        queued, {"n1": 0, "n2": 0, "n3": 4}, running,
+        limits={"max_running_jobs": 1}, usage={"alice": {"jobs": 1, "slots": 4}},
+    )
+    assert starts == [("b1", {"n3": 4})]
+    assert blocked == {"a1": "user limit"}
+
+
+def test_plan_no_limit_when_limits_are_zero_or_none():
+    queued = [_job("a1", 1), _job("a2", 1)]
+    starts, _ = _plan(
+        queued, {"n1": 4}, limits={"max_running_jobs": 0, "max_slots": None},
+        usage={"alice": {"jobs": 50, "slots": 500}},
+    )
+    assert [s[0] for s in starts] == ["a1", "a2"]
+
+
+def test_plan_does_not_change_callers_usage():
+    usage = {"alice": {"jobs": 0, "slots": 0}}
+    _plan([_job("a1", 1)], {"n1": 4}, limits={"max_running_jobs": 1}, usage=usage)
+    assert usage == {"alice": {"jobs": 0, "slots": 0}}
+
+
+def test_plan_uses_only_nodes_that_are_up():
+    # n2 is down: absent from free.
+    starts, blocked = _plan([_job("a", 8), _job("b", 1, candidates=["n2"])], {"n1": 4, "n3": 4})
+    assert starts == [("a", {"n1": 4, "n3": 4})]
+    assert blocked == {"b": "resources"}
+
+
+def test_plan_head_on_down_nodes_does_not_stop_others():
+    queued = [_job("stuck", 2, candidates=["n2"]), _job("other", 4, walltime=10_000)]
+    starts, blocked = _plan(queued, {"n1": 4, "n3": 4})
+    assert starts == [("other", {"n1": 4})]
+    assert blocked == {"stuck": "resources"}
+
+
+def test_plan_never_overcommits_a_node():
+    free = {"n1": 3, "n2": 2}
+    queued = [_job("a", 2), _job("b", 2), _job("c", 1), _job("d", 1), _job("e", 1)]
+    starts, blocked = _plan(queued, free)
+    use = _per_node_use(starts)
+    assert all(use[n] <= free[n] for n in use)
+    assert sum(use.values()) == 5
+    assert [s[0] for s in starts] == ["a", "b", "c"]
+    assert blocked == {"d": "resources", "e": "resources"}
+
+
+# ------------------------------------------------------------ properties, random cases
+
+
+def _earliest(job, free, holders):
+    """First time ``job`` fits when ``holders`` (placement, end) release their slots."""
+    if mpi_sched.fits(job, free, NODE_SLOTS) is not None:
+        return NOW
+    capacity = dict(free)
+    for placement, end in sorted(holders, key=lambda h: h[1]):
+        for node, ranks in placement.items():
+            if node in capacity:
+                capacity[node] += ranks
+        if mpi_sched.fits(job, capacity, NODE_SLOTS) is not None:
+            return end
+    return math.inf
+
+
+def _random_case(rng):
+    nodes = [f"n{i}" for i in range(1, rng.randint(1, 4) + 1)]
+    used = {n: 0 for n in nodes}
+    running = []
+    for _ in range(rng.randint(0, 4)):
+        node = rng.choice(nodes)
+        ranks = rng.randint(0, NODE_SLOTS - used[node])
+        if ranks:
+            used[node] += ranks
+            running.append({"placement": {node: ranks}, "end": NOW + rng.choice([10, 50, 100, 500])})
+    up = [n for n in nodes if rng.random() > 0.15]
+    free = {n: NODE_SLOTS - used[n] for n in up}
+    queued = []
+    for i in range(rng.randint(1, 6)):
+        candidates = nodes if rng.random() < 0.7 else rng.sample(nodes, rng.randint(1, len(nodes)))
+        count = per_node = None
+        shape = rng.random()
+        if shape < 0.2:
+            count = rng.randint(1, len(candidates))
+        elif shape < 0.35:
+            per_node = rng.randint(1, NODE_SLOTS)
+        queued.append({
+            "id": f"j{i}", "user": rng.choice(["alice", "bob"]), "np": rng.randint(1, 8),
+            "candidates": list(candidates), "count": count, "per_node": per_node,
+            "walltime": rng.choice([5, 20, 60, 200, 1000]),
+        })
+    limits = rng.choice([None, {"max_running_jobs": 2}, {"max_slots": 6}])
+    return queued, free, running, limits
+
+
+def test_plan_properties_on_random_queues():
+    for seed in range(3000):
+        case = _random_case(random.Random(seed))
+        try:
+            _check_plan_properties(*case)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}: {exc}\ncase: {case!r}") from None
+
+
+def _check_plan_properties(queued, free, running, limits):
+    starts, blocked = mpi_sched.plan(queued, dict(free), running, NOW, NODE_SLOTS, limits)
+    by_id = {j["id"]: j for j in queued}
+
+    # Every queued job either starts or says why it waits.
+    assert {s[0] for s in starts} | set(blocked) == set(by_id)
+    assert not {s[0] for s in starts} & set(blocked)
+    # Every start is whole, on its candidate nodes that are up.
+    for job_id, placement in starts:
+        job = by_id[job_id]
+        assert sum(placement.values()) == job["np"]
+        assert set(placement) <= set(job["candidates"]) & set(free)
+        assert all(r > 0 for r in placement.values())
+        if job["count"]:
+            assert len(placement) <= job["count"]
+        if job["per_node"]:
+            assert max(placement.values()) <= job["per_node"]
+    # Together they never over-commit a node.
+    use = _per_node_use(starts)
+    assert all(use[n] <= free[n] for n in use)
+    # Starts come in submission order.
+    order = [j["id"] for j in queued]
+    started = [s[0] for s in starts]
+    assert started == sorted(started, key=order.index)
+
+    # First come, first served: until one job must wait for slots, every job within its
+    # user's limit that fits what is left starts.
+    remaining = dict(free)
+    for job in queued:
+        if blocked.get(job["id"]) == "user limit":
+            continue
+        placement = mpi_sched.fits(job, remaining, NODE_SLOTS)
+        if placement is None:
+            head = job
+            break
+        assert job["id"] in started, f"{job['id']} fits now and nothing before it waits"
+        remaining = {n: s - dict(starts)[job["id"]].get(n, 0) for n, s in remaining.items()}
+    else:
+        head = None
+
+    # Backfill never delays the head: jobs started after it in the queue do not push back
+    # the time the head can start.
+    if head is not None:
+        ends = {j["id"]: NOW + j["walltime"] for j in queued}
+        before = [(p, ends[i]) for i, p in starts if order.index(i) < order.index(head["id"])]
+        holders = [(r["placement"], r["end"]) for r in running]
+        without_backfill = dict(free)
+        for placement, _ in before:
+            without_backfill = {n: s - placement.get(n, 0) for n, s in without_backfill.items()}
+        after_all = dict(free)
+        for _, placement in starts:
+            after_all = {n: s - placement.get(n, 0) for n, s in after_all.items()}
+        expected = _earliest(head, without_backfill, holders + before)
+        actual = _earliest(head, after_all, holders + [(p, ends[i]) for i, p in starts])
+        assert actual <= expected, (
+            f"backfill delayed head {head['id']} from {expected - NOW:+} to {actual - NOW:+}"
+        )

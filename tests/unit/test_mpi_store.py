@@ -1,0 +1,283 @@
+"""
+Unit tests for ``_utils/mpi_store.py``: the master's SQLite record of jobs and nodes.
+
+The store is what ``salt-run mpi.status``/``mpi.list`` show and what decides which of
+several racing parties (reactor, schedule, ``mpi.cancel``) ends a job, so these tests
+check what a reader sees after each write, and that a job ends exactly once even when
+two processes race for it.
+"""
+
+import multiprocessing
+import sqlite3
+import time
+
+import pytest
+
+from tests.extension import load_extension
+
+mpi_store = load_extension("_utils/mpi_store.py", "mpi_store")
+
+
+def _record(job_id, user="alice", **extra):
+    return dict({"job_id": job_id, "user": user, "state": "queued", "np": 2}, **extra)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return mpi_store.open_store(str(tmp_path / "cache" / "mpi" / "jobs.sqlite"))
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+def test_add_then_get_returns_the_record(store):
+    store.add(_record("j1", cmd=["hostname"]))
+    record = store.get("j1")
+    assert record["job_id"] == "j1"
+    assert record["state"] == "queued"
+    assert record["cmd"] == ["hostname"]
+    assert record["port_slot"] is None
+
+
+def test_get_unknown_job_is_none(store):
+    assert store.get("nope") is None
+
+
+def test_add_same_id_twice_is_refused(store):
+    store.add(_record("j1"))
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add(_record("j1"))
+    assert len(store.jobs()) == 1
+
+
+def test_jobs_come_in_submission_order(store):
+    for job_id in ("c", "a", "b"):
+        store.add(_record(job_id))
+    assert [r["job_id"] for r in store.jobs()] == ["c", "a", "b"]
+
+
+def test_jobs_filter_by_state_and_user(store):
+    store.add(_record("a1", user="alice"))
+    store.add(_record("b1", user="bob"))
+    store.add(_record("a2", user="alice"))
+    store.transition("a1", "running")
+    store.transition("b1", "starting")
+    assert [r["job_id"] for r in store.jobs(states=["queued"])] == ["a2"]
+    assert [r["job_id"] for r in store.jobs(states=("starting", "running"))] == ["a1", "b1"]
+    assert [r["job_id"] for r in store.jobs(user="alice")] == ["a1", "a2"]
+    assert [r["job_id"] for r in store.jobs(states=["running"], user="bob")] == []
+    assert store.jobs(states=["failed"]) == []
+
+
+def test_transition_records_state_time_and_reason(store):
+    store.add(_record("j1", history=[{"state": "queued", "at": 1.0, "reason": None}]))
+    before = time.time()
+    record = store.transition("j1", "failed", reason="rank 3 exited with 1",
+                              expect=("queued",), exit_code=1)
+    after = time.time()
+    assert record["state"] == "failed"
+    assert record["reason"] == "rank 3 exited with 1"
+    assert record["exit_code"] == 1
+    assert [h["state"] for h in record["history"]] == ["queued", "failed"]
+    last = record["history"][-1]
+    assert last["reason"] == "rank 3 exited with 1"
+    assert before <= last["at"] <= after
+    assert store.get("j1") == record
+
+
+def test_transition_keeps_whole_history(store):
+    store.add(_record("j1"))
+    store.transition("j1", "starting")
+    store.transition("j1", "running")
+    store.transition("j1", "succeeded")
+    history = store.get("j1")["history"]
+    assert [h["state"] for h in history] == ["starting", "running", "succeeded"]
+    assert history[0]["at"] <= history[1]["at"] <= history[2]["at"]
+    assert store.get("j1")["reason"] is None
+
+
+def test_transition_to_final_clears_an_earlier_reason(store):
+    store.add(_record("j1"))
+    store.transition("j1", "running", reason="started late")
+    assert store.get("j1")["reason"] == "started late"
+    assert store.transition("j1", "succeeded")["reason"] is None
+
+
+def test_transition_refused_when_job_not_in_expected_state(store):
+    store.add(_record("j1"))
+    assert store.transition("j1", "failed", expect=("running",)) is None
+    assert store.get("j1")["state"] == "queued"
+    assert "history" not in store.get("j1")
+
+
+def test_transition_of_unknown_job_is_none(store):
+    assert store.transition("nope", "failed") is None
+
+
+def test_transition_to_unknown_state_raises(store):
+    store.add(_record("j1"))
+    with pytest.raises(mpi_store.StoreError, match="unknown job state 'done'"):
+        store.transition("j1", "done")
+    assert store.get("j1")["state"] == "queued"
+
+
+def test_only_first_of_two_final_transitions_wins(store):
+    store.add(_record("j1"))
+    store.transition("j1", "running")
+    first = store.transition("j1", "cancelled", reason="cancelled by request", expect=("running",))
+    second = store.transition("j1", "failed", reason="node lost", expect=("running",))
+    assert first["state"] == "cancelled"
+    assert second is None
+    record = store.get("j1")
+    assert record["state"] == "cancelled"
+    assert record["reason"] == "cancelled by request"
+    assert [h["state"] for h in record["history"]] == ["running", "cancelled"]
+
+
+def test_port_slot_is_stored_and_kept(store):
+    store.add(_record("j1"))
+    assert store.transition("j1", "starting", port_slot=3, placement={"n1": 2})["port_slot"] == 3
+    assert store.get("j1")["port_slot"] == 3
+    assert store.jobs()[0]["port_slot"] == 3
+    # A later transition without port_slot keeps it.
+    assert store.transition("j1", "running")["port_slot"] == 3
+    assert store.get("j1")["port_slot"] == 3
+    assert store.get("j1")["placement"] == {"n1": 2}
+
+
+def test_update_merges_fields_without_changing_state(store):
+    store.add(_record("j1"))
+    store.transition("j1", "starting", port_slot=1)
+    store.update("j1", waiting_for=None, timings={"pull": 1.5})
+    record = store.get("j1")
+    assert record["state"] == "starting"
+    assert record["timings"] == {"pull": 1.5}
+    assert record["waiting_for"] is None
+    assert record["np"] == 2
+    assert record["port_slot"] == 1
+    assert [h["state"] for h in record["history"]] == ["starting"]
+
+
+def test_update_unknown_job_is_none(store):
+    assert store.update("nope", x=1) is None
+    assert store.jobs() == []
+
+
+# ------------------------------------------------------------------------------ nodes
+
+
+def test_node_seen_inserts_then_replaces(store):
+    assert store.nodes() == {}
+    store.node_seen("n1", {"jobs": {}}, when=100.0)
+    store.node_seen("n2", {"engine": True}, when=101.0)
+    store.node_seen("n1", {"jobs": {"j1": "running"}}, when=102.0)
+    assert store.nodes() == {
+        "n1": {"last_seen": 102.0, "report": {"jobs": {"j1": "running"}}},
+        "n2": {"last_seen": 101.0, "report": {"engine": True}},
+    }
+
+
+def test_node_seen_defaults_to_now(store):
+    before = time.time()
+    store.node_seen("n1", {})
+    assert before <= store.nodes()["n1"]["last_seen"] <= time.time()
+
+
+# ------------------------------------------------------------------------------- meta
+
+
+def test_meta_default_then_set_then_overwrite(store):
+    assert store.get_meta("site") is None
+    assert store.get_meta("next_port_slot", 0) == 0
+    store.set_meta("site", {"config": {"slots_per_node": 4}})
+    store.set_meta("next_port_slot", 5)
+    store.set_meta("next_port_slot", 6)
+    assert store.get_meta("site") == {"config": {"slots_per_node": 4}}
+    assert store.get_meta("next_port_slot", 0) == 6
+
+
+# ------------------------------------------------------------------------ transactions
+
+
+def test_transaction_rolls_back_everything_on_exception(store):
+    store.add(_record("j1"))
+    with pytest.raises(RuntimeError):
+        with store.transaction() as conn:
+            assert store.transition("j1", "starting", conn=conn, port_slot=2)["state"] == "starting"
+            store.update("j1", conn=conn, waiting_for="resources")
+            store.set_meta("next_port_slot", 3, conn=conn)
+            assert store.get("j1", conn=conn)["state"] == "starting"
+            raise RuntimeError("schedule crashed")
+    record = store.get("j1")
+    assert record["state"] == "queued"
+    assert record["port_slot"] is None
+    assert "waiting_for" not in record
+    assert store.get_meta("next_port_slot") is None
+
+
+def test_transaction_commits_on_success(store):
+    store.add(_record("j1"))
+    with store.transaction() as conn:
+        store.transition("j1", "starting", conn=conn)
+        store.set_meta("next_port_slot", 1, conn=conn)
+    assert store.get("j1")["state"] == "starting"
+    assert store.get_meta("next_port_slot") == 1
+
+
+# ---------------------------------------------------------------------------- schema
+
+
+def test_reopening_keeps_the_data(tmp_path):
+    path = str(tmp_path / "jobs.sqlite")
+    mpi_store.open_store(path).add(_record("j1"))
+    assert mpi_store.open_store(path).get("j1")["job_id"] == "j1"
+
+
+def test_schema_version_mismatch_raises(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {mpi_store.SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(mpi_store.StoreError, match=f"has schema {mpi_store.SCHEMA_VERSION + 1}"):
+        mpi_store.open_store(str(path))
+
+
+# ------------------------------------------------------------------------ concurrency
+
+RACE_JOBS = 50
+
+
+def _race(path, name, barrier, results):
+    """Try to fail every job that is running; report the ones this process ended."""
+    store = mpi_store.open_store(path)
+    barrier.wait()
+    won = []
+    for i in range(RACE_JOBS):
+        if store.transition(f"j{i}", "failed", reason=name, expect=("running",)) is not None:
+            won.append(f"j{i}")
+    results.put((name, won))
+
+
+def test_two_processes_racing_to_end_jobs_each_job_ends_once(tmp_path):
+    path = str(tmp_path / "jobs.sqlite")
+    store = mpi_store.open_store(path)
+    for i in range(RACE_JOBS):
+        store.add(_record(f"j{i}"))
+        store.transition(f"j{i}", "running")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(path, name, barrier, results)) for name in ("p1", "p2")]
+    for proc in procs:
+        proc.start()
+    won = dict(results.get(timeout=60) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    assert not set(won["p1"]) & set(won["p2"])
+    assert sorted(won["p1"] + won["p2"]) == sorted(f"j{i}" for i in range(RACE_JOBS))
+    for i in range(RACE_JOBS):
+        record = store.get(f"j{i}")
+        winner = "p1" if f"j{i}" in won["p1"] else "p2"
+        assert record["state"] == "failed"
+        assert record["reason"] == winner
+        assert [h["state"] for h in record["history"]] == ["running", "failed"]
