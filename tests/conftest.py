@@ -27,3 +27,11 @@ def cluster(request):
         testcluster.down()
         testcluster.up()
     return testcluster
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Close Salt's deferred console log handler while pytest's capture is still open;
+    left to atexit, it flushes into the closed capture and prints a logging error."""
+    import salt._logging.impl
+
+    salt._logging.impl.shutdown_temp_handler()
