@@ -536,9 +536,14 @@ def _trap_sigterm():
         return None
 
 
-def _check_job_id(job_id):
+def _known_job(store, job_id):
+    """The record of an existing job; SaltInvocationError for a bad or unknown id."""
     if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
         raise SaltInvocationError(f"{job_id!r} is not a job id (YYYYMMDD-HHMMSS-xxxxxx)")
+    record = store.get(job_id)
+    if record is None:
+        raise SaltInvocationError(f"no job {job_id}")
+    return record
 
 
 def wait(job_id, timeout=None):
@@ -554,18 +559,16 @@ def wait(job_id, timeout=None):
 
         salt-run mpi.wait 20261130-132321-b26398 timeout=600
     """
+    store = _store()
     try:
-        _check_job_id(job_id)
+        _known_job(store, job_id)
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
-    store = _store()
     deadline = None if timeout is None else time.monotonic() + float(timeout)
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
         bus.subscribe(f"mpi/job/{job_id}/")
         while True:
             record = store.get(job_id)
-            if record is None:
-                return _failed_call(f"no job {job_id}")
             # A final job is closed once its clean-up is recorded; a finisher that died
             # in between (master restart) must not make us wait forever.
             closed = record.get("closed") or time.time() - (record.get("ended") or 0) > 30
@@ -588,13 +591,9 @@ def status(job_id):
         salt-run mpi.status 20261130-132321-b26398
     """
     try:
-        _check_job_id(job_id)
+        return _public(_known_job(_store(), job_id))
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
-    record = _store().get(job_id)
-    if record is None:
-        return _failed_call(f"no job {job_id}")
-    return _public(record)
 
 
 def list_(user=None, state=None):
@@ -634,14 +633,11 @@ def cancel(job_id, reason="cancelled by request"):
 
         salt-run mpi.cancel 20261130-132321-b26398
     """
+    store = _store()
     try:
-        _check_job_id(job_id)
+        record = _known_job(store, job_id)
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
-    store = _store()
-    record = store.get(job_id)
-    if record is None:
-        return _failed_call(f"no job {job_id}")
     if record["state"] in FINAL:
         return dict(_public(record), note=f"job had already ended ({record['state']})")
     ended = _finish(job_id, "cancelled", reason, expect=("queued",) + ACTIVE)
@@ -665,13 +661,10 @@ def logs(job_id, stream="stdout", tail=65536):
         salt-run mpi.logs 20261130-132321-b26398 stream=stderr
     """
     try:
-        _check_job_id(job_id)
         if stream not in ("stdout", "stderr"):
             raise SaltInvocationError("stream must be stdout or stderr")
         store = _store()
-        record = store.get(job_id)
-        if record is None:
-            raise SaltInvocationError(f"no job {job_id}")
+        record = _known_job(store, job_id)
         alive = _alive(store.nodes(), time.time())
         readers = [n for n in record.get("placement") or {} if n in alive] or sorted(alive)
         if not readers:
