@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""How fast does DockerMPI notice a node cut off in the middle of a job, and clean up?
+
+Each run submits a 2-node job (np=4, nodes=2, ``sleep 300``), waits until ``mpi.status``
+says running, then cuts the job's second node off with iptables DROP rules inside that
+node's container (INPUT from and OUTPUT to the addresses below), and measures from the
+moment the rules are in (t0):
+
+failed
+    seconds until ``mpi.status`` says the job failed (also its reason);
+clean reachable
+    seconds until no container and no key directory of the job is left on the job's
+    first node (asked from its Docker engine directly, not through Salt);
+cut held / held at heal
+    whether the cut node still holds the job's containers once the first node is clean,
+    and when the run heals it (the cut lasts at least ``--hold`` seconds, past the
+    runner's 15 s cleanup call to the cut node);
+runner cleanup
+    the job record's ``timings.cleanup`` (how long the runner's cleanup took) and
+    whether its ``cleanup.error`` is set;
+clean cut
+    after the rules are removed again (t1), seconds until the cut node holds nothing of
+    the job either (the queue removes leftovers of ended jobs when the node reports).
+
+Variants (``--variants``):
+
+full
+    the cut node loses the first node (10.251.1.11 for node1) and the master
+    (10.251.1.2): mpirun and the node's minion both lose it.
+peer
+    only node-to-node traffic is cut; the master still hears the cut node.
+
+The issue's bound: failed within 15 s of the cut. Prints per-run figures and medians per
+variant; exits non-zero when a job does not fail, does not fail within the bound, or
+anything of a job is left behind. Rules are removed and jobs cancelled in ``finally``
+(also on Ctrl-C and SIGTERM). Run holding the cluster lock, one variant at a time keeps
+each locked run short::
+
+    flock /tmp/dmpi-cluster.lock .venv/bin/python bench/detection.py --variants full --repeat 3
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from dmpi_bench import (  # noqa: E402
+    FINAL, BenchError, Jobs, Terminated, engine_jobs, log, median, node_exec, secret_dirs,
+    table, trap_sigterm,
+)
+
+MASTER_ADDRESS = "10.251.1.2"
+ADDRESSES = {"node1": "10.251.1.11", "node2": "10.251.1.12", "node3": "10.251.1.13"}
+BOUND = 15.0            # seconds from the cut to "failed" (the issue's bound)
+T_FAIL = 60             # give up waiting for "failed" after this
+T_CLEAN = 45            # give up waiting for the nodes to be clean after this
+T_RUNNING = 60
+COMMENT = "dmpi-bench-detection"
+POLL = 0.25
+
+
+class Cut:
+    """DROP rules inside one node container; ``heal`` removes exactly those."""
+
+    def __init__(self, node):
+        self.node = node
+        self.rules = []
+
+    def add(self, address):
+        for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d")):
+            spec = [chain, flag, address, "-m", "comment", "--comment", COMMENT, "-j", "DROP"]
+            node_exec(self.node, ["iptables", "-I", spec[0], "1", *spec[1:]])
+            self.rules.append(spec)
+
+    def heal(self):
+        errors = []
+        while self.rules:
+            spec = self.rules.pop()
+            result = node_exec(self.node, ["iptables", "-D", *spec], check=False)
+            if result.returncode != 0:
+                errors.append(f"{self.node}: iptables -D {' '.join(spec)}: {result.stderr.strip()}")
+        # Anything with our comment that is still there (e.g. an interrupted add).
+        listing = node_exec(self.node, ["iptables", "-S"], check=False).stdout
+        for line in listing.splitlines():
+            if COMMENT in line and line.startswith("-A "):
+                words = line.split()
+                words[0] = "-D"
+                node_exec(self.node, ["iptables", *[w.strip('"') for w in words]], check=False)
+        if errors:
+            raise BenchError("; ".join(errors))
+
+
+def holds(node, job_id):
+    """Whether ``node`` still has a container or key directory of the job."""
+    return job_id in engine_jobs(node) or job_id in secret_dirs(node)
+
+
+def wait_clean(node, job_id, start, timeout):
+    """Seconds from ``start`` until ``node`` holds nothing of the job, or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not holds(node, job_id):
+            return time.monotonic() - start
+        time.sleep(POLL)
+    return None
+
+
+def one_run(jobs, variant, hold):
+    job_id = jobs.submit(4, "sleep 300", nodes=2, walltime=240)
+    job = jobs.wait_state(job_id, ("running",), T_RUNNING)
+    first, cut_node = list(job["placement"])[:2]
+    time.sleep(2)  # let the job settle (orted up on every node, beacons reporting)
+    cut = Cut(cut_node)
+    result = {"variant": variant, "job": job_id, "first": first, "cut": cut_node}
+    try:
+        cut.add(ADDRESSES[first])
+        if variant == "full":
+            cut.add(MASTER_ADDRESS)
+        t0 = time.monotonic()
+        log(f"{job_id}: cut {cut_node} off ({variant}); first node {first}")
+        deadline = t0 + T_FAIL
+        while True:
+            job = jobs.status(job_id)
+            if job["state"] in FINAL:
+                result["failed"] = time.monotonic() - t0
+                break
+            if time.monotonic() > deadline:
+                result["failed"] = None
+                break
+            time.sleep(POLL)
+        result["state"], result["reason"] = job["state"], job.get("reason")
+        log(f"{job_id}: {job['state']} after {result['failed']} s: {job.get('reason')}")
+        result["clean_first"] = wait_clean(first, job_id, t0, T_CLEAN)
+        result["cut_held"] = holds(cut_node, job_id)
+        # Keep the cut past the runner's cleanup call to the cut node (15 s timeout), so
+        # healing tests the queue's removal of leftovers, not a late answer to that call.
+        rest = hold - (time.monotonic() - t0)
+        if rest > 0:
+            log(f"{job_id}: holding the cut {rest:.1f} s more (--hold {hold})")
+            time.sleep(rest)
+        result["cut_held_at_heal"] = holds(cut_node, job_id)
+    finally:
+        cut.heal()
+    t1 = time.monotonic()
+    result["clean_cut"] = wait_clean(cut_node, job_id, t1, T_CLEAN)
+    final = jobs.status(job_id)
+    result["cleanup"] = final.get("cleanup") or {}
+    result["runner_cleanup"] = (final.get("timings") or {}).get("cleanup")
+    log(f"{job_id}: first node clean {result['clean_first']} s after the cut; cut node "
+        f"{'held leftovers' if result['cut_held'] else 'was already clean'} before healing, "
+        f"clean {result['clean_cut']} s after healing; runner cleanup record {final.get('cleanup')}")
+    return result
+
+
+def problems_of(r):
+    found = []
+    if r["state"] != "failed":
+        found.append(f"{r['job']} ended {r['state']} ({r['reason']}), not failed")
+    if r["failed"] is None or r["failed"] > BOUND:
+        found.append(f"{r['job']} ({r['variant']}) failed after {r['failed']} s, bound {BOUND} s")
+    if r["clean_first"] is None:
+        found.append(f"{r['job']}: {r['first']} not clean within {T_CLEAN} s")
+    if r["clean_cut"] is None:
+        found.append(f"{r['job']}: {r['cut']} not clean within {T_CLEAN} s of healing")
+    return found
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per variant (default 3)")
+    parser.add_argument("--variants", default="full,peer", help="full,peer (default both)")
+    parser.add_argument("--hold", type=float, default=20,
+                        help="keep each cut at least this many seconds (default 20; the "
+                             "runner's cleanup call times out after 15)")
+    parser.add_argument("--user", default="bench-detect", help="job user (starts with bench)")
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    if args.repeat < 1 or not variants or set(variants) - {"full", "peer"}:
+        parser.error("--repeat >= 1; --variants from full,peer")
+    if not args.user.startswith("bench"):
+        parser.error("--user must start with 'bench'")
+    if os.geteuid() != 0:
+        parser.error("run as root (it drives docker)")
+    trap_sigterm()
+
+    jobs = Jobs(args.user)
+    results, failure = [], None
+    try:
+        for variant in variants:
+            for _ in range(args.repeat):
+                results.append(one_run(jobs, variant, args.hold))
+    except (KeyboardInterrupt, Terminated) as exc:
+        failure = f"interrupted ({type(exc).__name__})"
+    except BenchError as exc:
+        failure = str(exc)
+    finally:
+        try:
+            jobs.close(timeout=T_CLEAN)
+        except BenchError as exc:
+            failure = (failure or "") + f"\ncleanup: {exc}"
+
+    if results:
+        print("seconds from the cut (t0) to failed and to clean on the first node; from healing "
+              "(t1) to clean on the cut node")
+        header = ["variant", "job", "cut", "state", "failed", "clean first", "cut held",
+                  "held at heal", "clean cut", "runner cleanup", "cleanup error", "reason"]
+        print(table(header, [[r["variant"], r["job"], r["cut"], r["state"], r["failed"],
+                              r["clean_first"], "yes" if r["cut_held"] else "no",
+                              "yes" if r["cut_held_at_heal"] else "no", r["clean_cut"],
+                              r["runner_cleanup"], "yes" if r["cleanup"].get("error") else "no",
+                              (r["reason"] or "")[:60]] for r in results]))
+        print()
+        header = ["variant", "runs", "median failed", "max failed", "median clean first",
+                  "median clean cut", f"within {BOUND:.0f} s"]
+        body = []
+        for variant in variants:
+            mine = [r for r in results if r["variant"] == variant]
+            if not mine:
+                continue
+            failed = [r["failed"] for r in mine if r["failed"] is not None]
+            body.append([variant, len(mine), median(failed), max(failed) if failed else None,
+                         median([r["clean_first"] for r in mine if r["clean_first"] is not None]),
+                         median([r["clean_cut"] for r in mine if r["clean_cut"] is not None]),
+                         "MEETS" if len(failed) == len(mine) and max(failed) <= BOUND
+                         else "MISSES"])
+        print(table(header, body))
+    problems = [p for r in results for p in problems_of(r)]
+    if problems:
+        print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
+    if failure:
+        print(f"detection: FAILED: {failure.strip()}", file=sys.stderr)
+    return 1 if failure or problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Shared helpers of the DockerMPI benchmarks (bench/*.py): run commands against the
+running test cluster with timeouts, drive ``salt-run mpi.*`` and track jobs so every
+benchmark can cancel and clean up what it started (also on Ctrl-C and SIGTERM).
+
+Not a benchmark itself; the scripts import it from the same directory.
+"""
+
+import json
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+MASTER = "dmpi-master"
+NODES = ["node1", "node2", "node3"]
+SLOTS_PER_NODE = 2
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+T_SALT = 60     # one salt / salt-run call through docker exec
+T_SHORT = 30    # docker exec of a small command
+
+
+class BenchError(Exception):
+    """A run did not behave; the script exits non-zero."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so ``finally`` blocks run."""
+
+
+def trap_sigterm():
+    def handler(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def log(message):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run(argv, timeout, check=True):
+    """Run argv on this host with a timeout; returns CompletedProcess (text)."""
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise BenchError(f"timed out after {timeout}s: {shlex.join(argv)[:300]}") from exc
+    if check and result.returncode != 0:
+        raise BenchError(f"exit {result.returncode}: {shlex.join(argv)[:300]}\n"
+                         f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return result
+
+
+def node_exec(node, argv, timeout=T_SHORT, check=True):
+    return run(["docker", "exec", f"dmpi-{node}", *argv], timeout, check=check)
+
+
+def _arg(key, value):
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+def salt_run(fun, *args, timeout=T_SALT, **kwargs):
+    """``salt-run fun ... --out=json`` on the master; (exit code, parsed output)."""
+    argv = ["docker", "exec", MASTER, "salt-run", fun, *args,
+            *(_arg(k, v) for k, v in kwargs.items()), "--out=json"]
+    result = run(argv, timeout, check=False)
+    try:
+        return result.returncode, json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise BenchError(f"salt-run {fun} exited {result.returncode} without JSON:\n"
+                         f"{result.stdout[-2000:]}{result.stderr[-2000:]}") from None
+
+
+def salt(target_nodes, fun, *args, timeout=T_SALT):
+    """``salt -L nodes fun ... --out=json --static``; (exit code, {node: ret})."""
+    argv = ["docker", "exec", MASTER, "salt", "-L", ",".join(target_nodes), fun, *args,
+            f"--timeout={max(5, timeout - 15)}", "--out=json", "--static"]
+    result = run(argv, timeout, check=False)
+    try:
+        return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}
+    except json.JSONDecodeError:
+        raise BenchError(f"salt {fun} exited {result.returncode} without JSON:\n"
+                         f"{result.stdout[-2000:]}{result.stderr[-2000:]}") from None
+
+
+def node_jobs(nodes=NODES, timeout=T_SALT):
+    """{node: {job_id: {...}}} from ``mpi_job.jobs`` (only nodes that answered)."""
+    _, found = salt(nodes, "mpi_job.jobs", timeout=timeout)
+    return {n: j for n, j in found.items() if isinstance(j, dict)}
+
+
+def engine_jobs(node, timeout=T_SHORT):
+    """Job ids with a DockerMPI container on ``node``, asked from its engine directly
+    (works when the node's minion cannot reach the master)."""
+    result = node_exec(node, ["docker", "ps", "-a", "--filter", "label=io.dockermpi.job",
+                              "--format", '{{.Label "io.dockermpi.job"}}'], timeout)
+    return sorted(set(result.stdout.split()))
+
+
+def secret_dirs(node, job_root="/var/lib/dockermpi/jobs", timeout=T_SHORT):
+    result = node_exec(node, ["sh", "-c", f"ls -1 {shlex.quote(job_root)} 2>/dev/null || true"],
+                       timeout)
+    return sorted(result.stdout.split())
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt(value, digits=2):
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(header, rows):
+    """A plain text table; rows are lists of cells (already formatted or numbers)."""
+    cells = [[fmt(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
+    lines = [" | ".join(h.rjust(w) for h, w in zip(header, widths)),
+             "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+class Jobs:
+    """Jobs this script submitted; ``close`` cancels the unfinished ones and waits until
+    none of their containers or keys is left on a node that answers."""
+
+    def __init__(self, user):
+        self.user = user
+        self.ids = []
+
+    def submit(self, np, cmd, nodes=None, slots_per_node=None, walltime=120, timeout=T_SALT):
+        kwargs = {"user": self.user, "image": "mpi", "np": np, "cmd": cmd,
+                  "walltime": walltime}
+        if nodes is not None:
+            kwargs["nodes"] = nodes
+        if slots_per_node is not None:
+            kwargs["slots_per_node"] = slots_per_node
+        code, job = salt_run("mpi.submit", timeout=timeout, **kwargs)
+        if job.get("job_id"):
+            self.ids.append(job["job_id"])
+        if code != 0 or job.get("state") != "queued":
+            raise BenchError(f"mpi.submit was refused (exit {code}): {json.dumps(job)[:1500]}")
+        return job["job_id"]
+
+    @staticmethod
+    def status(job_id, timeout=T_SALT):
+        code, job = salt_run("mpi.status", job_id, timeout=timeout)
+        if not isinstance(job, dict) or "state" not in job:
+            raise BenchError(f"mpi.status {job_id} (exit {code}): {json.dumps(job)[:1500]}")
+        return job
+
+    def wait_state(self, job_id, states, timeout, poll=0.3):
+        """Poll mpi.status until the job is in one of ``states``; returns the record."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.status(job_id)
+            if job["state"] in states:
+                return job
+            if job["state"] in FINAL:
+                raise BenchError(f"job {job_id} ended {job['state']} ({job.get('reason')}) "
+                                 f"while waiting for {states}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"job {job_id} still {job['state']} after {timeout}s "
+                                 f"(waiting_for {job.get('waiting_for')})")
+            time.sleep(poll)
+
+    @staticmethod
+    def cancel(job_id):
+        code, job = salt_run("mpi.cancel", job_id)
+        return job
+
+    def close(self, timeout=60):
+        """Cancel what is unfinished; raise BenchError listing whatever is left behind."""
+        problems = []
+        for job_id in self.ids:
+            try:
+                job = self.status(job_id)
+                if job["state"] not in FINAL:
+                    log(f"cancelling {job_id} ({job['state']})")
+                    self.cancel(job_id)
+            except BenchError as exc:
+                problems.append(f"cancel {job_id}: {exc}")
+        if not self.ids:
+            return
+        mine = set(self.ids)
+        deadline = time.monotonic() + timeout
+        left, missing = {}, []
+        while time.monotonic() < deadline:
+            try:
+                found = node_jobs()
+            except BenchError as exc:
+                problems.append(str(exc))
+                break
+            left = {n: sorted(set(j) & mine) for n, j in found.items() if set(j) & mine}
+            missing = sorted(set(NODES) - set(found))
+            if not left and not missing:
+                break
+            time.sleep(1)
+        if left:
+            problems.append(f"left behind on nodes: {left}")
+        if missing:
+            problems.append(f"cannot check for leftovers, no answer from {missing}")
+        if problems:
+            raise BenchError("; ".join(problems))

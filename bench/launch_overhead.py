@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""How much does ``salt-run mpi.launch`` add on top of a plain ``mpirun``?
+
+Runs the same trivial program (``hostname``, 2 ranks per node) on 1, 2 and 3 nodes of the
+running test cluster in two ways, one after the other (never at once: the baseline job
+holds the slots the launch would need), and prints both times and the difference:
+
+launch
+    ``salt-run mpi.launch ... --out=json`` on the master (submit + queue + start + wait +
+    cleanup). Its wall time is measured *inside* the master container by a small Python
+    wrapper (so ``docker exec`` from this host is not counted), next to the runner's own
+    ``timings`` (queued, containers_up, sshd_ready, mpirun, cleanup, total).
+plain
+    ``mpirun`` in already-running containers on the same nodes: a real job
+    (``sleep 600``, ``salt-run mpi.submit ... nodes=<list> slots_per_node=2``) is queued
+    and waited for until ``mpi.status`` says running; the mpirun part of its launcher
+    container's command (``docker inspect dmpi-<job>-launcher``; it is
+    ``mpi_launch.mpirun_argv`` with the job's port slot, which this script checks) is run
+    with the program replaced by ``hostname``, timed by Python *inside* the job's worker
+    container on the first node; then the job is cancelled.
+
+overhead = launch - plain (medians and minima). Aim: under 2 s at 3 nodes.
+
+Run as root on the machine that runs the test cluster, from the repository root, holding
+the cluster lock::
+
+    flock /tmp/dmpi-cluster.lock .venv/bin/python bench/launch_overhead.py [--repeat N]
+
+Exits non-zero if any run fails, an output check fails, or a container or key of a job
+this script started is left on a node. Jobs are cancelled in ``finally`` (also on Ctrl-C
+and SIGTERM); a launch in flight gets SIGTERM, so the runner cancels and cleans it.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import secrets
+import shlex
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "_utils"))
+sys.path.insert(0, str(REPO / "bench"))
+import mpi_launch  # noqa: E402  (pure Python, no Salt needed)
+from dmpi_bench import (  # noqa: E402
+    MASTER, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
+    run, table, trap_sigterm,
+)
+
+PROGRAM = ["hostname"]
+BASE_CMD = ["sleep", "600"]
+WALLTIME = 120          # seconds; bounds each launch and the baseline job in the runner
+T_LAUNCH = 150          # salt-run mpi.launch inside the master (walltime + slack)
+T_MPIRUN = 60           # plain mpirun inside the worker
+T_RUNNING = 60          # baseline job: queued -> running
+OOB_LOW = 20100         # first OOB port: mpi:ports:oob in salt/dockermpi/defaults.yaml
+OOB_PORTS_PER_JOB = 2   # _runners/mpi.py OOB_PORTS_PER_JOB
+
+# Runs argv, measures its wall time, prints one JSON line. Used inside the master (around
+# salt-run) and inside the job's worker container (around mpirun). On timeout the child
+# gets SIGTERM first (salt-run then cancels the job), SIGKILL only if it does not stop.
+TIMER = r"""
+import json, os, signal, subprocess, sys, time
+argv, timeout, pidfile = json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+start = time.monotonic()
+child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+if pidfile:
+    with open(pidfile, "w") as f:
+        f.write(str(child.pid))
+timed_out = False
+try:
+    out, err = child.communicate(timeout=timeout)
+except subprocess.TimeoutExpired:
+    timed_out = True
+    child.send_signal(signal.SIGTERM)
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+seconds = time.monotonic() - start
+if pidfile:
+    os.unlink(pidfile)
+print(json.dumps({"seconds": seconds, "rc": child.returncode, "timed_out": timed_out,
+                  "stdout": out, "stderr": err[-4000:]}))
+"""
+
+
+def check_hostnames(text, nodes):
+    """`hostname` printed by 2 ranks per node: exactly those node names, twice each."""
+    names = sorted(line.strip() for line in text.splitlines() if line.strip())
+    expected = sorted(n for n in nodes for _ in range(SLOTS_PER_NODE))
+    if names != expected:
+        raise BenchError(f"ranks printed {names}, expected {expected}")
+
+
+def nodes_arg(nodes):
+    # One node as a list: a bare "node1" would be read as a compound target (same result).
+    return nodes if len(nodes) == 1 else ",".join(nodes)
+
+
+# ------------------------------------------------------------------------------ launch
+
+
+class Launcher:
+    """Times ``salt-run mpi.launch`` inside the master."""
+
+    def __init__(self, user):
+        self.user = user
+        self.job_ids = []
+        self.pidfile = None
+
+    def once(self, nodes):
+        np = SLOTS_PER_NODE * len(nodes)
+        argv = ["salt-run", "mpi.launch", f"user={self.user}", "image=mpi", f"np={np}",
+                f"nodes={json.dumps(nodes_arg(nodes))}", f"slots_per_node={SLOTS_PER_NODE}",
+                f"walltime={WALLTIME}", f"cmd={json.dumps(PROGRAM)}", "--out=json"]
+        self.pidfile = f"/tmp/dmpi-bench-{secrets.token_hex(4)}.pid"
+        # The pid file stays known if this raises (Ctrl-C, timeout): interrupt() uses it.
+        result = run(["docker", "exec", MASTER, "python3", "-c", TIMER, json.dumps(argv),
+                      str(T_LAUNCH), self.pidfile], T_LAUNCH + 90)
+        self.pidfile = None
+        timed = json.loads(result.stdout)
+        try:
+            job = json.loads(timed["stdout"])
+        except json.JSONDecodeError:
+            raise BenchError(f"salt-run exited {timed['rc']} without JSON:\n"
+                             f"{timed['stdout'][-2000:]}{timed['stderr'][-2000:]}") from None
+        if job.get("job_id"):
+            self.job_ids.append(job["job_id"])
+        if timed["timed_out"] or timed["rc"] != 0 or job.get("state") != "succeeded":
+            raise BenchError(f"launch on {nodes} did not succeed (salt-run exit {timed['rc']}"
+                             f"{', timed out' if timed['timed_out'] else ''}):\n"
+                             f"{json.dumps(job, indent=2)[:3000]}")
+        expected = {n: SLOTS_PER_NODE for n in nodes}
+        if job.get("placement") != expected:
+            raise BenchError(f"launch placed {job.get('placement')}, expected {expected}")
+        stdout = node_exec(nodes[0], ["cat", job["output"]["stdout"]]).stdout
+        check_hostnames(stdout, nodes)
+        return timed["seconds"], job["timings"], job["job_id"]
+
+    def interrupt(self):
+        """SIGTERM the salt-run in flight (by its pid), so the runner cancels the job."""
+        if not self.pidfile:
+            return
+        result = run(["docker", "exec", MASTER, "cat", self.pidfile], 30, check=False)
+        pid = result.stdout.strip()
+        self.pidfile = None
+        if pid.isdigit():
+            log(f"sending SIGTERM to salt-run (pid {pid} on the master)")
+            run(["docker", "exec", MASTER, "kill", "-TERM", pid], 30, check=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                alive = run(["docker", "exec", MASTER, "kill", "-0", pid], 30, check=False)
+                if alive.returncode != 0:
+                    break
+                time.sleep(1)
+
+
+# ---------------------------------------------------------------------------- baseline
+
+
+def mca(argv, name):
+    for i in range(len(argv) - 2):
+        if argv[i] == "--mca" and argv[i + 1] == name:
+            return argv[i + 2]
+    raise BenchError(f"launcher mpirun has no --mca {name}: {shlex.join(argv)[:500]}")
+
+
+class Baseline:
+    """A real ``sleep`` job on ``nodes``; mpirun of ``hostname`` timed in its worker."""
+
+    def __init__(self, jobs, nodes, oob_slot):
+        self.jobs = jobs
+        self.oob_slot = oob_slot
+        self.nodes = nodes
+        self.job_id = None
+
+    def start(self):
+        np = SLOTS_PER_NODE * len(self.nodes)
+        self.job_id = self.jobs.submit(np, shlex.join(BASE_CMD), nodes=nodes_arg(self.nodes),
+                                       slots_per_node=SLOTS_PER_NODE, walltime=WALLTIME)
+        job = self.jobs.wait_state(self.job_id, ("running",), T_RUNNING)
+        expected = {n: SLOTS_PER_NODE for n in self.nodes}
+        if job.get("placement") != expected:
+            raise BenchError(f"baseline job placed {job.get('placement')}, expected {expected}")
+        first = next(iter(job["placement"]))
+        self.node = first
+        inspect = node_exec(first, ["docker", "inspect", f"dmpi-{self.job_id}-launcher"])
+        command = json.loads(inspect.stdout)[0]["Config"]["Cmd"]
+        if "mpirun" not in command or command[-len(BASE_CMD):] != BASE_CMD:
+            raise BenchError(f"unexpected launcher command: {command!r}")
+        real = command[command.index("mpirun"):-len(BASE_CMD)]
+        rsh = mca(real, "plm_rsh_args").split()
+        ssh_port = int(rsh[rsh.index("-p") + 1])
+        oob = tuple(int(p) for p in mca(real, "oob_tcp_dynamic_ipv4_ports").split("-"))
+        btl_low = int(mca(real, "btl_tcp_port_min_v4"))
+        btl = (btl_low, btl_low + int(mca(real, "btl_tcp_port_range_v4")) - 1)
+        cidr, wdir = mca(real, "oob_tcp_if_include"), real[real.index("--wdir") + 1]
+        # The launcher's mpirun must be mpi_launch.mpirun_argv with the job's port slot.
+        built = mpi_launch.mpirun_argv(np, PROGRAM, cidr, oob, btl, ssh_port, wdir)
+        if built != real + PROGRAM:
+            raise BenchError("launcher mpirun is not mpi_launch.mpirun_argv of the job's "
+                             f"port slot:\n{shlex.join(real)}\n{shlex.join(built)}")
+        if self.oob_slot is None:
+            self.argv = built
+        else:
+            # The job's own mpirun holds both ports of its OOB block on every node of the
+            # job (Open MPI: "No sockets were able to be opened"), so a second mpirun needs
+            # another block: the one of an unused port slot, same ranges and firewall.
+            low = OOB_LOW + OOB_PORTS_PER_JOB * self.oob_slot
+            if low == oob[0]:
+                raise BenchError(f"--oob-slot {self.oob_slot} is the job's own port slot")
+            self.argv = mpi_launch.mpirun_argv(np, PROGRAM, cidr, (low, low + OOB_PORTS_PER_JOB - 1),
+                                               btl, ssh_port, wdir)
+        log(f"baseline job {self.job_id} running on {job['placement']} (ssh port {ssh_port}, "
+            f"job OOB {oob[0]}-{oob[1]}, plain mpirun OOB "
+            f"{mca(self.argv, 'oob_tcp_dynamic_ipv4_ports')})")
+
+    def once(self):
+        result = node_exec(self.node, ["docker", "exec", "-e", "HOME=/data",
+                                       f"dmpi-{self.job_id}-worker", "python3", "-c", TIMER,
+                                       json.dumps(self.argv), str(T_MPIRUN), ""],
+                           timeout=T_MPIRUN + 90)
+        timed = json.loads(result.stdout)
+        if timed["timed_out"] or timed["rc"] != 0:
+            raise BenchError(f"plain mpirun on {self.nodes} exited {timed['rc']}"
+                             f"{' (timed out)' if timed['timed_out'] else ''}:\n"
+                             f"{timed['stdout'][-2000:]}{timed['stderr'][-2000:]}")
+        check_hostnames(timed["stdout"], self.nodes)
+        return timed["seconds"]
+
+    def stop(self):
+        if self.job_id is None:
+            return
+        job = self.jobs.status(self.job_id)
+        if job["state"] == "running":
+            self.jobs.cancel(self.job_id)
+        elif job["state"] != "cancelled":
+            raise BenchError(f"baseline job {self.job_id} ended {job['state']} by itself: "
+                             f"{job.get('reason')}")
+        self.jobs.wait_state(self.job_id, ("cancelled",), 30)
+
+
+# -------------------------------------------------------------------------------- main
+
+
+PHASES = ("queued", "containers_up", "sshd_ready", "mpirun", "cleanup", "total")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per side and node count")
+    parser.add_argument("--nodes", default="1,2,3", help="node counts (default 1,2,3)")
+    parser.add_argument("--user", default="bench-launch", help="job user (must start with bench)")
+    parser.add_argument("--oob-slot", type=int, default=99,
+                        help="port slot whose OOB block the plain mpirun uses (default 99, the "
+                             "last; -1: the job's own block, which fails while the job's "
+                             "mpirun holds it)")
+    parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
+    args = parser.parse_args(argv)
+    counts = [int(c) for c in args.nodes.split(",")]
+    if args.repeat < 1 or not all(1 <= c <= len(NODES) for c in counts):
+        parser.error(f"--repeat must be >= 1 and node counts between 1 and {len(NODES)}")
+    if not args.user.startswith("bench"):
+        parser.error("--user must start with 'bench'")
+    if os.geteuid() != 0:
+        parser.error("run as root (it drives docker)")
+    trap_sigterm()
+
+    jobs = Jobs(args.user)
+    launcher = Launcher(args.user)
+    rows, failure, incomplete = [], None, []
+    try:
+        for count in counts:
+            nodes = NODES[:count]
+            launch_s, timings, plain_s = [], [], []
+            # Launch side first (no baseline job holds the slots), one warm-up not counted.
+            launcher.once(nodes)
+            for i in range(args.repeat):
+                seconds, t, job_id = launcher.once(nodes)
+                launch_s.append(seconds)
+                timings.append(t)
+                log(f"{count} node(s) launch {i + 1}/{args.repeat}: {seconds:.2f}s {job_id} {t}")
+                if "total" not in t:
+                    incomplete.append(job_id)
+            baseline = Baseline(jobs, nodes, None if args.oob_slot < 0 else args.oob_slot)
+            try:
+                baseline.start()
+                baseline.once()  # warm-up
+                for i in range(args.repeat):
+                    plain_s.append(baseline.once())
+                    log(f"{count} node(s) plain {i + 1}/{args.repeat}: {plain_s[-1]:.2f}s")
+            finally:
+                baseline.stop()
+            rows.append({"nodes": count, "np": SLOTS_PER_NODE * count, "launch": launch_s,
+                         "timings": timings, "plain": plain_s})
+    except (KeyboardInterrupt, Terminated) as exc:
+        failure = f"interrupted ({type(exc).__name__})"
+    except BenchError as exc:
+        failure = str(exc)
+    finally:
+        try:
+            launcher.interrupt()
+        except BenchError as exc:
+            failure = (failure or "") + f"\nstopping salt-run: {exc}"
+        jobs.ids += launcher.job_ids
+        try:
+            jobs.close()
+        except BenchError as exc:
+            failure = (failure or "") + f"\ncleanup: {exc}"
+
+    if rows:
+        print(f"launch: wall time of `salt-run mpi.launch` inside {MASTER}; plain: mpirun in a "
+              f"running job's worker; program {shlex.join(PROGRAM)}, {SLOTS_PER_NODE} ranks/node, "
+              f"{args.repeat} runs each after 1 warm-up (seconds)")
+        header = ["nodes", "np", "launch med", "launch min", "plain med", "plain min",
+                  "overhead med", "overhead min"]
+        body = []
+        for r in rows:
+            r["over_med"] = median(r["launch"]) - median(r["plain"])
+            body.append([r["nodes"], r["np"], median(r["launch"]), min(r["launch"]),
+                         median(r["plain"]), min(r["plain"]), r["over_med"],
+                         min(r["launch"]) - min(r["plain"])])
+        print(table(header, body))
+        print()
+        print("runner timings, medians (s); 'outside' = launch wall time - runner total")
+        header = ["nodes"] + list(PHASES) + ["outside"]
+        body = []
+        for r in rows:
+            body.append([r["nodes"]]
+                        + [median([t[k] for t in r["timings"] if k in t]) for k in PHASES]
+                        + [median([w - t["total"] for w, t in zip(r["launch"], r["timings"])
+                                   if "total" in t])])
+        print(table(header, body))
+        if incomplete:
+            print(f"note: mpi.launch returned before its timings were complete "
+                  f"(no mpirun/cleanup/total) for {len(incomplete)} run(s): {incomplete}")
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        worst = next((r for r in rows if r["nodes"] == 3), None)
+        if worst is not None:
+            verdict = "MEETS" if worst["over_med"] < 2 else "MISSES"
+            print(f"\noverhead at 3 nodes (median) {worst['over_med']:.2f} s: {verdict} the < 2 s aim")
+    if failure:
+        print(f"launch_overhead: FAILED: {failure.strip()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
