@@ -62,6 +62,7 @@ START_TIMEOUT = 90  # seconds a job may stay in "starting"
 CLEANUP_TIMEOUT = 5  # seconds to wait for a node's clean-up before leaving it to its reports
 RESTART_GRACE = 15  # seconds after a master restart before silent nodes count as lost
 TICK_SECONDS = 2  # the master schedule's interval for tick (master config)
+REPORT_SKEW = 1  # seconds a node's clock and report may lag behind the master
 SITE_REFRESH = 60  # seconds between re-reads of the site settings by the tick
 RESERVED_ENV_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_")
 RESERVED_ENV_NAMES = ("HOME",)
@@ -953,20 +954,22 @@ def node_report(node=None, report=None, **kwargs):
 
 def _judge(node, record, info, engine_ok, report, now):
     """Whether a running job must end, from one node's report: (state, reason, fields)."""
-    if not engine_ok:
-        return "failed", f"the Docker engine on {node} is not answering: {report.get('engine')}", {}
-    if info is None:
-        if now - record["started"] > 3:
-            return "failed", f"the job's containers on {node} are gone", {}
-        return None
-    containers = info.get("containers") or {}
     launcher_node = next(iter(record["placement"]))
-    if node == launcher_node and info.get("launcher_exit_code") is not None:
+    if info and node == launcher_node and info.get("launcher_exit_code") is not None:
         code, failure = info["launcher_exit_code"], info.get("failure")
         state, reason = _outcome(code, failure)
         return state, reason, {"exit_code": code, "failure": failure}
     if now > record["deadline"]:
         return "timed_out", f"walltime of {record['walltime']} seconds exceeded", {}
+    if report.get("time", now) < record["started"] + REPORT_SKEW:
+        # Taken before the job's containers were all up (reports can arrive late): what
+        # it does not show says nothing about this job yet.
+        return None
+    if not engine_ok:
+        return "failed", f"the Docker engine on {node} is not answering: {report.get('engine')}", {}
+    if info is None:
+        return "failed", f"the job's containers on {node} are gone", {}
+    containers = info.get("containers") or {}
     if node == launcher_node and containers.get("launcher") not in ("running", "created"):
         return "failed", f"the launcher container on {node} is gone", {}
     if containers.get("worker") not in ("running", "created"):
