@@ -48,7 +48,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
     FINAL, BenchError, Jobs, Terminated, engine_jobs, log, median, node_exec, secret_dirs,
-    table, trap_sigterm,
+    table, trap_sigterm, verdict,
 )
 
 MASTER_ADDRESS = "10.251.1.2"
@@ -227,11 +227,7 @@ def main(argv=None):
                          else "MISSES"])
         print(table(header, body))
     problems = [p for r in results for p in problems_of(r)]
-    if problems:
-        print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
-    if failure:
-        print(f"detection: FAILED: {failure.strip()}", file=sys.stderr)
-    return 1 if failure or problems else 0
+    return verdict("detection", failure, problems)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,15 @@ def table(header, rows):
     return "\n".join(lines)
 
 
+def verdict(name, failure, problems):
+    """Print what went wrong, if anything; the script's exit code."""
+    if problems:
+        print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
+    if failure:
+        print(f"{name}: FAILED: {failure.strip()}", file=sys.stderr)
+    return 1 if failure or problems else 0
+
+
 class Jobs:
     """Jobs this script submitted; ``close`` cancels the unfinished ones and waits until
     none of their containers or keys is left on a node that answers."""

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
     FINAL, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, salt_run, table,
-    trap_sigterm,
+    trap_sigterm, verdict,
 )
 
 T_ALL = 180     # wait at most this long for all jobs to end
@@ -154,11 +154,7 @@ def main(argv=None):
         for node, (peak, holders) in peaks.items():
             if peak > SLOTS_PER_NODE:
                 problems.append(f"{node}: {peak} ranks at once ({holders})")
-    if problems:
-        print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
-    if failure:
-        print(f"throughput: FAILED: {failure.strip()}", file=sys.stderr)
-    return 1 if failure or problems else 0
+    return verdict("throughput", failure, problems)
 
 
 if __name__ == "__main__":
