@@ -9,13 +9,12 @@ only acts on the local Docker engine and local disk:
   guest uid), starts the job's worker container (sshd as the guest uid, ``--net=host``)
   and waits until its sshd answers.
 - :func:`start_launcher` starts the container that runs ``mpirun`` on the first node.
-- :func:`wait` waits (bounded) for the launcher to exit and reads how the job ended.
 - :func:`cleanup` writes the status file, then removes every container and secret of a
   job. It is idempotent.
 - :func:`jobs` lists what of which job is on this node.
-- :func:`report` is the node's evidence about every job on it (containers, launcher exit,
-  Docker engine, reachability of the job's other nodes); the ``mpi_jobs`` beacon fires
-  it as an event every interval.
+- :func:`report` is the node's evidence about every job on it (containers, launcher
+  exit and the failing rank, Docker engine, reachability of the job's other nodes); the
+  ``mpi_jobs`` beacon fires it as an event every interval.
 - :func:`read_output` returns the tail of a job's standard output or error.
 
 Every job container drops all capabilities, sets no-new-privileges and mounts only the
@@ -325,40 +324,6 @@ def start_launcher(job_id, image, user, guest, storage_path, job_root, argv, env
     if status is not None:
         write_status(job_id, storage_path, user, guest, status)
     return {"container": options["name"]}
-
-
-def wait(job_id, storage_path, user, seconds=5):
-    """
-    Wait up to ``seconds`` for a job's launcher to exit.
-
-    Returns ``{"state": "running"}`` or ``{"state": "exited", "exit_code": int,
-    "failure": {...} or None}``, where ``failure`` says which rank failed and how (from
-    mpirun's standard error), or ``{"state": "missing"}`` when no launcher exists.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt node1 mpi_job.wait <job_id> /srv/dockermpi alice seconds=5
-    """
-    _check_job_id(job_id)
-    _, job_dir = _user_dirs(storage_path, user, job_id)
-    try:
-        container = _client().containers.get(f"dmpi-{job_id}-launcher")
-    except docker.errors.NotFound:
-        return {"state": "missing"}
-    try:
-        exit_code = container.wait(timeout=float(seconds))["StatusCode"]
-    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-        return {"state": "running"}
-    failure = None
-    if exit_code != 0:
-        try:
-            with open(os.path.join(job_dir, "stderr"), errors="replace") as handle:
-                failure = __utils__["mpi_launch.parse_mpirun_failure"](handle.read())
-        except OSError as exc:
-            log.warning("job %s: cannot read stderr: %s", job_id, exc)
-    return {"state": "exited", "exit_code": exit_code, "failure": failure}
 
 
 def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, user=None,
