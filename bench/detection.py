@@ -40,7 +40,6 @@ each locked run short::
 """
 
 import argparse
-import os
 import pathlib
 import sys
 import time
@@ -48,7 +47,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
     FINAL, BenchError, Jobs, Terminated, engine_jobs, log, median, node_exec, secret_dirs,
-    table, trap_sigterm, verdict,
+    table, trap_sigterm, verdict, check_common_args,
 )
 
 MASTER_ADDRESS = "10.251.1.2"
@@ -179,10 +178,7 @@ def main(argv=None):
     variants = [v for v in args.variants.split(",") if v]
     if args.repeat < 1 or not variants or set(variants) - {"full", "peer"}:
         parser.error("--repeat >= 1; --variants from full,peer")
-    if not args.user.startswith("bench"):
-        parser.error("--user must start with 'bench'")
-    if os.geteuid() != 0:
-        parser.error("run as root (it drives docker)")
+    check_common_args(parser, args)
     trap_sigterm()
 
     jobs = Jobs(args.user)

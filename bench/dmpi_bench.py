@@ -6,6 +6,7 @@ Not a benchmark itself; the scripts import it from the same directory.
 """
 
 import json
+import os
 import shlex
 import signal
 import statistics
@@ -124,6 +125,14 @@ def table(header, rows):
              "-+-".join("-" * w for w in widths)]
     lines += [" | ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     return "\n".join(lines)
+
+
+def check_common_args(parser, args):
+    """What every benchmark requires: a job user of its own (bench*) and root."""
+    if not args.user.startswith("bench"):
+        parser.error("--user must start with 'bench'")
+    if os.geteuid() != 0:
+        parser.error("run as root (it drives docker)")
 
 
 def verdict(name, failure, problems):

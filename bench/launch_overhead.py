@@ -33,7 +33,6 @@ and SIGTERM); a launch in flight gets SIGTERM, so the runner cancels and cleans 
 
 import argparse
 import json
-import os
 import pathlib
 import secrets
 import shlex
@@ -46,7 +45,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import mpi_launch  # noqa: E402  (pure Python, no Salt needed)
 from dmpi_bench import (  # noqa: E402
     MASTER, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
-    run, table, trap_sigterm,
+    run, table, trap_sigterm, check_common_args,
 )
 
 PROGRAM = ["hostname"]
@@ -264,10 +263,7 @@ def main(argv=None):
     counts = [int(c) for c in args.nodes.split(",")]
     if args.repeat < 1 or not all(1 <= c <= len(NODES) for c in counts):
         parser.error(f"--repeat must be >= 1 and node counts between 1 and {len(NODES)}")
-    if not args.user.startswith("bench"):
-        parser.error("--user must start with 'bench'")
-    if os.geteuid() != 0:
-        parser.error("run as root (it drives docker)")
+    check_common_args(parser, args)
     trap_sigterm()
 
     jobs = Jobs(args.user)

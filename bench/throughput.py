@@ -23,7 +23,6 @@ is left behind; unfinished jobs are cancelled in ``finally`` (also on Ctrl-C, SI
 """
 
 import argparse
-import os
 import pathlib
 import sys
 import time
@@ -32,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
     FINAL, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, salt_run, table,
-    trap_sigterm, verdict,
+    trap_sigterm, verdict, check_common_args,
 )
 
 T_ALL = 180     # wait at most this long for all jobs to end
@@ -77,10 +76,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not 1 <= args.jobs <= 200 or not 1 <= args.parallel <= 8:
         parser.error("--jobs 1..200, --parallel 1..8")
-    if not args.user.startswith("bench"):
-        parser.error("--user must start with 'bench'")
-    if os.geteuid() != 0:
-        parser.error("run as root (it drives docker)")
+    check_common_args(parser, args)
     trap_sigterm()
 
     jobs = Jobs(args.user)
