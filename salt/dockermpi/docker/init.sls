@@ -2,3 +2,4 @@ include:
   - .package
   - .config
   - .service
+  - .network
