@@ -14,7 +14,7 @@ import os
 import sqlite3
 import time
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 STATES = ("queued",) + ACTIVE + FINAL
@@ -38,11 +38,34 @@ CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY,
+    uid INTEGER NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    dir_ready INTEGER NOT NULL DEFAULT 0
+);
 """
 
+# Steps that bring a store of schema N to N + 1, applied in order on open; a schema is
+# never changed in place, so records written by an older version are always kept.
+_MIGRATIONS = {
+    # 2: every user gets a uid of their own, allocated once and never reused.
+    1: """
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY,
+    uid INTEGER NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    dir_ready INTEGER NOT NULL DEFAULT 0
+);
+""",
+}
 
-class StoreError(Exception):
-    """The job store cannot be used."""
+
+class StoreError(RuntimeError):
+    """The job store cannot be used, or cannot do what was asked (no uid left).
+
+    A RuntimeError, so callers that get the store through Salt's loader (which exports
+    functions, not classes) can still catch it by a built-in type."""
 
 
 class JobStore:
@@ -53,9 +76,12 @@ class JobStore:
         self.path = path
         with self._connect() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version > SCHEMA_VERSION:
                 raise StoreError(f"{path} has schema {version}; this code knows {SCHEMA_VERSION}")
-            conn.executescript(_SCHEMA)
+            if version == 0:
+                conn.executescript(_SCHEMA)
+            for step in range(max(version, 1), SCHEMA_VERSION):
+                conn.executescript(_MIGRATIONS[step])
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextlib.contextmanager
@@ -174,6 +200,39 @@ class JobStore:
             conn = conn or stack.enter_context(self._connect())
             rows = conn.execute("SELECT id, last_seen, report FROM nodes").fetchall()
         return {r[0]: {"last_seen": r[1], "report": json.loads(r[2])} for r in rows}
+
+    # --- users ----------------------------------------------------------------------
+    def user_uid(self, name, uid_min, uid_max):
+        """
+        ``(uid, new)``: the user's own uid, allocated from ``[uid_min, uid_max]`` on first
+        use. A uid is never handed out twice, even after its user's row is gone: the
+        next one only ever grows. StoreError when the range is used up.
+        """
+        with self.transaction() as conn:
+            row = conn.execute("SELECT uid FROM users WHERE name = ?", (name,)).fetchone()
+            if row:
+                return row[0], False
+            highest = conn.execute("SELECT MAX(uid) FROM users").fetchone()[0] or 0
+            uid = max(int(uid_min), highest + 1, self.get_meta("next_uid", 0, conn=conn))
+            if uid > int(uid_max):
+                raise StoreError(
+                    f"no uid left for user {name!r}: the range {uid_min}-{uid_max} is used up"
+                )
+            conn.execute("INSERT INTO users (name, uid, created) VALUES (?, ?, ?)",
+                         (name, uid, time.time()))
+            self.set_meta("next_uid", uid + 1, conn=conn)
+            return uid, True
+
+    def users(self, conn=None):
+        """``{name: {"uid": int, "created": t, "dir_ready": bool}}``."""
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self._connect())
+            rows = conn.execute("SELECT name, uid, created, dir_ready FROM users").fetchall()
+        return {r[0]: {"uid": r[1], "created": r[2], "dir_ready": bool(r[3])} for r in rows}
+
+    def set_user_dir_ready(self, name, ready=True):
+        with self.transaction() as conn:
+            conn.execute("UPDATE users SET dir_ready = ? WHERE name = ?", (int(ready), name))
 
     # --- settings -------------------------------------------------------------------
     def get_meta(self, key, default=None, conn=None):

@@ -7,6 +7,7 @@ check what a reader sees after each write, and that a job ends exactly once even
 two processes race for it.
 """
 
+import json
 import multiprocessing
 import sqlite3
 import time
@@ -240,6 +241,67 @@ def test_schema_version_mismatch_raises(tmp_path):
     conn.close()
     with pytest.raises(mpi_store.StoreError, match=f"has schema {mpi_store.SCHEMA_VERSION + 1}"):
         mpi_store.open_store(str(path))
+
+
+# The schema as DockerMPI 1 (stop 5) wrote it, to prove an upgrade keeps its records.
+_SCHEMA_V1 = """
+CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+    user TEXT NOT NULL, state TEXT NOT NULL, port_slot INTEGER, record TEXT NOT NULL);
+CREATE INDEX jobs_state ON jobs (state);
+CREATE TABLE nodes (id TEXT PRIMARY KEY, last_seen REAL NOT NULL, report TEXT NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_version_1_store_is_migrated_with_its_records_intact(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_V1)
+    old = _record("j1")
+    conn.execute("INSERT INTO jobs (id, user, state, port_slot, record) VALUES (?, ?, ?, ?, ?)",
+                 ("j1", "alice", "succeeded", 4, json.dumps(old)))
+    conn.execute("INSERT INTO meta (key, value) VALUES ('next_port_slot', '5')")
+    conn.commit()
+    conn.close()
+    store = mpi_store.open_store(str(path))
+    record = store.get("j1")
+    assert record["job_id"] == "j1" and record["port_slot"] == 4
+    assert store.get_meta("next_port_slot") == 5
+    assert store.user_uid("alice", 100000, 100009) == (100000, True)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == mpi_store.SCHEMA_VERSION
+    conn.close()
+
+
+# ---------------------------------------------------------------------------- users
+
+
+def test_each_user_gets_their_own_uid_once_and_for_good(store):
+    assert store.user_uid("alice", 100000, 100009) == (100000, True)
+    assert store.user_uid("bob", 100000, 100009) == (100001, True)
+    assert store.user_uid("alice", 100000, 100009) == (100000, False)
+    assert store.users()["bob"]["uid"] == 100001
+
+
+def test_a_uid_is_never_reused_even_when_its_user_row_is_gone(store, tmp_path):
+    store.user_uid("alice", 100000, 100009)
+    with store.transaction() as conn:
+        conn.execute("DELETE FROM users WHERE name = 'alice'")
+    assert store.user_uid("carol", 100000, 100009) == (100001, True)
+
+
+def test_an_exhausted_uid_range_is_a_clear_error(store):
+    store.user_uid("alice", 100000, 100000)
+    with pytest.raises(mpi_store.StoreError, match="range 100000-100000 is used up"):
+        store.user_uid("bob", 100000, 100000)
+
+
+def test_user_directory_readiness_is_recorded(store):
+    store.user_uid("alice", 100000, 100009)
+    assert store.users()["alice"]["dir_ready"] is False
+    store.set_user_dir_ready("alice")
+    assert store.users()["alice"]["dir_ready"] is True
 
 
 # ------------------------------------------------------------------------ concurrency
