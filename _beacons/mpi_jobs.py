@@ -4,9 +4,12 @@ Fire this node's evidence about every DockerMPI job as an event, every interval.
 Each call returns one event, tagged ``salt/beacon/<minion id>/mpi_jobs/report`` on the
 master, holding :func:`mpi_job.report <_modules.mpi_job.report>` (Docker engine health,
 each job's containers, launcher exit code and failed rank, and whether this node
-reaches the job's other nodes), plus, per job, ``unreachable_peers``: the peers that
-failed the last ``failures`` probes in a row (one failed probe is not yet a partition).
-The event is also the node's heartbeat: the master reads silence as a lost node.
+reaches the job's other containers), plus, per job, ``unreachable_peers``: the peers
+that failed the last ``failures`` probes in a row (one failed probe is not yet a
+partition). The event is also the node's heartbeat: the master reads silence as a lost
+node, so nothing may stop it: when building the report fails for any reason, the event
+still goes out, saying so in ``error`` (jobs are then judged by the master's other
+evidence, not failed for it).
 
 Configuration (``interval: 1`` keeps the master within about two seconds of the node):
 
@@ -16,7 +19,6 @@ Configuration (``interval: 1`` keeps the master within about two seconds of the 
       mpi_jobs:
         - storage_path: /srv/dockermpi
         - job_root: /var/lib/dockermpi/jobs
-        - cluster_network: 10.0.0.0/24
         - interval: 1
 
 Optional keys: ``probe_timeout`` (seconds per TCP probe, default 0.5; probes run in
@@ -26,9 +28,9 @@ parallel, so a dropped peer costs at most this once per interval) and ``failures
 :depends: the ``mpi_job`` execution module
 """
 
-import ipaddress
 import logging
 import os
+import time
 
 import salt.utils.beacons
 
@@ -38,7 +40,6 @@ __virtualname__ = "mpi_jobs"
 
 DEFAULTS = {
     "job_root": "/var/lib/dockermpi/jobs",
-    "cluster_network": None,
     "probe_timeout": 0.5,
     "failures": 2,
 }
@@ -67,11 +68,6 @@ def validate(config):
         value = conf.get(key)
         if not isinstance(value, str) or not os.path.isabs(value):
             return False, f"mpi_jobs beacon needs an absolute path in {key}, got {value!r}"
-    if conf["cluster_network"] is not None:
-        try:
-            ipaddress.ip_network(conf["cluster_network"])
-        except (TypeError, ValueError) as exc:
-            return False, f"mpi_jobs beacon: invalid cluster_network: {exc}"
     try:
         if float(conf["probe_timeout"]) <= 0:
             raise ValueError
@@ -89,12 +85,15 @@ def beacon(config):
     ``unreachable_peers`` added to every job.
     """
     conf = _config(config)
-    report = __salt__["mpi_job.report"](
-        conf["storage_path"],
-        job_root=conf["job_root"],
-        cluster_network=conf["cluster_network"],
-        probe_timeout=conf["probe_timeout"],
-    )
+    try:
+        report = __salt__["mpi_job.report"](
+            conf["storage_path"], job_root=conf["job_root"], probe_timeout=conf["probe_timeout"]
+        )
+    except Exception as exc:  # pylint: disable=broad-except
+        # The heartbeat must go on whatever went wrong; the error travels with it.
+        log.exception("mpi_jobs: the report failed")
+        return [{"tag": "report", "engine": "ok", "jobs": {}, "time": time.time(),
+                 "error": f"{type(exc).__name__}: {str(exc)[:500]}"}]
     previous = __context__.get(_CONTEXT_KEY, {})
     failures = {}
     for job_id, job in report["jobs"].items():

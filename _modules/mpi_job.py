@@ -1,28 +1,39 @@
 """
 Run the containers of DockerMPI jobs on this node.
 
-The ``mpi`` runner on the master decides everything about a job (placement, ports, keys,
-the mpirun command line) and calls these functions on the chosen nodes. This module
-only acts on the local Docker engine and local disk:
+The ``mpi`` runner on the master decides everything about a job (placement, the user's
+uid, the job's addresses, keys, limits, the mpirun command line) and calls these
+functions on the chosen nodes. This module only acts on the local Docker engine and
+local disk:
 
 - :func:`start_worker` writes the job's secrets to node-local disk (readable only by the
-  guest uid), starts the job's worker container (sshd as the guest uid, ``--net=host``)
-  and waits until its sshd answers.
-- :func:`start_launcher` starts the container that runs ``mpirun`` on the first node.
+  job's uid), starts the job's worker container in a network namespace of its own (an
+  address on the job network, a firewall that admits only the job's own peers) and
+  waits until its sshd answers with the job's host key.
+- :func:`start_launcher` starts the container that runs ``mpirun`` on the first node, in
+  the worker's network namespace.
 - :func:`cleanup` writes the status file, then removes every container and secret of a
   job. It is idempotent.
 - :func:`jobs` lists what of which job is on this node.
 - :func:`report` is the node's evidence about every job on it (containers, launcher
-  exit and the failing rank, Docker engine, reachability of the job's other nodes); the
-  ``mpi_jobs`` beacon fires it as an event every interval.
+  exit and the failing rank, limits hit, Docker engine, reachability of the job's other
+  nodes); the ``mpi_jobs`` beacon fires it as an event every interval. It never raises
+  on anything a job wrote.
 - :func:`read_output` returns the tail of a job's standard output or error.
+- :func:`ensure_user_dir`, :func:`migrate_user_dir` and :func:`user_dirs` give a
+  user's directory to the user's own uid and list them (run on the host that is root
+  on the shared storage).
 
-Every job container drops all capabilities, sets no-new-privileges and mounts only the
-user's data directory (read-write, at ``/data``) and the job's secret directory
-(read-only). Files in the user's directory are written as the guest uid (``setpriv``), so
-this works on NFS with root_squash.
+Every job container runs as the job's user's own uid:gid, drops all capabilities, sets
+no-new-privileges, has a read-only root file system, limits on memory, processes and CPU,
+and mounts only the user's data directory (read-write, at ``/data``) and the job's
+secret directory (read-only). Whatever the node does inside a user's directory goes
+through ``mpi_userfs``: one directory fd per path component, opened with O_NOFOLLOW, in a
+child process that runs as the user's uid, so a job's symlinks, FIFOs or swapped
+directories cannot lead the node anywhere else (and NFS root_squash is no obstacle).
 
-:depends: docker (Docker SDK for Python), setpriv (util-linux)
+:depends: docker (Docker SDK for Python), nsenter (util-linux), iptables-restore,
+    ip6tables-restore and ssh-keyscan on the node
 """
 
 import ipaddress
@@ -32,7 +43,6 @@ import os
 import re
 import shutil
 import socket
-import sys
 import stat
 import threading
 import time
@@ -68,27 +78,27 @@ SECRET_FILES = {
     "hostfile",
     "passwd",
     "group",
+    "program",
 }
-_JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
-_USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_PORT_RE = re.compile(r"^\s*Port\s+(\d+)\s*$", re.IGNORECASE | re.MULTILINE)
+_JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
+_USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+_NETWORK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_PORT_RE = re.compile(r"^\s*Port\s+([0-9]{1,5})\s*$", re.IGNORECASE | re.MULTILINE)
 OUTPUT_STREAMS = ("stdout", "stderr")
 TAIL_BYTES = 65536
-
-# Writes stdin to argv[1] atomically; run as the guest uid through setpriv.
-_WRITE_FILE = (
-    "import os,sys\n"
-    "path=sys.argv[1]; tmp=path+'.tmp'\n"
-    "with open(tmp,'w') as f: f.write(sys.stdin.read())\n"
-    "os.replace(tmp,path)\n"
-)
+USERFS_TIMEOUT = 10  # seconds any file operation in a user's directory may take
+SECRET_FILE_MAX = 1 << 20  # bytes; the job's own files are small
+# What a job container is given when the runner names no limits (a worker that only
+# holds the job's network namespace and sshd, on the launcher's node).
+SMALL_LIMITS = {"memory": 256 << 20, "pids": 64, "nano_cpus": 500_000_000, "tmp_size": 64 << 20}
 
 
 def __virtual__():
     if not HAS_DOCKER:
         return False, "mpi_job needs the Docker SDK for Python (pip package 'docker')"
-    if not shutil.which("setpriv"):
-        return False, "mpi_job needs setpriv (util-linux) to write files as the guest user"
+    for tool in ("nsenter", "iptables-restore", "ssh-keyscan"):
+        if not shutil.which(tool):
+            return False, f"mpi_job needs {tool} on the node (util-linux, iptables, openssh-client)"
     return __virtualname__
 
 
@@ -99,70 +109,229 @@ def _client():
         raise CommandExecutionError(f"cannot reach the Docker engine: {exc}") from exc
 
 
+# --------------------------------------------------------------------------- checks
+
+
 def _check_job_id(job_id):
     if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
         raise SaltInvocationError(f"invalid job id {job_id!r}")
 
 
-def _check_guest(guest):
+def _check_user(user):
+    if not isinstance(user, str) or not _USER_RE.match(user):
+        raise SaltInvocationError(f"invalid user name {user!r}")
+
+
+def _check_ids(uid, gid):
+    """The job's uid and gid as ints; never root's."""
     try:
-        uid, gid = int(guest["uid"]), int(guest["gid"])
-    except (KeyError, TypeError, ValueError):
-        raise SaltInvocationError(f"guest must give numeric uid and gid, got {guest!r}") from None
+        uid, gid = int(uid), int(gid)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"uid and gid must be numbers, got {uid!r}, {gid!r}") from None
     if uid <= 0 or gid <= 0:
-        raise SaltInvocationError("the guest uid and gid must not be root's")
+        raise SaltInvocationError("a job's uid and gid must not be root's")
     return uid, gid
 
 
-def _user_dirs(storage_path, user, job_id):
-    """(the user's data directory, the job's output directory) on this node."""
-    if not isinstance(user, str) or not _USER_RE.match(user):
-        raise SaltInvocationError(f"invalid user name {user!r}")
-    if not os.path.isabs(storage_path):
-        raise SaltInvocationError(f"storage path must be absolute, got {storage_path!r}")
-    if not os.path.isdir(os.path.join(storage_path, "users")):
-        raise CommandExecutionError(
-            f"shared storage is not ready: {storage_path}/users does not exist on this node"
-        )
-    data_dir = os.path.join(storage_path, "users", user)
-    return data_dir, os.path.join(data_dir, JOBS_SUBDIR, job_id)
+def _check_abs(path, what):
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise SaltInvocationError(f"{what} must be an absolute path, got {path!r}")
+    return path
 
 
-def _as_guest(uid, gid, argv, stdin=None):
-    """Run argv as the guest uid:gid (no supplementary groups)."""
-    cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
-    result = __salt__["cmd.run_all"](cmd, python_shell=False, stdin=stdin, ignore_retcode=True)
-    if result["retcode"] != 0:
-        raise CommandExecutionError(f"{argv[0]} as uid {uid} failed: {result['stderr'].strip()}")
-    return result
-
-
-def _write_as_guest(uid, gid, path, text):
-    _as_guest(uid, gid, [sys.executable, "-c", _WRITE_FILE, path], stdin=text)
+def _check_ipv4(value, what):
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except (ipaddress.AddressValueError, ValueError, TypeError):
+        raise SaltInvocationError(f"{what} must be an IPv4 address, got {value!r}") from None
 
 
 def _secret_dir(job_root, job_id):
-    if not os.path.isabs(job_root):
-        raise SaltInvocationError(f"job_root must be absolute, got {job_root!r}")
-    return os.path.join(job_root, job_id)
+    return os.path.join(_check_abs(job_root, "job_root"), job_id)
+
+
+def _users_root(storage_path):
+    """``<storage>/users``: admin-made, the one path the node may follow."""
+    root = os.path.join(_check_abs(storage_path, "storage path"), "users")
+    if not os.path.isdir(root):
+        raise CommandExecutionError(
+            f"shared storage is not ready: {root} does not exist on this node"
+        )
+    return root
+
+
+# ----------------------------------------------------------- user directories (userfs)
+
+
+def _userfs(op, uid, gid, **kwargs):
+    """Run a mpi_userfs operation in a child process as uid:gid; Salt errors only."""
+    try:
+        return __utils__["mpi_userfs.run_confined"](op, uid=uid, gid=gid,
+                                                    timeout=USERFS_TIMEOUT, **kwargs)
+    except Exception as exc:  # pylint: disable=broad-except
+        # mpi_userfs raises UserPathError for everything a user's tree can do to it; the
+        # loader does not export the class, so this is the one place it is translated.
+        raise CommandExecutionError(str(exc)) from exc
+
+
+def _user_dir_owner(storage_path, user):
+    """(uid, mode) of ``users/<user>`` without following a symlink; None when absent."""
+    root_fd = os.open(_users_root(storage_path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(user, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=root_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CommandExecutionError(f"users/{user} is not a directory: {exc.strerror}") from None
+    finally:
+        os.close(root_fd)
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return info.st_uid, stat.S_IMODE(info.st_mode)
+
+
+def _require_user_dir(storage_path, user, uid):
+    found = _user_dir_owner(storage_path, user)
+    if found is None or found[0] != uid or found[1] & 0o077:
+        raise CommandExecutionError(
+            f"the directory of user {user} is not ready: users/{user} must exist, be owned "
+            f"by uid {uid} and be closed to others (found {found})"
+        )
+
+
+def ensure_user_dir(storage_path, user, uid, gid):
+    """
+    Give a user's directory ``<storage_path>/users/<user>`` to the user's own uid:gid,
+    mode 0700, creating it when missing. Never follows a symlink. Run it on the node
+    that is root on the shared storage (the NFS server, or any node of a cluster file
+    system).
+
+    storage_path
+        Where the shared storage is on this host (the NFS export on the server).
+    user
+        The user's name.
+    uid, gid
+        The user's own ids (from the master's allocation).
+
+    Returns ``{"created": bool, "changed": bool}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.ensure_user_dir /srv/dockermpi alice 100000 100000
+    """
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
+    try:
+        return __utils__["mpi_userfs.ensure_owned_dir"](_users_root(storage_path), user, uid, gid,
+                                                        0o700)
+    except CommandExecutionError:
+        raise
+    except Exception as exc:  # pylint: disable=broad-except
+        raise CommandExecutionError(f"cannot prepare users/{user}: {exc}") from exc
+
+
+def migrate_user_dir(storage_path, user, from_uid, uid, gid):
+    """
+    Hand a directory tree that the old shared guest uid owned to the user's own uid:
+    every entry of ``users/<user>`` owned by ``from_uid`` (never following a symlink)
+    changes owner, then the directory is closed to others (0700).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.migrate_user_dir /srv/dockermpi alice 2000 100000 100000
+    """
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
+    from_uid, _ = _check_ids(from_uid, gid)
+    root = _users_root(storage_path)
+    try:
+        changed = __utils__["mpi_userfs.chown_tree"](root, user, from_uid, uid, gid)
+        result = __utils__["mpi_userfs.ensure_owned_dir"](root, user, uid, gid, 0o700)
+    except Exception as exc:  # pylint: disable=broad-except
+        raise CommandExecutionError(f"cannot migrate users/{user}: {exc}") from exc
+    return {"entries_changed": changed, **result}
+
+
+def user_dirs(storage_path):
+    """
+    List the user directories on the shared storage: ``{name: {"uid": owner, "mode":
+    "0700"}}`` (entries that are not directories, or not valid user names, are left out).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.user_dirs /srv/dockermpi
+    """
+    root = _users_root(storage_path)
+    found = {}
+    for name in os.listdir(root):
+        if not _USER_RE.match(name):
+            continue
+        info = os.lstat(os.path.join(root, name))
+        if stat.S_ISDIR(info.st_mode):
+            found[name] = {"uid": info.st_uid, "mode": f"{stat.S_IMODE(info.st_mode):04o}"}
+    return found
+
+
+# ------------------------------------------------------------------------- secrets
 
 
 def _write_secrets(directory, files, uid, gid):
     unknown = set(files) - SECRET_FILES
     if unknown:
         raise SaltInvocationError(f"unexpected job files: {sorted(unknown)}")
-    os.makedirs(os.path.dirname(directory), mode=0o755, exist_ok=True)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if any(not isinstance(t, str) or len(t) > SECRET_FILE_MAX for t in files.values()):
+        raise SaltInvocationError("job files must be text of at most 1 MiB each")
+    os.makedirs(os.path.dirname(directory), mode=0o711, exist_ok=True)
+    os.mkdir(directory, 0o700)
     os.chown(directory, uid, gid)
     for name, text in files.items():
-        path = os.path.join(directory, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(os.path.join(directory, name),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        os.chown(path, uid, gid)
+        os.chown(os.path.join(directory, name), uid, gid)
 
 
-def _container_options(job_id, role, user, uid, gid, data_dir, secret_dir, shm_size):
+# ---------------------------------------------------------------------- containers
+
+
+def _size(value, what):
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"limit {what} must be a whole number, got {value!r}") from None
+    if number <= 0:
+        raise SaltInvocationError(f"limit {what} must be positive, got {value!r}")
+    return number
+
+
+def _limit_options(limits):
+    """Docker options for a job container's limits: memory (no swap), processes, CPU,
+    a read-only root with a sized /tmp, and /dev/shm inside the memory limit."""
+    limits = dict(SMALL_LIMITS, **(limits or {}))
+    memory = _size(limits["memory"], "memory")
+    tmp = _size(limits["tmp_size"], "tmp_size")
+    return {
+        "mem_limit": memory,
+        "memswap_limit": memory,
+        "pids_limit": _size(limits["pids"], "pids"),
+        "nano_cpus": _size(limits["nano_cpus"], "nano_cpus"),
+        "read_only": True,
+        "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={tmp},mode=1777"},
+        "shm_size": max(64 << 20, memory // 2),
+    }
+
+
+def _container_options(job_id, role, user, uid, gid, data_dir, secret_dir, limits):
     mounts = [
         Mount(DATA_MOUNT, data_dir, type="bind"),
         Mount(RUN_DIR, secret_dir, type="bind", read_only=True),
@@ -173,74 +342,110 @@ def _container_options(job_id, role, user, uid, gid, data_dir, secret_dir, shm_s
         "name": f"dmpi-{job_id}-{role}",
         "labels": {LABEL_JOB: job_id, LABEL_ROLE: role, LABEL_USER: user},
         "user": f"{uid}:{gid}",
-        "network_mode": "host",
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "mounts": mounts,
-        "shm_size": shm_size,
         "init": True,
         "working_dir": DATA_MOUNT,
+        "environment": {"HOME": DATA_MOUNT, "TMPDIR": "/tmp"},
         "detach": True,
+        **_limit_options(limits),
     }
 
 
-def _cluster_address(cluster_network):
-    try:
-        network = ipaddress.ip_network(cluster_network)
-    except ValueError as exc:
-        raise SaltInvocationError(f"invalid cluster network {cluster_network!r}: {exc}") from None
-    for address in __grains__.get("ipv4", []):
-        if ipaddress.ip_address(address) in network:
-            return address
-    raise CommandExecutionError(f"this node has no address in the cluster network {network}")
+def _netns(pid):
+    return ["nsenter", f"--net=/proc/{int(pid)}/ns/net", "--"]
 
 
-def _sshd_answers(address, port):
-    try:
-        with socket.create_connection((address, port), timeout=1) as conn:
-            conn.settimeout(1)
-            return conn.recv(8).startswith(b"SSH-")
-    except OSError:
-        return False
+def _run(argv, stdin=None, timeout=10):
+    result = __salt__["cmd.run_all"](argv, python_shell=False, stdin=stdin, timeout=timeout,
+                                     ignore_retcode=True, output_loglevel="quiet")
+    return result["retcode"], result["stdout"], result["stderr"]
 
 
-def start_worker(
-    job_id,
-    image,
-    user,
-    guest,
-    storage_path,
-    job_root,
-    port,
-    cluster_network,
-    files,
-    shm_size="512m",
-    ready_timeout=30,
-):
+def job_firewall_rules(allowed_sources, sshd_port):
     """
-    Write a job's secrets, start its worker container and wait until its sshd answers.
+    The iptables rules of a job's network namespace: only the job's own containers may
+    reach it, and its nodes' hosts only its sshd (the node reports probe it); nothing
+    else on the cluster network reaches a job's sshd or Open MPI ports.
+    """
+    lines = [
+        "*filter",
+        ":INPUT DROP [0:0]",
+        ":FORWARD DROP [0:0]",
+        ":OUTPUT ACCEPT [0:0]",
+        "-A INPUT -i lo -j ACCEPT",
+        "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+    ]
+    for source in allowed_sources["peers"]:
+        lines.append(f"-A INPUT -s {_check_ipv4(source, 'peer address')}/32 -j ACCEPT")
+    for source in allowed_sources["hosts"]:
+        lines.append(f"-A INPUT -s {_check_ipv4(source, 'host address')}/32 -p tcp "
+                     f"--dport {int(sshd_port)} -j ACCEPT")
+    return "\n".join(lines + ["COMMIT", ""])
+
+
+_IPV6_CLOSED = "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT DROP [0:0]\n" \
+               "-A INPUT -i lo -j ACCEPT\n-A OUTPUT -o lo -j ACCEPT\nCOMMIT\n"
+
+
+def _close_namespace(job_id, pid, allowed_sources, sshd_port):
+    for tool, rules in (("iptables-restore", job_firewall_rules(allowed_sources, sshd_port)),
+                        ("ip6tables-restore", _IPV6_CLOSED)):
+        code, _, err = _run(_netns(pid) + [tool], stdin=rules)
+        if code != 0:
+            raise CommandExecutionError(f"cannot set the firewall of job {job_id}: {err.strip()}")
+
+
+def _host_key_blob(known_hosts):
+    words = known_hosts.split()
+    if len(words) < 3:
+        raise SaltInvocationError("known_hosts must name the job's host key")
+    return words[2]
+
+
+def _answers_with_host_key(pid, address, port, blob):
+    """Whether the sshd at address:port, seen from the job's own namespace, proves it
+    holds the job's host key (a banner alone proves nothing)."""
+    code, out, _ = _run(_netns(pid) + ["ssh-keyscan", "-T", "1", "-t", "ed25519", "-p",
+                                       str(int(port)), address], timeout=5)
+    return code == 0 and any(line.split()[2:3] == [blob] for line in out.splitlines())
+
+
+def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network, addresses,
+                 allowed_sources, sshd_port, files, limits=None, ready_timeout=30):
+    """
+    Write a job's secrets, start its worker container and wait until its sshd answers
+    with the job's host key.
 
     job_id
         The job id the runner gave.
     image
         Approved image reference, pinned by digest.
     user
-        The user whose data directory (``<storage_path>/users/<user>``) is mounted.
-    guest
-        ``{"uid": ..., "gid": ...}`` the container runs as.
+        Whose job it is; ``<storage_path>/users/<user>`` is mounted at ``/data``.
+    uid, gid
+        The user's own ids; the containers run as them.
     storage_path
         Where the shared storage is on this node.
     job_root
         Node-local directory for per-job secrets.
-    port
-        The job's sshd port.
-    cluster_network
-        The cluster network (CIDR); sshd is probed on this node's address in it.
+    network
+        The Docker job network (macvlan) on this node.
+    addresses
+        ``{node id: address}``: each node's job container address from the master's
+        pool (one call serves every node of the job); this node takes its own.
+    allowed_sources
+        ``{"peers": [job addresses], "hosts": [node addresses]}``: who may reach the
+        job's namespace (peers: everything; hosts: only sshd).
+    sshd_port
+        The port sshd listens on inside the job's namespace.
     files
         ``{name: text}``: id_ed25519, ssh_host_key, authorized_keys, known_hosts,
-        sshd_config, passwd, group and (launcher node) hostfile.
-    shm_size
-        Size of the container's /dev/shm (ranks on one node talk through it).
+        sshd_config, passwd, group, program and hostfile.
+    limits
+        ``{node id: {"memory": bytes, "pids": n, "nano_cpus": n, "tmp_size": bytes}}``;
+        a node not named gets small limits (a worker that runs no ranks).
     ready_timeout
         Seconds to wait for sshd.
 
@@ -250,46 +455,68 @@ def start_worker(
 
     .. code-block:: bash
 
-        salt node1 mpi_job.start_worker <job_id> <image> alice '{uid: 2000, gid: 2000}' \\
-            /srv/dockermpi /var/lib/dockermpi/jobs 20000 10.0.0.0/24 '{...}'
+        salt node1 mpi_job.start_worker <job_id> <image> alice 100000 100000 \\
+            /srv/dockermpi /var/lib/dockermpi/jobs dmpi-jobs '{node1: 10.0.1.130}' \\
+            '{peers: [10.0.1.130], hosts: [10.0.0.11]}' 2222 '{...}'
     """
     _check_job_id(job_id)
-    uid, gid = _check_guest(guest)
-    address = _cluster_address(cluster_network)
-    data_dir, job_dir = _user_dirs(storage_path, user, job_id)
-    secret_dir = _secret_dir(job_root, job_id)
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
+    if not isinstance(addresses, dict) or __opts__["id"] not in addresses:
+        raise SaltInvocationError(f"addresses must give this node ({__opts__['id']}) an address")
+    address = _check_ipv4(addresses[__opts__["id"]], "address")
+    limits = (limits or {}).get(__opts__["id"])
+    if not isinstance(network, str) or not _NETWORK_RE.match(network):
+        raise SaltInvocationError(f"invalid network name {network!r}")
+    if not isinstance(allowed_sources, dict):
+        raise SaltInvocationError("allowed_sources must be {peers: [...], hosts: [...]}")
+    blob = _host_key_blob(files.get("known_hosts", ""))
     started = time.monotonic()
+    _require_user_dir(storage_path, user, uid)
+    users_root = _users_root(storage_path)
+    secret_dir = _secret_dir(job_root, job_id)
     _write_secrets(secret_dir, files, uid, gid)
-    _as_guest(uid, gid, ["mkdir", "-p", "-m", "0700", data_dir])
-    _as_guest(uid, gid, ["mkdir", "-p", job_dir])
-    options = _container_options(job_id, "worker", user, uid, gid, data_dir, secret_dir, shm_size)
+    _userfs("makedirs", uid, gid, root=users_root, parts=[user, JOBS_SUBDIR, job_id])
+    options = _container_options(job_id, "worker", user, uid, gid,
+                                 os.path.join(users_root, user), secret_dir, limits)
+    client = _client()
     try:
-        container = _client().containers.run(
-            image, ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"], **options
+        container = client.containers.run(
+            image, ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"],
+            network=network,
+            networking_config={network: client.api.create_endpoint_config(ipv4_address=address)},
+            sysctls={"net.ipv6.conf.all.disable_ipv6": "1"},
+            # Ranks name their node as users know it (the launcher shares this).
+            hostname=__opts__["id"],
+            **options,
         )
+        container.reload()
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the worker of job {job_id}: {exc}") from exc
+    pid = container.attrs["State"]["Pid"]
+    _close_namespace(job_id, pid, allowed_sources, sshd_port)
     deadline = time.monotonic() + ready_timeout
-    while not _sshd_answers(address, int(port)):
+    while not _answers_with_host_key(pid, address, sshd_port, blob):
         container.reload()
         if container.status != "running":
             logs = container.logs(tail=20).decode(errors="replace")
             raise CommandExecutionError(f"worker sshd of job {job_id} exited: {logs.strip()}")
         if time.monotonic() > deadline:
             raise CommandExecutionError(
-                f"worker sshd of job {job_id} did not answer on {address}:{port} "
-                f"within {ready_timeout}s"
+                f"worker sshd of job {job_id} did not answer with the job's host key on "
+                f"{address}:{sshd_port} within {ready_timeout}s"
             )
         time.sleep(0.05)
     return {"container": options["name"], "sshd_ready_seconds": time.monotonic() - started}
 
 
-def start_launcher(job_id, image, user, guest, storage_path, job_root, argv, environment=None,
-                   status=None, shm_size="512m"):
+def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
+                   environment=None, status=None, limits=None):
     """
-    Start the container that runs ``mpirun`` for a job (on the job's first node).
+    Start the container that runs ``mpirun`` for a job (on the job's first node), in the
+    network namespace of the job's worker there. The ranks of this node run in it.
 
-    job_id, image, user, guest, storage_path, job_root, shm_size
+    job_id, image, user, uid, gid, storage_path, job_root, limits
         As for :func:`start_worker`, which must have run on this node first.
     argv
         The launcher command (a list; no shell parses it).
@@ -302,32 +529,33 @@ def start_launcher(job_id, image, user, guest, storage_path, job_root, argv, env
 
     .. code-block:: bash
 
-        salt node1 mpi_job.start_launcher <job_id> <image> alice '{uid: 2000, gid: 2000}' \\
+        salt node1 mpi_job.start_launcher <job_id> <image> alice 100000 100000 \\
             /srv/dockermpi /var/lib/dockermpi/jobs '[mpirun, ...]'
     """
     _check_job_id(job_id)
-    uid, gid = _check_guest(guest)
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise SaltInvocationError("argv must be a non-empty list of strings")
-    data_dir, _ = _user_dirs(storage_path, user, job_id)
+    users_root = _users_root(storage_path)
     secret_dir = _secret_dir(job_root, job_id)
     if not os.path.isdir(secret_dir):
         raise CommandExecutionError(f"job {job_id} has no worker on this node")
-    options = _container_options(job_id, "launcher", user, uid, gid, data_dir, secret_dir,
-                                 shm_size)
-    env = dict(environment or {})
-    env["HOME"] = DATA_MOUNT
+    options = _container_options(job_id, "launcher", user, uid, gid,
+                                 os.path.join(users_root, user), secret_dir, limits)
+    options["environment"] = dict(environment or {}, **options["environment"])
     try:
-        _client().containers.run(image, argv, environment=env, **options)
+        _client().containers.run(image, argv, network_mode=f"container:dmpi-{job_id}-worker",
+                                 **options)
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the launcher of job {job_id}: {exc}") from exc
     if status is not None:
-        write_status(job_id, storage_path, user, guest, status)
+        write_status(job_id, storage_path, user, uid, gid, status)
     return {"container": options["name"]}
 
 
 def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, user=None,
-            guest=None):
+            uid=None, gid=None):
     """
     Remove every container and secret of a job from this node; idempotent.
 
@@ -335,7 +563,7 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
         As for :func:`start_worker`.
     status
         Optional final status record, written first as ``status.json`` in the job's
-        output directory (needs ``storage_path``, ``user`` and ``guest``).
+        output directory (needs ``storage_path``, ``user``, ``uid`` and ``gid``).
     status_node
         Only the node with this id writes ``status``: one call serves all of a job's
         nodes, and the shared file is written once.
@@ -351,7 +579,7 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
     _check_job_id(job_id)
     if status is not None and status_node in (None, __opts__["id"]):
         try:
-            write_status(job_id, storage_path, user, guest, status)
+            write_status(job_id, storage_path, user, uid, gid, status)
         except (CommandExecutionError, SaltInvocationError) as exc:
             log.error("job %s: cannot write status.json: %s", job_id, exc)
     removed = []
@@ -374,23 +602,24 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
     return {"removed": sorted(removed), "secrets_removed": had_secrets}
 
 
-def write_status(job_id, storage_path, user, guest, status):
+def write_status(job_id, storage_path, user, uid, gid, status):
     """
-    Write a job's status record as ``status.json`` in its output directory, as the guest.
+    Write a job's status record as ``status.json`` in its output directory, as the
+    job's uid, without following anything the job put there.
 
     CLI Example:
 
     .. code-block:: bash
 
-        salt node1 mpi_job.write_status <job_id> /srv/dockermpi alice \\
-            '{uid: 2000, gid: 2000}' '{state: running}'
+        salt node1 mpi_job.write_status <job_id> /srv/dockermpi alice 100000 100000 \\
+            '{state: running}'
     """
     _check_job_id(job_id)
-    uid, gid = _check_guest(guest)
-    _, job_dir = _user_dirs(storage_path, user, job_id)
-    _as_guest(uid, gid, ["mkdir", "-p", job_dir])
-    _write_as_guest(uid, gid, os.path.join(job_dir, "status.json"),
-                    json.dumps(status, indent=2, sort_keys=True) + "\n")
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
+    text = json.dumps(status, indent=2, sort_keys=True) + "\n"
+    _userfs("write_file", uid, gid, root=_users_root(storage_path),
+            parts=[user, JOBS_SUBDIR, job_id], name="status.json", data=text.encode())
     return True
 
 
@@ -416,29 +645,14 @@ def jobs(job_root="/var/lib/dockermpi/jobs"):
     return found
 
 
-def _read_tail(storage_path, user, job_id, stream, tail_bytes):
-    """
-    The last ``tail_bytes`` of ``<storage>/users/<user>/mpi-jobs/<job_id>/<stream>``.
-
-    The user's directory is writable from inside the user's jobs, so the file is opened
-    only if it resolves inside that directory, is not a symlink and is a regular file
-    (a FIFO must not block the caller). Raises OSError when it cannot be read.
-    """
-    data_dir, job_dir = _user_dirs(storage_path, user, job_id)
-    path = os.path.join(job_dir, stream)
-    real_data = os.path.realpath(data_dir)
-    if os.path.commonpath([real_data, os.path.realpath(job_dir)]) != real_data:
-        raise OSError(f"{job_dir} leads outside {data_dir}")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        handle.seek(max(0, info.st_size - tail_bytes))
-        return handle.read(tail_bytes).decode(errors="replace")
+def _read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes):
+    """The last bytes of a job's output file, read as the job's uid (decoded text)."""
+    data = _userfs("read_tail", uid, gid, root=_users_root(storage_path),
+                   parts=[user, JOBS_SUBDIR, job_id], name=stream, max_bytes=tail_bytes)
+    return data.decode(errors="replace")
 
 
-def read_output(job_id, storage_path, user, stream="stdout", tail_bytes=TAIL_BYTES):
+def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_bytes=TAIL_BYTES):
     """
     Return the tail of a job's standard output or standard error (text).
 
@@ -446,8 +660,8 @@ def read_output(job_id, storage_path, user, stream="stdout", tail_bytes=TAIL_BYT
         The job id.
     storage_path
         Where the shared storage is on this node.
-    user
-        Whose job it is (the output is under ``<storage_path>/users/<user>/mpi-jobs``).
+    user, uid, gid
+        Whose job it is; the file is read as that uid.
     stream
         ``stdout`` or ``stderr``.
     tail_bytes
@@ -457,30 +671,40 @@ def read_output(job_id, storage_path, user, stream="stdout", tail_bytes=TAIL_BYT
 
     .. code-block:: bash
 
-        salt node1 mpi_job.read_output <job_id> /srv/dockermpi alice stream=stderr
+        salt node1 mpi_job.read_output <job_id> /srv/dockermpi alice 100000 100000 \\
+            stream=stderr
     """
     _check_job_id(job_id)
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
     if stream not in OUTPUT_STREAMS:
         raise SaltInvocationError(f"stream must be one of {OUTPUT_STREAMS}, got {stream!r}")
     try:
         tail_bytes = int(tail_bytes)
     except (TypeError, ValueError):
         raise SaltInvocationError(f"tail_bytes must be an integer, got {tail_bytes!r}") from None
-    if tail_bytes < 1:
-        raise SaltInvocationError(f"tail_bytes must be positive, got {tail_bytes}")
+    if not 1 <= tail_bytes <= 16 << 20:
+        raise SaltInvocationError(f"tail_bytes must be between 1 and 16 MiB, got {tail_bytes}")
     try:
-        return _read_tail(storage_path, user, job_id, stream, tail_bytes)
-    except OSError as exc:
+        return _read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes)
+    except CommandExecutionError as exc:
         raise CommandExecutionError(f"cannot read the {stream} of job {job_id}: {exc}") from exc
 
 
+# --------------------------------------------------------------------------- report
+
+
 def _job_peers(secret_dir):
-    """(the job's sshd port, [node addresses from the hostfile]) or (None, [])."""
+    """(the job's sshd port, [job addresses from the hostfile]) or (None, []).
+
+    The secret directory is root's (mounted read-only into the job), so its content is
+    the master's; it is still read with bounds.
+    """
     try:
         with open(os.path.join(secret_dir, "sshd_config"), errors="replace") as handle:
-            match = _PORT_RE.search(handle.read())
+            match = _PORT_RE.search(handle.read(SECRET_FILE_MAX))
         with open(os.path.join(secret_dir, "hostfile"), errors="replace") as handle:
-            lines = handle.read().splitlines()
+            lines = handle.read(SECRET_FILE_MAX).splitlines()
     except OSError:
         return None, []
     if not match:
@@ -491,21 +715,10 @@ def _job_peers(secret_dir):
         if not words:
             continue
         try:
-            addresses.append(str(ipaddress.ip_address(words[0])))
+            addresses.append(str(ipaddress.IPv4Address(words[0])))
         except ValueError:
-            log.warning("%s/hostfile: ignoring %r", secret_dir, line)
+            log.warning("%s/hostfile: ignoring %r", secret_dir, line[:80])
     return int(match.group(1)), addresses
-
-
-def _own_addresses(cluster_network):
-    """This node's addresses that are never a job's peers."""
-    if cluster_network is None:
-        return set(__grains__.get("ipv4", []))
-    try:
-        return {_cluster_address(cluster_network)}
-    except CommandExecutionError as exc:
-        log.warning("%s; treating every local address as this node", exc)
-        return set(__grains__.get("ipv4", []))
 
 
 def _tcp_connects(address, port, timeout):
@@ -532,8 +745,50 @@ def _probe_all(targets, timeout):
     return {target: results.get(target, False) for target in targets}
 
 
+def _cgroup_counter(pid, controller, filename, key):
+    """A counter from a container's cgroup (v1 or v2), or 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{int(pid)}/cgroup") as handle:
+            lines = handle.read(65536).splitlines()
+    except (OSError, ValueError):
+        return 0
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if controller in parts[1].split(","):
+            path = f"/sys/fs/cgroup/{controller}{parts[2]}/{filename}"
+        elif parts[0] == "0" and parts[1] == "":
+            path = f"/sys/fs/cgroup{parts[2]}/{filename.replace('oom_control', 'events')}"
+        else:
+            continue
+        try:
+            with open(path) as handle:
+                for row in handle.read(65536).splitlines():
+                    words = row.split()
+                    if len(words) == 2 and words[0] == key and words[1].isdigit():
+                        return int(words[1])
+        except OSError:
+            continue
+    return 0
+
+
+def _limits_hit(container):
+    """Which of the container's limits its processes ran into: memory, pids."""
+    hit = []
+    state = container.attrs.get("State") or {}
+    pid = state.get("Pid") or 0
+    if state.get("OOMKilled") or (pid and _cgroup_counter(pid, "memory", "memory.oom_control",
+                                                          "oom_kill")):
+        hit.append("memory")
+    if pid and _cgroup_counter(pid, "pids", "pids.events", "max"):
+        hit.append("pids")
+    return hit
+
+
 def _engine_jobs(engine_timeout):
-    """{job_id: {"user", "containers", "launcher_exit_code"}} from the Docker engine."""
+    """{job_id: {...}} from the Docker engine: containers, launcher exit, own address,
+    limits hit."""
     client = docker.from_env(timeout=engine_timeout)
     try:
         containers = client.containers.list(
@@ -543,7 +798,7 @@ def _engine_jobs(engine_timeout):
         client.close()
     found = {}
     for container in containers:
-        labels = container.labels
+        labels = container.labels or {}
         job_id, role = labels.get(LABEL_JOB), labels.get(LABEL_ROLE)
         if not _JOB_ID_RE.match(job_id or "") or role not in ("worker", "launcher"):
             log.warning("ignoring container %s with labels %s", container.name, labels)
@@ -553,24 +808,52 @@ def _engine_jobs(engine_timeout):
         if job["user"] is None and user and _USER_RE.match(user):
             job["user"] = user
         job["containers"][role] = container.status
+        attrs = container.attrs or {}
+        if role == "worker":
+            networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
+            job["address"] = next((n.get("IPAddress") for n in networks.values()
+                                   if n.get("IPAddress")), None)
+            config_user = (attrs.get("Config") or {}).get("User") or ""
+            job["uid"] = config_user.split(":")[0] or None
+            job["gid"] = config_user.split(":")[1] if ":" in config_user else None
         if role == "launcher" and container.status in ("exited", "dead"):
-            job["launcher_exit_code"] = container.attrs.get("State", {}).get("ExitCode")
+            job["launcher_exit_code"] = (attrs.get("State") or {}).get("ExitCode")
+        for limit in _limits_hit(container):
+            if limit not in job["limits_hit"]:
+                job["limits_hit"].append(limit)
     return found
 
 
 def _empty_job():
     return {
         "user": None,
+        "uid": None,
+        "gid": None,
+        "address": None,
         "containers": {"worker": None, "launcher": None},
         "launcher_exit_code": None,
         "failure": None,
+        "limits_hit": [],
         "secrets": False,
         "peers": {},
     }
 
 
-def report(storage_path, job_root="/var/lib/dockermpi/jobs", cluster_network=None,
-           probe_timeout=0.5, engine_timeout=5):
+def _failed_rank(storage_path, job_id, job):
+    """Which rank failed, from the job's stderr read as its uid; None when unknown."""
+    if job["launcher_exit_code"] in (None, 0) or not job["user"] or not job["uid"]:
+        return None
+    try:
+        text = _read_tail(storage_path, job["user"], int(job["uid"]), int(job["gid"]), job_id,
+                          "stderr", TAIL_BYTES)
+    except (CommandExecutionError, SaltInvocationError, ValueError, TypeError) as exc:
+        log.debug("job %s: cannot read stderr: %s", job_id, exc)
+        return None
+    return __utils__["mpi_launch.parse_mpirun_failure"](text)
+
+
+def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
+           engine_timeout=5):
     """
     Report what this node knows about every DockerMPI job on it.
 
@@ -578,9 +861,6 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", cluster_network=Non
         Where the shared storage is on this node (to read a failed job's stderr).
     job_root
         Node-local directory of per-job secrets.
-    cluster_network
-        The cluster network (CIDR); this node's address in it is not probed as a peer.
-        Default: none of this node's addresses is.
     probe_timeout
         Seconds each TCP probe of a peer may take; all probes run at once.
     engine_timeout
@@ -595,24 +875,25 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", cluster_network=Non
                                           "launcher": status or None},
                            "launcher_exit_code": int or None,
                            "failure": which rank failed (from stderr) or None,
+                           "limits_hit": ["memory", "pids"] (those the job ran into),
                            "secrets": bool,
-                           "peers": {address: bool}}},
+                           "peers": {address: bool}, ...}},
          "time": unix time}
 
-    ``peers`` holds, while the job's worker or launcher runs, whether each other node
-    of the job (from its hostfile) accepts a TCP connection on the job's sshd port.
-    With the engine down, jobs come from ``job_root`` only and nothing is probed.
+    ``peers`` holds, while the job's worker or launcher runs, whether each other
+    container of the job (its address in the hostfile) accepts a TCP connection on the
+    job's sshd port. With the engine down, jobs come from ``job_root`` only and nothing
+    is probed. Nothing a job wrote can make this raise: at worst that job's failure
+    stays unknown.
 
     CLI Example:
 
     .. code-block:: bash
 
-        salt '*' mpi_job.report /srv/dockermpi cluster_network=10.0.0.0/24
+        salt '*' mpi_job.report /srv/dockermpi
     """
-    if not os.path.isabs(str(storage_path)):
-        raise SaltInvocationError(f"storage path must be absolute, got {storage_path!r}")
-    if not os.path.isabs(str(job_root)):
-        raise SaltInvocationError(f"job_root must be absolute, got {job_root!r}")
+    _check_abs(str(storage_path), "storage path")
+    _check_abs(str(job_root), "job_root")
     try:
         probe_timeout = float(probe_timeout)
         engine_timeout = float(engine_timeout)
@@ -620,7 +901,6 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", cluster_network=Non
         raise SaltInvocationError("probe_timeout and engine_timeout must be numbers") from None
     if probe_timeout <= 0 or engine_timeout <= 0:
         raise SaltInvocationError("probe_timeout and engine_timeout must be positive")
-    own = _own_addresses(cluster_network)
     now = time.time()
 
     engine = "ok"
@@ -641,18 +921,12 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", cluster_network=Non
 
     wanted = {}
     for job_id, job in found.items():
-        code = job["launcher_exit_code"]
-        if code not in (None, 0) and job["user"] is not None:
-            try:
-                text = _read_tail(storage_path, job["user"], job_id, "stderr", TAIL_BYTES)
-                job["failure"] = __utils__["mpi_launch.parse_mpirun_failure"](text)
-            except (OSError, CommandExecutionError, SaltInvocationError) as exc:
-                log.debug("job %s: cannot read stderr: %s", job_id, exc)
+        job["failure"] = _failed_rank(storage_path, job_id, job)
         running = "running" in job["containers"].values()
         if running and job["secrets"]:
             port, addresses = _job_peers(os.path.join(job_root, job_id))
             if port is not None:
-                wanted[job_id] = [(a, port) for a in addresses if a not in own]
+                wanted[job_id] = [(a, port) for a in addresses if a != job["address"]]
     results = _probe_all({t for targets in wanted.values() for t in targets}, probe_timeout)
     for job_id, targets in wanted.items():
         found[job_id]["peers"] = {address: results[(address, port)] for address, port in targets}

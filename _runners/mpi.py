@@ -32,7 +32,6 @@ import os
 import posixpath
 import re
 import secrets
-import shlex
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,8 +54,6 @@ ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 DATA_MOUNT = "/data"
 JOBS_SUBDIR = "mpi-jobs"
-# mpirun listens on every port of its OOB range, so each job gets its own block.
-OOB_PORTS_PER_JOB = 2
 NODE_TIMEOUT = 5  # seconds without a report before a node counts as lost
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
 CLEANUP_TIMEOUT = 5  # seconds to wait for a node's clean-up before leaving it to its reports
@@ -64,14 +61,11 @@ RESTART_GRACE = 15  # seconds after a master restart before silent nodes count a
 TICK_SECONDS = 2  # the master schedule's interval for tick (master config)
 REPORT_SKEW = 1  # seconds a node's clock and report may lag behind the master
 SITE_REFRESH = 60  # seconds between re-reads of the site settings by the tick
-RESERVED_ENV_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_")
-RESERVED_ENV_NAMES = ("HOME",)
-
-_USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_WALLTIME_RE = re.compile(r"^(?:(?P<days>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
-_WALLTIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+MIB = 1 << 20
+SLOT_OVERHEAD_MIB = 64  # sshd and orted beside a node's ranks
+SLOT_OVERHEAD_PIDS = 32
+_ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
+_JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
 
 
 def __virtual__():
@@ -85,120 +79,15 @@ class _Interrupted(Exception):
 # --------------------------------------------------------------------------- input
 
 
-def _parse_walltime(value):
-    """
-    Seconds from a walltime: a number of seconds, a number with a unit (``90s``, ``30m``,
-    ``2h``, ``1d``), or Slurm's ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM:SS``.
-
-    A bare number means seconds, not Slurm's minutes: Salt's YAML already turns ``2:00``
-    into 120 on the command line, so seconds is the only reading that stays consistent.
-    """
-    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
-        raise SaltInvocationError(f"walltime {value!r} is not a whole number of seconds")
-    if isinstance(value, (int, float)):
-        total = int(value)
-    else:
-        text = str(value).strip().lower()
-        unit = _WALLTIME_UNITS.get(text[-1:]) if text[:-1].isdigit() else None
-        match = _WALLTIME_RE.match(text)
-        if text.isdigit():
-            total = int(text)
-        elif unit:
-            total = int(text[:-1]) * unit
-        elif match and (match.group("days") or ":" in text):
-            parts = [int(p) for p in match.group("rest").split(":")]
-            if match.group("days") is not None:
-                parts += [0] * (3 - len(parts))
-            elif len(parts) == 2:
-                parts = [0] + parts
-            hours, minutes, seconds = parts
-            total = int(match.group("days") or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
-        else:
-            raise SaltInvocationError(
-                f"walltime {value!r} is not a time: use seconds, 30m, 2h, MM:SS, HH:MM:SS "
-                "or D-HH:MM:SS"
-            )
-    if total <= 0:
-        raise SaltInvocationError(f"walltime {value!r} must be longer than zero")
-    return total
-
-
 def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env, workdir,
-                      max_walltime):
-    """Check every argument that needs no cluster state; returns the normalised request."""
-    if not isinstance(user, str) or not _USER_RE.match(user):
-        raise SaltInvocationError(
-            f"user {user!r} is not a valid user name: letters, digits, '-' and '_' only, "
-            "starting with a letter or digit, at most 64 characters"
+                      limits):
+    """Every check that needs no cluster state (``mpi_request``); SaltInvocationError."""
+    try:
+        return __utils__["mpi_request.validate_request"](
+            user, image, np, cmd, nodes, slots_per_node, walltime, env, workdir, limits
         )
-    if not isinstance(image, str) or not image:
-        raise SaltInvocationError("image is required: the short name of an approved image")
-    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
-        raise SaltInvocationError(f"np must be a positive whole number of ranks, got {np!r}")
-    if isinstance(cmd, str):
-        try:
-            program = shlex.split(cmd)
-        except ValueError as exc:
-            raise SaltInvocationError(f"cmd cannot be split into words: {exc}") from None
-    elif isinstance(cmd, (list, tuple)) and all(isinstance(a, str) for a in cmd):
-        program = list(cmd)
-    elif cmd is None:
-        raise SaltInvocationError("cmd is required: the program and its arguments")
-    else:
-        raise SaltInvocationError(
-            f"cmd must be the program and its arguments as text or a list, got {cmd!r} "
-            "(quote it if the shell or YAML changed it)"
-        )
-    if not program or not program[0]:
-        raise SaltInvocationError("cmd is empty: give the program to run")
-    if program[0].startswith("-"):
-        raise SaltInvocationError(f"cmd must start with a program, not an option: {program[0]!r}")
-    if any("\0" in arg for arg in program):
-        raise SaltInvocationError("cmd must not contain NUL characters")
-    if slots_per_node is not None and (
-        isinstance(slots_per_node, bool) or not isinstance(slots_per_node, int)
-        or slots_per_node < 1
-    ):
-        raise SaltInvocationError(f"slots_per_node must be a positive whole number, got {slots_per_node!r}")
-    seconds = _parse_walltime(3600 if walltime is None else walltime)
-    if seconds > max_walltime:
-        raise SaltInvocationError(
-            f"walltime {walltime} exceeds the site's limit of {max_walltime} seconds"
-        )
-    environment = {}
-    if env is not None:
-        if not isinstance(env, dict):
-            raise SaltInvocationError("env must be a mapping of variable names to values")
-        for name, value in env.items():
-            if not isinstance(name, str) or not _ENV_RE.match(name):
-                raise SaltInvocationError(f"environment variable name {name!r} is not valid")
-            if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
-                raise SaltInvocationError(
-                    f"environment variable {name} is reserved: DockerMPI sets it for the job"
-                )
-            if isinstance(value, (dict, list)) or value is None or "\0" in str(value):
-                raise SaltInvocationError(f"environment variable {name} needs a plain value")
-            environment[name] = str(value)
-    workdir = DATA_MOUNT if workdir in (None, "") else str(workdir)
-    resolved = posixpath.normpath(posixpath.join(DATA_MOUNT, workdir))
-    if resolved != DATA_MOUNT and not resolved.startswith(DATA_MOUNT + "/"):
-        raise SaltInvocationError(
-            f"workdir {workdir!r} leaves the user's data directory (seen as {DATA_MOUNT})"
-        )
-    if isinstance(nodes, bool):
-        raise SaltInvocationError("nodes must be a count, a list of nodes or a target expression")
-    return {
-        "user": user,
-        "image": image,
-        "np": np,
-        "program": program,
-        "nodes": nodes,
-        "slots_per_node": slots_per_node,
-        "walltime": seconds,
-        "env": environment,
-        "workdir": resolved,
-    }
-
+    except ValueError as exc:  # mpi_request.RequestError: a clear one-line reason
+        raise SaltInvocationError(str(exc)) from None
 
 
 # ------------------------------------------------------------------- cluster access
@@ -262,38 +151,60 @@ def _cluster_addresses(minions, network):
     return addresses
 
 
-def _port_slots(config):
-    """How many jobs can share a node: each takes one sshd port and an OOB port block."""
-    sshd_low, sshd_high = (int(p) for p in config["ports"]["sshd"])
-    oob_low, oob_high = (int(p) for p in config["ports"]["oob"])
-    return min(sshd_high - sshd_low + 1, (oob_high - oob_low + 1) // OOB_PORTS_PER_JOB)
+def _job_ports(config):
+    """(sshd port, OOB range, BTL range) inside every job's own network namespace."""
+    ports = config["ports"]
+    return int(ports["sshd"][0]), tuple(int(p) for p in ports["oob"]), \
+        tuple(int(p) for p in ports["btl"])
 
 
-def _slot_ports(config, slot):
-    """(sshd port, (first, last) OOB port) of a port slot."""
-    sshd_low = int(config["ports"]["sshd"][0])
-    oob_low = int(config["ports"]["oob"][0]) + slot * OOB_PORTS_PER_JOB
-    return sshd_low + slot, (oob_low, oob_low + OOB_PORTS_PER_JOB - 1)
+def _account_name(user):
+    """The POSIX account name the user has inside job containers."""
+    lowered = user.lower()
+    return lowered if _ACCOUNT_RE.match(lowered) else "mpiuser"
 
 
-def _job_files(config, placement, addresses, port):
+def _node_limits(config, ranks):
+    """The limits of the container that runs ``ranks`` of a job's ranks on a node."""
+    limits = config["limits"]
+    return {
+        "memory": (ranks * int(limits["memory_per_slot_mb"]) + SLOT_OVERHEAD_MIB) * MIB,
+        "pids": ranks * int(limits["pids_per_slot"]) + SLOT_OVERHEAD_PIDS,
+        "nano_cpus": int(ranks * float(limits["cpus_per_slot"]) * 1e9),
+        "tmp_size": int(limits["tmp_size_mb"]) * MIB,
+    }
+
+
+def _job_files(config, record, job_addresses):
     launch = __utils__
     user_private, user_public = launch["mpi_launch.generate_ed25519_keypair"]("dockermpi-job")
     host_private, host_public = launch["mpi_launch.generate_ed25519_keypair"]("dockermpi-host")
-    guest = config["guest"]
+    account = _account_name(record["user"])
+    uid = record["uid"]
+    sshd_port = _job_ports(config)[0]
     return {
         "id_ed25519": user_private,
         "authorized_keys": launch["mpi_launch.authorized_keys_text"](user_public),
         "ssh_host_key": host_private,
         "known_hosts": launch["mpi_launch.known_hosts_text"](host_public),
-        "sshd_config": launch["mpi_launch.sshd_config_text"](port, guest["user"],
-                                                              listen_address="0.0.0.0"),
-        "passwd": launch["mpi_launch.passwd_text"](guest["user"], guest["uid"], guest["gid"],
-                                                   home=DATA_MOUNT),
-        "group": launch["mpi_launch.group_text"](guest["group"], guest["gid"]),
+        "sshd_config": launch["mpi_launch.sshd_config_text"](sshd_port, account),
+        "passwd": launch["mpi_launch.passwd_text"](account, uid, uid, home=DATA_MOUNT),
+        "group": launch["mpi_launch.group_text"](account, uid),
+        "program": launch["mpi_launch.program_script_text"](record["cmd"]),
         "hostfile": launch["mpi_launch.hostfile_text"](
-            [(addresses[node], ranks) for node, ranks in placement.items()]
+            [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
         ),
+    }
+
+
+def _job_environment(record, job_addresses):
+    """What every rank is told about its job (like Slurm's SLURM_JOB_ID and friends)."""
+    return {
+        "DMPI_JOB_ID": record["job_id"],
+        "DMPI_JOB_DIR": record["output"]["dir_in_job"],
+        "DMPI_NTASKS": str(record["np"]),
+        "DMPI_NODELIST": ",".join(record["placement"]),
+        "DMPI_ADDRESSES": ",".join(job_addresses[n] for n in record["placement"]),
     }
 
 
@@ -340,40 +251,73 @@ def _alive(nodes_seen, now):
 
 
 def _candidates(nodes, all_nodes):
-    """(candidate node ids, exact node count or None) for the ``nodes`` argument."""
+    """(candidate node ids, exact node count or None) for a parsed ``nodes`` argument:
+    a count, a node list or one grain match; never pillar or another target type."""
     if nodes is None:
         return all_nodes, None
-    if isinstance(nodes, int):
-        if nodes < 1:
-            raise SaltInvocationError(f"nodes={nodes}: need at least one node")
-        if nodes > len(all_nodes):
-            raise SaltInvocationError(f"nodes={nodes} but only {len(all_nodes)} MPI nodes exist")
-        return all_nodes, nodes
-    if isinstance(nodes, (list, tuple)):
-        wanted = [str(n) for n in nodes]
-    else:
-        text = str(nodes).strip()
-        if text.isdigit():
-            return _candidates(int(text), all_nodes)
-        if re.fullmatch(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*", text) and "," in text:
-            wanted = text.split(",")
-        else:
-            found = salt.utils.minions.CkMinions(__opts__).check_minions(
-                f"{NODE_TARGET} and ( {text} )", "compound"
-            )["minions"]
-            if not found:
-                raise SaltInvocationError(f"no MPI node matches nodes={text!r}")
-            return sorted(found), None
-    unknown = sorted(set(wanted) - set(all_nodes))
+    if "count" in nodes:
+        if nodes["count"] > len(all_nodes):
+            raise SaltInvocationError(
+                f"nodes={nodes['count']} but only {len(all_nodes)} MPI nodes exist"
+            )
+        return all_nodes, nodes["count"]
+    if "grain" in nodes:
+        found = salt.utils.minions.CkMinions(__opts__).check_minions(
+            f"{NODE_TARGET} and G@{nodes['grain']}", "compound"
+        )["minions"]
+        if not found:
+            raise SaltInvocationError(f"no MPI node has the grain G@{nodes['grain']}")
+        return sorted(found), None
+    unknown = sorted(set(nodes["list"]) - set(all_nodes))
     if unknown:
         raise SaltInvocationError(f"nodes not known as MPI nodes (not reachable?): {unknown}")
-    return wanted, None
+    return list(nodes["list"]), None
+
+
+def _storage_owner(config):
+    """(minion, storage path there) of the host that is root on the shared storage: the
+    NFS server for NFS (its export), any reporting node for a cluster file system."""
+    storage = config["storage"]
+    if storage["type"] == "nfs":
+        found = salt.utils.minions.CkMinions(__opts__).check_minions(
+            "G@roles:mpi-nfs-server", "compound")["minions"]
+        if not found:
+            raise CommandExecutionError("no minion has the role mpi-nfs-server")
+        return sorted(found)[0], storage["nfs"]["export"]
+    alive = sorted(_alive(_store().nodes(), time.time()))
+    if not alive:
+        raise CommandExecutionError("no MPI node is reporting; cannot reach shared storage")
+    return alive[0], storage["path"]
+
+
+def _user_uid(store, config, user):
+    """The user's own uid (allocated on first use from ``mpi:users``), with their
+    directory owned by it; CommandExecutionError when that cannot be had."""
+    users = config["users"]
+    try:
+        uid, _ = store.user_uid(user, int(users["uid_min"]), int(users["uid_max"]))
+    except RuntimeError as exc:  # mpi_store.StoreError: the uid range is used up
+        raise CommandExecutionError(str(exc)) from None
+    if not store.users().get(user, {}).get("dir_ready"):
+        minion, path = _storage_owner(config)
+        _call(_client(), [minion], "mpi_job.ensure_user_dir", timeout=15, storage_path=path,
+              user=user, uid=uid, gid=uid)
+        store.set_user_dir_ready(user)
+    return uid
 
 
 def _refresh_site(store, minion):
     config = _site_config(minion)
     store.set_meta("site", {"config": config, "read": time.time()})
     return config
+
+
+def _fresh_site(store):
+    """The site settings read now, as the nodes see them."""
+    all_nodes = _mpi_nodes()
+    if not all_nodes:
+        raise SaltInvocationError("there are no MPI nodes (grain roles:mpi-node)")
+    return _refresh_site(store, all_nodes[0])
 
 
 # -------------------------------------------------------------------- public: jobs
@@ -395,16 +339,14 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         salt-run mpi.submit user=alice image=mpi np=6 cmd='python3 pi.py' walltime=10
     """
     try:
-        request = _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime,
-                                    env, workdir, max_walltime=366 * 86400)
         all_nodes = _mpi_nodes()
         if not all_nodes:
             raise SaltInvocationError("there are no MPI nodes (grain roles:mpi-node)")
         store = _store()
         config = _refresh_site(store, all_nodes[0])
-        limit = int(config["limits"]["max_walltime"])
-        if request["walltime"] > limit:
-            raise SaltInvocationError(f"walltime exceeds the site's limit of {limit} seconds")
+        limits = config["limits"]
+        request = _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime,
+                                    env, workdir, limits)
         images = config.get("images") or {}
         if request["image"] not in images:
             raise SaltInvocationError(
@@ -419,6 +361,13 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
             raise SaltInvocationError(
                 f"this job can never run: {exc} (each node has {node_slots} slots)"
             ) from None
+        queued_limit = int(limits["max_queued_jobs_per_user"])
+        if queued_limit and len(store.jobs(["queued"], user=request["user"])) >= queued_limit:
+            raise SaltInvocationError(
+                f"user {request['user']} already has {queued_limit} jobs queued, the site's "
+                "limit (mpi:limits:max_queued_jobs_per_user); wait for some to start"
+            )
+        uid = _user_uid(store, config, request["user"])
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _rejected(exc)
     job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
@@ -428,6 +377,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     record = {
         "job_id": job_id,
         "user": request["user"],
+        "uid": uid,
         "image": request["image"],
         "np": request["np"],
         "cmd": request["program"],
@@ -451,8 +401,9 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
             "per_node": request["slots_per_node"],
             "env": request["env"],
             "workdir": request["workdir"],
-            "config": {k: config[k] for k in ("guest", "cluster_network", "ports", "storage",
-                                             "job_root", "slots_per_node")},
+            "config": {k: config[k] for k in ("cluster_network", "job_network", "ports",
+                                             "storage", "job_root", "slots_per_node",
+                                             "limits")},
         },
     }
     store.add(record)
@@ -673,10 +624,21 @@ def logs(job_id, stream="stdout", tail=65536):
         config = record["spec"]["config"]
         text = _call(_client(), readers[:1], "mpi_job.read_output", timeout=15, job_id=job_id,
                      storage_path=config["storage"]["path"], user=record["user"],
-                     stream=stream, tail_bytes=int(tail))[readers[0]]
+                     uid=record["uid"], gid=record["uid"], stream=stream,
+                     tail_bytes=_tail_bytes(tail))[readers[0]]
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _failed_call(str(exc))
     return text
+
+
+def _tail_bytes(tail):
+    try:
+        tail = int(tail)
+    except (TypeError, ValueError, OverflowError):
+        raise SaltInvocationError(f"tail must be a number of bytes, got {str(tail)[:40]!r}") from None
+    if not 1 <= tail <= 16 << 20:
+        raise SaltInvocationError("tail must be between 1 byte and 16 MiB")
+    return tail
 
 
 def nodes():
@@ -710,6 +672,87 @@ def nodes():
     return result
 
 
+# ------------------------------------------------------------------- public: users
+
+
+def add_user(user):
+    """
+    Give a user their own uid (from ``mpi:users``, allocated once and never reused) and
+    their directory ``<storage>/users/<user>`` owned by it, mode 0700. Submitting a
+    first job does the same; this is for admins who want the directory before that.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.add_user alice
+    """
+    try:
+        if not __utils__["mpi_request.valid_user"](user):
+            raise SaltInvocationError(
+                "user is not a valid user name: letters, digits, '-' and '_' only, starting "
+                "with a letter or digit, at most 64 characters")
+        store = _store()
+        config = _fresh_site(store)
+        uid = _user_uid(store, config, user)
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
+    return {"user": user, "uid": uid, "gid": uid,
+            "dir": posixpath.join(config["storage"]["path"], "users", user)}
+
+
+def users():
+    """
+    List every user the master has given a uid: ``{name: {uid, created, dir_ready}}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.users
+    """
+    return _store().users()
+
+
+def migrate_users(from_uid=None):
+    """
+    Move a shared tree from the seed's single guest uid to one uid per user: every
+    directory in ``<storage>/users`` owned by ``from_uid`` (default: pillar
+    ``mpi:guest:uid``) gets its user's own uid (allocated now if needed), and every entry
+    inside it that the guest owned changes owner too (symlinks are never followed).
+    Safe to run again.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.migrate_users
+    """
+    try:
+        store = _store()
+        config = _fresh_site(store)
+        from_uid = int(config["guest"]["uid"] if from_uid is None else from_uid)
+        minion, path = _storage_owner(config)
+        client = _client()
+        found = _call(client, [minion], "mpi_job.user_dirs", timeout=30,
+                      storage_path=path)[minion]
+        migrated = {}
+        for name, info in sorted(found.items()):
+            if info["uid"] != from_uid:
+                continue
+            uid, _ = store.user_uid(name, int(config["users"]["uid_min"]),
+                                    int(config["users"]["uid_max"]))
+            migrated[name] = _call(client, [minion], "mpi_job.migrate_user_dir", timeout=600,
+                                   storage_path=path, user=name, from_uid=from_uid, uid=uid,
+                                   gid=uid)[minion]
+            migrated[name]["uid"] = uid
+            store.set_user_dir_ready(name)
+    except (SaltInvocationError, CommandExecutionError, RuntimeError, ValueError) as exc:
+        return _failed_call(str(exc))
+    return {"migrated": migrated,
+            "left": sorted(n for n, i in found.items() if i["uid"] != from_uid)}
+
+
 # ------------------------------------------------------------ reactor and schedule
 
 
@@ -737,11 +780,10 @@ def schedule(**kwargs):
             return []
         active = store.jobs(ACTIVE, conn=conn)
         alive = _alive(store.nodes(conn), now)
-        used, busy_slots, usage, running = {}, {}, {}, []
+        used, usage, running = {}, {}, []
         for job in active:
             for node, ranks in job["placement"].items():
                 used[node] = used.get(node, 0) + ranks
-                busy_slots.setdefault(node, set()).add(job["port_slot"])
             mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
             mine["jobs"] += 1
             mine["slots"] += job["np"]
@@ -761,25 +803,24 @@ def schedule(**kwargs):
             usage,
         )
         by_id = {j["job_id"]: j for j in queued}
-        # Port slots go round-robin: a block just freed may still have connections in
-        # TIME_WAIT, and mpirun fails when it cannot bind every port of its block.
-        next_slot = store.get_meta("next_port_slot", 0, conn=conn)
+        taken = {a for j in active for a in (j.get("job_addresses") or {}).values()}
+        taken |= set(store.get_meta("address_holds", {}, conn=conn))
+        next_address = store.get_meta("next_job_address", 0, conn=conn)
         for job_id, placement in starts:
-            config = by_id[job_id]["spec"]["config"]
-            taken = set().union(*(busy_slots.get(n, set()) for n in placement))
-            count = _port_slots(config)
-            order = [(next_slot + i) % count for i in range(count)]
-            slot = next((s for s in order if s not in taken), None)
-            if slot is None:
-                blocked[job_id] = "port slots"
+            pool = _address_pool(by_id[job_id]["spec"]["config"])
+            # Round-robin through the pool: peers may still cache the link-layer address
+            # of a container that just left.
+            order = [pool[(next_address + i) % len(pool)] for i in range(len(pool))]
+            free_addresses = [a for a in order if a not in taken][:len(placement)]
+            if len(free_addresses) < len(placement):
+                blocked[job_id] = "job addresses"
                 continue
-            next_slot = (slot + 1) % count
-            store.set_meta("next_port_slot", next_slot, conn=conn)
-            for node in placement:
-                busy_slots.setdefault(node, set()).add(slot)
+            next_address = (pool.index(free_addresses[-1]) + 1) % len(pool)
+            store.set_meta("next_job_address", next_address, conn=conn)
+            taken.update(free_addresses)
             record = store.transition(
                 job_id, "starting", expect=("queued",), conn=conn, placement=placement,
-                port_slot=slot, waiting_for=None,
+                job_addresses=dict(zip(placement, free_addresses)), waiting_for=None,
             )
             started.append(record)
         for job_id, why in blocked.items():
@@ -796,49 +837,73 @@ def schedule(**kwargs):
     return [r["job_id"] for r in started]
 
 
+def _address_pool(config):
+    """Every address of the job network's pool, in order."""
+    pool = ipaddress.ip_network(config["job_network"]["addresses"])
+    return [str(a) for a in pool.hosts()]
+
+
 def _start(record):
     """Bring up a job's workers and launcher; on any failure the job fails cleanly."""
     job_id, spec = record["job_id"], record["spec"]
     config, placement = spec["config"], record["placement"]
     nodes_ = list(placement)
+    job_addresses = record["job_addresses"]
     client = _client()
     common = {
         "job_id": job_id,
+        "image": spec["image_ref"],
         "user": record["user"],
-        "guest": {"uid": config["guest"]["uid"], "gid": config["guest"]["gid"]},
+        "uid": record["uid"],
+        "gid": record["uid"],
         "storage_path": config["storage"]["path"],
+        "job_root": config["job_root"],
     }
     timings = dict(record["timings"], queued=round(time.time() - record["submitted"], 3))
     try:
-        port, oob_ports = _slot_ports(config, record["port_slot"])
-        addresses = _cluster_addresses(nodes_, config["cluster_network"])
-        files = _job_files(config, placement, addresses, port)
-        mark = time.monotonic()
-        workers = _call(client, nodes_, "mpi_job.start_worker", timeout=30,
-                        image=spec["image_ref"], job_root=config["job_root"], port=port,
-                        cluster_network=config["cluster_network"], files=files, **common)
-        timings["containers_up"] = round(time.monotonic() - mark, 3)
-        timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
+        sshd_port, oob_ports, btl_ports = _job_ports(config)
+        host_addresses = _cluster_addresses(nodes_, config["cluster_network"])
+        files = _job_files(config, record, job_addresses)
+        environment = dict(spec["env"], **_job_environment(record, job_addresses))
         argv = __utils__["mpi_launch.launcher_argv"](
             posixpath.join(record["output"]["dir_in_job"], "stdout"),
             posixpath.join(record["output"]["dir_in_job"], "stderr"),
-            record["np"], record["cmd"], config["cluster_network"], oob_ports,
-            config["ports"]["btl"], port, spec["workdir"], env_names=sorted(spec["env"]),
+            record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
+            spec["workdir"], env_names=sorted(environment),
         )
+        launcher_node = nodes_[0]
+        allowed = {"peers": sorted(job_addresses.values()), "hosts": sorted(host_addresses.values())}
+        mark = time.monotonic()
+        # One publish for every node; each node takes its own address and limits. The
+        # launcher's node runs its ranks in the launcher container, so its worker gets
+        # the small default limits.
+        workers = _call(client, nodes_, "mpi_job.start_worker", timeout=30,
+                        network=config["job_network"]["name"], addresses=job_addresses,
+                        allowed_sources=allowed, sshd_port=sshd_port, files=files,
+                        limits={n: _node_limits(config, placement[n])
+                                for n in nodes_ if n != launcher_node},
+                        **common)
+        timings["containers_up"] = round(time.monotonic() - mark, 3)
+        timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
         started = time.time()
         view = dict(_public(record), state="running", started=started, timings=timings)
-        _call(client, nodes_[:1], "mpi_job.start_launcher", timeout=30, image=spec["image_ref"],
-              job_root=config["job_root"], argv=argv, environment=spec["env"],
-              status=view, **common)
-    except (CommandExecutionError, SaltInvocationError) as exc:
-        log.warning("job %s could not start: %s", job_id, exc)
-        _finish(job_id, "failed", f"could not start: {exc}", expect=("starting",),
+        _call(client, [launcher_node], "mpi_job.start_launcher", timeout=30, argv=argv,
+              environment=environment, status=view,
+              limits=_node_limits(config, placement[launcher_node]), **common)
+    except (CommandExecutionError, SaltInvocationError, ValueError) as exc:
+        # ValueError: a launch builder refused a value (a bad pillar); the job must still
+        # end here rather than sit in "starting".
+        why = getattr(exc, "error", None) or str(exc)  # without Salt's info dump
+        log.warning("job %s could not start: %s", job_id, why)
+        if "is not ready" in why:
+            _store().set_user_dir_ready(record["user"], False)
+        _finish(job_id, "failed", f"could not start: {why}", expect=("starting",),
                 timings=timings)
         schedule()
         return
     running = _store().transition(
         job_id, "running", expect=("starting",), started=started,
-        deadline=started + record["walltime"], addresses=addresses, timings=timings,
+        deadline=started + record["walltime"], addresses=job_addresses, timings=timings,
     )
     if running is None:  # cancelled while starting: _finish ran before our containers
         _cleanup(_store().get(job_id), status=None)
@@ -864,8 +929,7 @@ def _cleanup(record, status):
                 _client(), reachable, "mpi_job.cleanup", timeout=CLEANUP_TIMEOUT,
                 job_id=record["job_id"], job_root=config["job_root"], status=status,
                 status_node=reachable[0], storage_path=config["storage"]["path"],
-                user=record["user"],
-                guest={"uid": config["guest"]["uid"], "gid": config["guest"]["gid"]},
+                user=record["user"], uid=record.get("uid"), gid=record.get("uid"),
             ))
         except CommandExecutionError as exc:
             answered = list((getattr(exc, "info", None) or {}).get("results", {}))
@@ -887,6 +951,7 @@ def _finish(job_id, state, reason, expect=ACTIVE, **fields):
     if record.get("placement"):
         mark = time.monotonic()
         done = _cleanup(record, status=_public(record))
+        _hold_addresses(store, record, done["pending"])
         record["timings"]["cleanup"] = round(time.monotonic() - mark, 3)
         record["timings"]["total"] = round(time.time() - record["submitted"], 3)
         record = store.update(job_id, timings=record["timings"], cleanup=done, closed=True) or record
@@ -897,15 +962,60 @@ def _finish(job_id, state, reason, expect=ACTIVE, **fields):
     return record
 
 
-def _outcome(code, failure):
+def _hold_addresses(store, record, pending):
+    """Keep the addresses of a job's containers on nodes not yet cleaned out of the pool:
+    a cut-off node may still run them, and an address must never be on two containers."""
+    if not pending:
+        return
+    with store.transaction() as conn:
+        holds = store.get_meta("address_holds", {}, conn=conn)
+        for node in pending:
+            address = (record.get("job_addresses") or {}).get(node)
+            if address:
+                holds[address] = {"job_id": record["job_id"], "node": node}
+        store.set_meta("address_holds", holds, conn=conn)
+
+
+def _release_addresses(store, node, reported):
+    """A node that reports no container of a job any more frees that job's addresses."""
+    holds = store.get_meta("address_holds", {})
+    gone = [a for a, h in holds.items()
+            if h["node"] == node and not (reported.get(h["job_id"]) or {}).get("containers",
+                                                                               {}).get("worker")]
+    if gone:
+        with store.transaction() as conn:
+            holds = store.get_meta("address_holds", {}, conn=conn)
+            for address in gone:
+                holds.pop(address, None)
+            store.set_meta("address_holds", holds, conn=conn)
+
+
+# Exit codes of the job's program script (/bin/sh) that say more than a number.
+_SHELL_EXITS = {126: "cannot be executed (permission denied or not a program)",
+                127: "was not found in the image"}
+
+
+def _outcome(code, failure, program):
     """(state, reason) from the launcher's exit code and the failing rank."""
     if code == 0:
         return "succeeded", None
     if failure and "signal" in failure:
         return "failed", f"rank {failure['rank']} died of {failure['signal_name']}"
+    if failure and failure.get("exit_code") in _SHELL_EXITS:
+        return "failed", (f"rank {failure['rank']}: program {program[0][:100]!r} "
+                          f"{_SHELL_EXITS[failure['exit_code']]}")
     if failure:
         return "failed", f"rank {failure['rank']} exited with code {failure['exit_code']}"
     return "failed", f"mpirun exited with code {code}"
+
+
+# What a job's container ran into, in the words of the limit (pillar mpi:limits).
+def _limit_reason(limit, node, limits):
+    if limit == "memory":
+        return (f"memory limit exceeded on {node} ({limits['memory_per_slot_mb']} MiB per "
+                "slot, mpi:limits:memory_per_slot_mb); a rank was killed")
+    return (f"process limit reached on {node} ({limits['pids_per_slot']} processes per slot, "
+            "mpi:limits:pids_per_slot)")
 
 
 def node_report(node=None, report=None, **kwargs):
@@ -926,13 +1036,22 @@ def node_report(node=None, report=None, **kwargs):
     store = _store()
     now = time.time()
     store.node_seen(node, report, now)
+    if report.get("error"):
+        # The node is alive but could not build its report: a heartbeat, no evidence.
+        log.warning("%s could not report its jobs: %s", node, report["error"])
+        return True
     reported = report.get("jobs") or {}
+    if not isinstance(reported, dict):
+        reported = {}
+    _release_addresses(store, node, reported)
     engine_ok = report.get("engine") == "ok"
     ended = False
     for record in store.jobs(["running"]):
         if node not in record["placement"]:
             continue
-        verdict = _judge(node, record, reported.get(record["job_id"]), engine_ok, report, now)
+        info = reported.get(record["job_id"])
+        verdict = _judge(node, record, info if isinstance(info, dict) else None, engine_ok,
+                         report, now, store)
         if verdict:
             state, reason, fields = verdict
             ended |= _finish(record["job_id"], state, reason, **fields) is not None
@@ -952,12 +1071,32 @@ def node_report(node=None, report=None, **kwargs):
     return True
 
 
-def _judge(node, record, info, engine_ok, report, now):
+def _limits_hit_by(record, node, info, store):
+    """(node, limit) of the first limit the job ran into: this report first, then the
+    latest report of each of the job's other nodes; None when no limit was hit."""
+    if info and info.get("limits_hit"):
+        return node, info["limits_hit"][0]
+    seen = store.nodes()
+    for other in record["placement"]:
+        job = (((seen.get(other) or {}).get("report") or {}).get("jobs") or {}).get(
+            record["job_id"]) or {}
+        if job.get("limits_hit"):
+            return other, job["limits_hit"][0]
+    return None
+
+
+def _judge(node, record, info, engine_ok, report, now, store):
     """Whether a running job must end, from one node's report: (state, reason, fields)."""
     launcher_node = next(iter(record["placement"]))
+    limits = record["spec"]["config"]["limits"]
+    if info and info.get("limits_hit") and info["limits_hit"][0] in ("memory", "pids"):
+        return "failed", _limit_reason(info["limits_hit"][0], node, limits), {}
     if info and node == launcher_node and info.get("launcher_exit_code") is not None:
         code, failure = info["launcher_exit_code"], info.get("failure")
-        state, reason = _outcome(code, failure)
+        state, reason = _outcome(code, failure, record["cmd"])
+        hit = _limits_hit_by(record, node, info, store) if code else None
+        if hit and hit[1] in ("memory", "pids"):
+            reason = _limit_reason(hit[1], hit[0], limits)
         return state, reason, {"exit_code": code, "failure": failure}
     if now > record["deadline"]:
         return "timed_out", f"walltime of {record['walltime']} seconds exceeded", {}
@@ -976,7 +1115,7 @@ def _judge(node, record, info, engine_ok, report, now):
         return "failed", f"the worker container on {node} is gone", {}
     unreachable = info.get("unreachable_peers") or []
     if unreachable:
-        names = {a: n for n, a in (record.get("addresses") or {}).items()}
+        names = {a: n for n, a in (record.get("job_addresses") or {}).items()}
         peers = sorted(names.get(a, a) for a in unreachable)
         return "failed", f"{node} cannot reach {', '.join(peers)} (network partition)", {}
     return None

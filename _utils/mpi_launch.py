@@ -6,14 +6,14 @@ here is pure: functions take plain values, validate them, and return text or arg
 Nothing touches the file system, runs a process or imports Salt.
 
 A job runs like this on each chosen node: a *worker* container (the job image, run as the
-guest uid:gid with every capability dropped) runs ``sshd -D -e -f /run/dockermpi/sshd_config``
+job's user's own uid:gid with every capability dropped) runs ``sshd -D -e -f /run/dockermpi/sshd_config``
 on a per-job port. The read-only per-job directory ``/run/dockermpi`` holds the files built
 here: the user key pair, the host key, ``authorized_keys``, ``known_hosts``, ``sshd_config``,
 ``hostfile`` and the ``passwd``/``group`` files that are bind-mounted over ``/etc/passwd``
 and ``/etc/group``. A *launcher* container on the first node runs :func:`launcher_argv`:
 ``mpirun`` over ssh to the workers, with its output redirected into the job directory.
 
-Key files must be owned by the guest uid and have mode 0600: sshd and ssh refuse a key
+Key files must be owned by the job's uid and have mode 0600: sshd and ssh refuse a key
 that is readable by others, and cannot read one owned by root with mode 0600.
 
 :depends: cryptography (only for :func:`generate_ed25519_keypair`)
@@ -21,6 +21,7 @@ that is readable by others, and cannot read one owned by root with mode 0600.
 
 import ipaddress
 import re
+import shlex
 import signal as _signal
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "hostfile_text",
     "ssh_args",
     "mca_params",
+    "program_script_text",
     "mpirun_argv",
     "launcher_argv",
     "parse_mpirun_failure",
@@ -45,9 +47,9 @@ DEFAULT_RUN_DIR = "/run/dockermpi"
 #: Name under which the per-job host key is looked up in ``known_hosts``.
 DEFAULT_HOST_KEY_ALIAS = "dockermpi-job"
 
-_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 _PUBKEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+=*( \S+)?$")
 
 # The fixed wrapper script of the launcher container. User strings only ever arrive as
@@ -173,14 +175,14 @@ def sshd_config_text(port, user, run_dir=DEFAULT_RUN_DIR, listen_address=None):
         TCP port sshd listens on (the job's ssh port, 1024-65535: the worker has no
         capabilities, so it cannot bind below 1024).
     user
-        The guest user name (the only account allowed to log in).
+        The job's account name (the only account allowed to log in).
     run_dir
         Where the per-job directory is mounted; the host key is ``<run_dir>/ssh_host_key``
         and the authorized keys ``<run_dir>/authorized_keys``.
     listen_address
         Optional IPv4 address to bind (the node's cluster address); default all.
 
-    sshd runs as the guest uid, so there is no privilege separation, no PAM, no pid
+    sshd runs as the job's uid, so there is no privilege separation, no PAM, no pid
     file and no login records; only public-key login of ``user`` is allowed and all
     forwarding is off.
     """
@@ -188,7 +190,7 @@ def sshd_config_text(port, user, run_dir=DEFAULT_RUN_DIR, listen_address=None):
     _check_name(user, "user")
     _check_abs_path(run_dir, "run_dir")
     lines = [
-        "# DockerMPI per-job sshd, run as the guest user (generated, do not edit)",
+        "# DockerMPI per-job sshd, run as the job's user (generated, do not edit)",
         f"Port {port}",
     ]
     if listen_address is not None:
@@ -271,16 +273,16 @@ def known_hosts_text(host_public_line, alias=DEFAULT_HOST_KEY_ALIAS):
 
 def passwd_text(user, uid, gid, home="/data", shell="/bin/sh"):
     """
-    Return an ``/etc/passwd`` for job containers that names the guest.
+    Return an ``/etc/passwd`` for job containers that names the job's user.
 
     user, uid, gid
-        The guest account (from pillar); uid and gid must not be 0.
+        The job's account: a POSIX name and the user's own uid and gid (never 0).
     home
-        The guest's home, the data directory mount (default ``/data``).
+        The account's home, the data directory mount (default ``/data``).
     shell
         Login shell; sshd runs ``orted`` through it.
 
-    Keeps ``root``, ``nobody`` and ``sshd`` lines next to the guest so tools that look
+    Keeps ``root``, ``nobody`` and ``sshd`` lines next to the account so tools that look
     those names up keep working.
     """
     _check_name(user, "user")
@@ -289,10 +291,10 @@ def passwd_text(user, uid, gid, home="/data", shell="/bin/sh"):
     _check_abs_path(home, "home")
     _check_abs_path(shell, "shell")
     if uid == 65534 or user in ("root", "nobody", "sshd"):
-        raise ValueError(f"guest {user!r} (uid {uid}) clashes with a system account")
+        raise ValueError(f"account {user!r} (uid {uid}) clashes with a system account")
     lines = [
         "root:x:0:0:root:/root:/usr/sbin/nologin",
-        f"{user}:x:{uid}:{gid}:DockerMPI guest:{home}:{shell}",
+        f"{user}:x:{uid}:{gid}:DockerMPI user:{home}:{shell}",
         "sshd:x:100:65534::/run/sshd:/usr/sbin/nologin",
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin",
     ]
@@ -301,15 +303,15 @@ def passwd_text(user, uid, gid, home="/data", shell="/bin/sh"):
 
 def group_text(group, gid):
     """
-    Return an ``/etc/group`` for job containers that names the guest's group.
+    Return an ``/etc/group`` for job containers that names the user's own group.
 
     group, gid
-        The guest group (from pillar); gid must not be 0.
+        The user's private group (same id as the uid); gid must not be 0.
     """
     _check_name(group, "group")
     _check_id(gid, "gid")
     if gid == 65534 or group in ("root", "nogroup"):
-        raise ValueError(f"guest group {group!r} (gid {gid}) clashes with a system group")
+        raise ValueError(f"group {group!r} (gid {gid}) clashes with a system group")
     lines = [
         "root:x:0:",
         f"{group}:x:{gid}:",
@@ -463,16 +465,37 @@ def mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir=DEFAULT_RUN
     ]
 
 
-def mpirun_argv(np, program, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir,
-                env_names=(), run_dir=DEFAULT_RUN_DIR, alias=DEFAULT_HOST_KEY_ALIAS,
-                keepalive=(2, 1, 3)):
+def program_script_text(program):
+    """
+    Return the script every rank runs: ``exec`` of the user's program, each word quoted.
+
+    program
+        The user's program argv (non-empty list of strings without NUL).
+
+    The program reaches mpirun as a file (``<run_dir>/program``, run with ``/bin/sh``),
+    never as mpirun arguments: mpirun reads ``:`` anywhere in its argv as the start of
+    another program group with its own ``-np`` and ``--host``, so a user's words in its
+    argv would be mpirun syntax. Each word is single-quoted (:func:`shlex.quote`), so the
+    shell only execs it; ``exec`` keeps the rank's exit code and signals the program's.
+    """
+    if isinstance(program, str) or not isinstance(program, (list, tuple)) or not program:
+        raise ValueError("program must be a non-empty list of strings (argv), not a string")
+    for arg in program:
+        if not isinstance(arg, str) or "\0" in arg:
+            raise ValueError(f"program arguments must be strings without NUL, got {arg!r}")
+    if not program[0]:
+        raise ValueError("program must start with a program name")
+    words = " ".join(shlex.quote(arg) for arg in program)
+    return "# DockerMPI: the job's program (generated; each word is data)\nexec " + words + "\n"
+
+
+def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
+                run_dir=DEFAULT_RUN_DIR, alias=DEFAULT_HOST_KEY_ALIAS, keepalive=(2, 1, 3)):
     """
     Return the ``mpirun`` argv of a job (no shell involved).
 
     np
         Number of ranks (positive integer).
-    program
-        The user's program argv (non-empty list of strings), passed verbatim.
     cluster_cidr, oob_ports, btl_ports, ssh_port, keepalive
         See :func:`mca_params`.
     workdir
@@ -480,17 +503,11 @@ def mpirun_argv(np, program, cluster_cidr, oob_ports, btl_ports, ssh_port, workd
     env_names
         Names of environment variables forwarded to the ranks with ``-x``.
     run_dir, alias
-        See :func:`ssh_args`; the hostfile is ``<run_dir>/hostfile``.
+        See :func:`ssh_args`; the hostfile is ``<run_dir>/hostfile`` and every rank runs
+        ``/bin/sh <run_dir>/program`` (:func:`program_script_text`).
     """
     if isinstance(np, bool) or not isinstance(np, int) or np < 1:
         raise ValueError(f"np must be a positive integer, got {np!r}")
-    if isinstance(program, str) or not isinstance(program, (list, tuple)) or not program:
-        raise ValueError("program must be a non-empty list of strings (argv), not a string")
-    for arg in program:
-        if not isinstance(arg, str) or "\0" in arg:
-            raise ValueError(f"program arguments must be strings without NUL, got {arg!r}")
-    if program[0].startswith("-"):
-        raise ValueError(f"program must not start with an option: {program[0]!r}")
     _check_abs_path(workdir, "workdir")
     if isinstance(env_names, str):
         raise ValueError("env_names must be a list of variable names, not a string")
@@ -504,20 +521,20 @@ def mpirun_argv(np, program, cluster_cidr, oob_ports, btl_ports, ssh_port, workd
         argv += ["--mca", name, value]
     for name in env_names:
         argv += ["-x", name]
-    return argv + list(program)
+    return argv + ["/bin/sh", f"{run_dir}/program"]
 
 
-def launcher_argv(stdout_path, stderr_path, np, program, cluster_cidr, oob_ports, btl_ports,
-                  ssh_port, workdir, env_names=(), run_dir=DEFAULT_RUN_DIR,
-                  alias=DEFAULT_HOST_KEY_ALIAS, keepalive=(2, 1, 3)):
+def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_ports, ssh_port,
+                  workdir, env_names=(), run_dir=DEFAULT_RUN_DIR, alias=DEFAULT_HOST_KEY_ALIAS,
+                  keepalive=(2, 1, 3)):
     """
     Return the launcher container's command: ``/bin/sh -c <fixed script> sh ...``.
 
     stdout_path, stderr_path
         Absolute paths (in the job directory under ``/data``) that receive mpirun's
         standard output and error.
-    np, program, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
-    run_dir, alias, keepalive
+    np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names, run_dir, alias,
+    keepalive
         See :func:`mpirun_argv`.
 
     The script is a constant (:data:`LAUNCHER_SCRIPT`); the paths and the whole mpirun
@@ -528,8 +545,8 @@ def launcher_argv(stdout_path, stderr_path, np, program, cluster_cidr, oob_ports
     _check_abs_path(stderr_path, "stderr_path")
     if stdout_path == stderr_path:
         raise ValueError("stdout_path and stderr_path must differ")
-    mpirun = mpirun_argv(np, program, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir,
-                         env_names, run_dir, alias, keepalive)
+    mpirun = mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
+                         run_dir, alias, keepalive)
     return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpirun
 
 
@@ -538,19 +555,21 @@ def launcher_argv(stdout_path, stderr_path, np, program, cluster_cidr, oob_ports
 # Open MPI 4.1.4 help messages (orte/tools/orterun/help-orterun.txt, help-mpi-api.txt),
 # as captured from real runs in tests/unit/data/mpirun/. mpirun wraps some of them at
 # fixed columns, so whitespace between words is matched loosely.
+# Numbers are ASCII and bounded ([0-9]{1,9}): the text is the job's, and a rank of 5000
+# digits, or Unicode digits, must make the verdict vaguer, never raise.
 _RE_SIGNAL = re.compile(
-    r"mpirun noticed that process rank (?P<rank>\d+) with PID \d+ on node \S+\s+"
-    r"exited on signal (?P<signal>\d+)(?: \((?P<name>[^)\n]*)\))?\."
+    r"mpirun noticed that process rank (?P<rank>[0-9]{1,9}) with PID [0-9]{1,12} on node "
+    r"\S{1,255}\s{1,80}exited on signal (?P<signal>[0-9]{1,3})(?: \((?P<name>[^)\n]{0,40})\))?\."
 )
 _RE_EXIT = re.compile(
-    r"mpirun detected that one or more processes exited with non-zero status,\s+"
-    r"thus causing\s+the job to be terminated\. The first process to do so was:\s+"
-    r"Process name:\s+\[\[\d+,\d+\],(?P<rank>\d+)\]\s+"
-    r"Exit code:\s+(?P<code>\d+)"
+    r"mpirun detected that one or more processes exited with non-zero status,\s{1,80}"
+    r"thus causing\s{1,80}the job to be terminated\. The first process to do so was:\s{1,80}"
+    r"Process name:\s{1,80}\[\[[0-9]{1,12},[0-9]{1,12}\],(?P<rank>[0-9]{1,9})\]\s{1,80}"
+    r"Exit code:\s{1,80}(?P<code>[0-9]{1,9})\b"
 )
 _RE_ABORT = re.compile(
-    r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator \S+\s+"
-    r"with errorcode (?P<code>-?\d+)\."
+    r"MPI_ABORT was invoked on rank (?P<rank>[0-9]{1,9}) in communicator \S{1,255}\s{1,80}"
+    r"with errorcode (?P<code>-?[0-9]{1,10})\."
 )
 
 
@@ -572,13 +591,14 @@ def parse_mpirun_failure(stderr_text):
     ``MPI_Abort`` (the abort's error code), ``{"rank": int, "signal": int,
     "signal_name": str}`` when a rank died on a signal (``signal_name`` like
     ``"SIGSEGV"``), or ``None`` when no such message is present: success, or a failure
-    that is not a rank's (lost daemon, program not found, ssh failure).
+    that is not a rank's (lost daemon, program not found, ssh failure). It never raises:
+    the text is written by the user's job.
 
     mpirun prints its verdict after every rank has gone, so the *last* message wins; a
     program that prints look-alike text earlier cannot mask the real one.
     """
     if not isinstance(stderr_text, str):
-        raise ValueError(f"stderr_text must be a string, got {type(stderr_text).__name__}")
+        return None
     text = stderr_text.replace("\r\n", "\n")
     found = []
     for kind, regex in (("signal", _RE_SIGNAL), ("exit", _RE_EXIT), ("abort", _RE_ABORT)):

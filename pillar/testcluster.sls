@@ -4,6 +4,13 @@ mpi:
   slots_per_node: 2
   limits:
     max_running_jobs_per_user: 2
+    # Small enough that the tenant tests reach them quickly on a 2-core test machine.
+    memory_per_slot_mb: 512
+    pids_per_slot: 128
+    tmp_size_mb: 256
+  job_network:
+    # Job containers' own addresses; the hosts use .1-.20.
+    addresses: 10.251.1.128/25
   storage:
     # The kernel here has no NFS: a Docker volume shares /srv/dockermpi between the nodes.
     type: preshared

@@ -185,6 +185,40 @@ class TestCluster:
         """A file's text from the shared storage, as a node sees it."""
         return self.exec(self.nodes[-1], ["cat", path])[1]
 
+    def account(self, user):
+        """``salt-run mpi.add_user``: the user's uid, gid and directory (made if needed)."""
+        code, found = self.run_json("mpi.add_user", user=user)
+        if code != 0 or not isinstance(found, dict) or "uid" not in found:
+            raise ClusterError(f"salt-run mpi.add_user {user} failed: {found!r}")
+        return found
+
+    def as_user(self, user, argv, node=None, check=True):
+        """Run argv on a node as the user's own uid (as the user's notebook would)."""
+        found = self.account(user)
+        drop = ["setpriv", f"--reuid={found['uid']}", f"--regid={found['gid']}",
+                "--clear-groups", "--"]
+        return self.exec(node or self.nodes[-1], drop + list(argv), check=check)
+
+    # --- faults -------------------------------------------------------------------
+    def cut(self, side_a, side_b):
+        """A real partition: drop every packet between the addresses of side_a and those
+        of side_b (hosts and job containers alike) on the cluster network's bridge, where
+        both host traffic and the job containers' own traffic pass. Returns the undo."""
+        rules = [["DOCKER-USER", "-s", a, "-d", b, "-j", "DROP"]
+                 for x, y in ((side_a, side_b), (side_b, side_a)) for a in x for b in y]
+        for rule in rules:
+            subprocess.run(["iptables", "-I", *rule], check=True)
+
+        def heal():
+            for rule in rules:
+                subprocess.run(["iptables", "-D", *rule], check=False,
+                               stderr=subprocess.DEVNULL)
+
+        return heal
+
+    def host_address(self, host):
+        return MASTER_ADDR if host == "master" else node_address(int(host.removeprefix("node")))
+
     # --- images -------------------------------------------------------------------
     def ensure_base_image(self):
         try:
@@ -408,15 +442,52 @@ class TestCluster:
         return reference
 
     def sync_and_highstate(self):
-        """Sync custom modules everywhere, then apply highstate to every node."""
-        _, synced = self.salt_json(["salt-run", "saltutil.sync_all"])
-        if synced.get("runners") or synced.get("utils"):
+        """Sync custom modules everywhere, apply highstate to every node, then check the
+        master really serves the job engine (runner, reactor) before saying so."""
+        self.sync_master()
+        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.sync_all"])
+        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.refresh_pillar", "wait=True"])
+        results = self.highstate()
+        self.verify_master()
+        return results
+
+    def sync_master(self, force_restart=False):
+        """Bring the master's extension modules up to date with the repository."""
+        self.salt(["salt-run", "fileserver.update"], check=False)
+        # (salt-run prints nothing with --static: read its plain JSON output.)
+        code, synced = self.run_json("saltutil.sync_all")
+        if code != 0 or not isinstance(synced, dict):
+            raise ClusterError(f"salt-run saltutil.sync_all failed on the master: {synced!r}")
+        if force_restart or synced.get("runners") or synced.get("utils"):
             # The master's reactor and schedule keep the runner they loaded at start.
             self.exec("master", ["systemctl", "restart", "salt-master"])
             self.wait_for_minions()
-        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.sync_all"])
-        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.refresh_pillar", "wait=True"])
-        return self.highstate()
+
+    def engine_answers(self):
+        """Why the master does not serve the job engine yet, or None when it does: the
+        runner answers and every node's reports reach it through the reactor."""
+        try:
+            code, found = self.run_json("mpi.nodes")
+        except ClusterError as exc:
+            return f"salt-run mpi.nodes gave no JSON: {exc}"
+        if not isinstance(found, dict) or not all(isinstance(v, dict) for v in found.values()):
+            return f"salt-run mpi.nodes answered {str(found)[:200]!r}"
+        silent = [n for n in self.nodes if not (found.get(n) or {}).get("reachable")]
+        return f"no reports reach the master from {silent}" if silent else None
+
+    def verify_master(self, timeout=45):
+        """Wait until the master serves the runner and the reactor; repair it once (sync
+        again and restart it) when it does not."""
+        for attempt in ("check", "repair"):
+            deadline = time.monotonic() + timeout
+            while (problem := self.engine_answers()) and time.monotonic() < deadline:
+                time.sleep(1)
+            if problem is None:
+                return
+            if attempt == "check":
+                step(f"the master does not serve the job engine ({problem}); re-syncing it")
+                self.sync_master(force_restart=True)
+        raise ClusterError(f"the master does not serve the job engine: {problem}")
 
     def highstate(self, test=False):
         """Apply highstate to every node; returns {node: {id: result}}; raises on failure."""
@@ -472,15 +543,18 @@ class TestCluster:
 
     def demo(self):
         """Run a real mpi4py program over every node through ``salt-run mpi.launch``."""
-        user, home = "demo", f"{SHARED_PATH}/users/demo"
+        user = "demo"
+        account = self.account(user)
         node = self.nodes[0]
-        guest = ["setpriv", "--reuid=2000", "--regid=2000", "--clear-groups", "--"]
-        self.exec(node, guest + ["mkdir", "-p", "-m", "0700", home])
+        as_user = ["setpriv", f"--reuid={account['uid']}", f"--regid={account['gid']}",
+                   "--clear-groups", "--"]
         self.container(node).put_archive("/var/tmp", tar_of({"pi.py": (FILES / "pi.py").read_bytes()}))
-        self.exec(node, guest + ["cp", "/var/tmp/pi.py", f"{home}/pi.py"])
+        self.exec(node, as_user + ["cp", "/var/tmp/pi.py", f"{account['dir']}/pi.py"])
         np = 2 * len(self.nodes)
         step(f"salt-run mpi.launch user={user} image=mpi np={np} cmd='python3 pi.py'")
         code, job = self.run_json("mpi.launch", user=user, image="mpi", np=np, cmd="python3 pi.py")
+        if not isinstance(job, dict):
+            raise ClusterError(f"salt-run mpi.launch answered {str(job)[:300]!r} (exit {code})")
         if job.get("state") != "succeeded":
             raise ClusterError("demo job did not succeed:\n" + json.dumps(job, indent=2))
         print(self.read_shared(job["output"]["stdout"]), end="")
@@ -556,5 +630,10 @@ def main(argv=None):
             return subprocess.run(["docker", "exec", MASTER, *args.salt_argv], check=False).returncode
     except ClusterError as exc:
         print(f"dmpi-cluster: {exc}", file=sys.stderr)
+        return 1
+    except (docker.errors.DockerException, OSError, LookupError, TypeError, ValueError) as exc:
+        # Something answered what the tool did not expect: say what, not where.
+        print(f"dmpi-cluster: {args.command} failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         return 1
     return 0

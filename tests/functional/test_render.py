@@ -20,6 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SALT_CALL = pathlib.Path(sys.executable).with_name("salt-call")
 
 CLUSTER_NETWORK = "172.30.0.0/16"
+JOB_ADDRESSES = "172.30.200.0/24"
 #: The default port ranges [first, last] the pillars below leave unchanged.
 DEFAULT_PORTS = yaml.safe_load((REPO / "salt/dockermpi/defaults.yaml").read_text())["mpi"][
     "ports"
@@ -94,6 +95,7 @@ def _args(high, state_id, function):
 
 NFS_PILLAR = {
     "cluster_network": CLUSTER_NETWORK,
+    "job_network": {"addresses": JOB_ADDRESSES},
     "storage": {
         "type": "nfs",
         "path": "/srv/shared",
@@ -106,6 +108,11 @@ NFS_PILLAR = {
 
 PRESHARED_PILLAR = {
     "cluster_network": CLUSTER_NETWORK,
+    "job_network": {
+        "name": "mpi-jobs-net",
+        "addresses": JOB_ADDRESSES,
+        "parent": "eth1",
+    },
     "storage": {"type": "preshared", "path": "/data/cluster"},
     "job_root": "/var/local/mpi-jobs",
 }
@@ -254,14 +261,41 @@ def test_firewall_ipv6_chain_drops_ranges_for_all_but_loopback(nfs_high):
     "high,job_root",
     [("nfs_high", "/var/lib/dockermpi/jobs"), ("preshared_high", "/var/local/mpi-jobs")],
 )
-def test_node_job_root_root_owned_0711_with_setpriv(request, high, job_root):
+def test_node_job_root_root_owned_0711_with_namespace_tools(request, high, job_root):
     high = request.getfixturevalue(high)
     root = _args(high, "mpi-node-jobs-root-directory", "file.directory")
     assert root["name"] == job_root
     assert (root["user"], root["group"], root["mode"]) == ("root", "root", "0711")
     assert high["mpi-node-jobs-root-directory"]["__sls__"] == "dockermpi.node.jobs"
-    pkg = _args(high, "mpi-node-jobs-util-linux-installed", "pkg.installed")
-    assert pkg["name"] == "util-linux"
+    pkg = _args(high, "mpi-node-jobs-tools-installed", "pkg.installed")
+    assert pkg["pkgs"] == ["util-linux", "iptables", "openssh-client"]
+
+
+def test_job_network_on_cluster_network_after_docker_service(nfs_high):
+    net = _args(nfs_high, "mpi-docker-network-present", "mpi_network.present")
+    assert net["name"] == "dmpi-jobs"
+    assert (net["subnet"], net["ip_range"]) == (CLUSTER_NETWORK, JOB_ADDRESSES)
+    # empty parent: the module picks the interface holding the cluster address
+    assert net["parent"] is None
+    assert net["require"] == [{"service": "mpi-docker-service-running"}]
+    assert nfs_high["mpi-docker-network-present"]["__sls__"] == "dockermpi.docker.network"
+
+
+def test_job_network_name_and_parent_from_pillar(preshared_high):
+    net = _args(preshared_high, "mpi-docker-network-present", "mpi_network.present")
+    assert (net["name"], net["parent"]) == ("mpi-jobs-net", "eth1")
+    assert net["ip_range"] == JOB_ADDRESSES
+
+
+def test_job_network_without_addresses_fails_with_clear_message(tmp_path):
+    pillar = dict(PRESHARED_PILLAR, job_network={"addresses": ""})
+    cfg = _minion(tmp_path, ["mpi-node"], pillar)
+    _run(cfg, "saltutil.sync_all")
+    proc = _run(cfg, "state.show_highstate", check=False)
+    assert proc.returncode != 0
+    assert "mpi:job_network:addresses must name the job address pool" in (
+        proc.stdout + proc.stderr
+    )
 
 
 def test_images_rendered_with_digest_reference(nfs_high):
@@ -277,7 +311,10 @@ def test_guest_user(preshared_high):
 
 
 def test_nfs_without_server_fails_with_clear_message(tmp_path):
-    pillar = {"storage": {"type": "nfs", "nfs": {"server": ""}}}
+    pillar = {
+        "storage": {"type": "nfs", "nfs": {"server": ""}},
+        "job_network": {"addresses": JOB_ADDRESSES},
+    }
     cfg = _minion(tmp_path, ["mpi-node"], pillar)
     _run(cfg, "saltutil.sync_all")
     proc = _run(cfg, "state.show_highstate", check=False)
@@ -285,7 +322,8 @@ def test_nfs_without_server_fails_with_clear_message(tmp_path):
 
 
 def test_unknown_storage_type_fails(tmp_path):
-    cfg = _minion(tmp_path, ["mpi-node"], {"storage": {"type": "ceph"}})
+    pillar = {"storage": {"type": "ceph"}, "job_network": {"addresses": JOB_ADDRESSES}}
+    cfg = _minion(tmp_path, ["mpi-node"], pillar)
     _run(cfg, "saltutil.sync_all")
     proc = _run(cfg, "state.show_highstate", check=False)
     assert "mpi:storage:type must be one of nfs, preshared" in proc.stdout + proc.stderr

@@ -42,8 +42,7 @@ def test_job_spans_nodes_and_writes_into_the_users_directory(cluster):
                        workdir=workdir)
     # workdir must exist: the first attempt fails cleanly, nothing left behind.
     assert job["state"] == "failed" and code != 0
-    cluster.exec(cluster.nodes[0], ["setpriv", "--reuid=2000", "--regid=2000", "--clear-groups",
-                                    "mkdir", "-p", f"/srv/dockermpi/users/alice/{workdir}"])
+    cluster.as_user("alice", ["mkdir", "-p", f"/srv/dockermpi/users/alice/{workdir}"])
     code, job = launch(cluster, user="alice", np=4, slots_per_node=2, cmd=["python3", "-c", HOSTNAMES],
                        workdir=workdir)
     assert code == 0, job

@@ -8,7 +8,10 @@ real engine is exercised on the cluster.
 """
 
 import os
+import pathlib
+import shutil
 import socket
+import tempfile
 import time
 from unittest.mock import MagicMock, patch
 
@@ -23,30 +26,53 @@ STDERR_DATA = REPO / "tests" / "unit" / "data" / "mpirun"
 
 mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module")
 mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch_util_for_report")
+mpi_userfs = load_extension("_utils/mpi_userfs.py", "mpi_userfs_util_for_report")
 
 JOB = "20261130-120000-abcdef"
 OTHER_JOB = "20261130-120001-012345"
 USER = "alice"
+UID = 23456  # the user's own uid: files in their directory are read as it
 OWN = "127.0.0.9"
-NET = "127.0.0.0/24"
 
 
 @pytest.fixture
 def configure_loader_modules():
     return {
         mpi_job: {
-            "__grains__": {"ipv4": ["10.9.9.9", OWN]},
-            "__utils__": {"mpi_launch.parse_mpirun_failure": mpi_launch.parse_mpirun_failure},
+            "__utils__": {"mpi_launch.parse_mpirun_failure": mpi_launch.parse_mpirun_failure,
+                          "mpi_userfs.run_confined": mpi_userfs.run_confined},
             "__opts__": {"id": "node1"},
         }
     }
 
 
+@pytest.fixture(autouse=True)
+def child_python(monkeypatch):
+    """The confined child runs as the user's uid: it needs an interpreter that uid can
+    run (the test venv's lives under root's home; on nodes, Salt's is /usr/bin/python3)."""
+    monkeypatch.setattr(mpi_userfs, "CHILD_PYTHON", "/usr/bin/python3")
+
+
 @pytest.fixture
-def storage(tmp_path):
-    path = tmp_path / "storage"
+def storage():
+    # Outside pytest's own temporary tree, which only root may enter: the user's uid
+    # must reach its directory, as on a node.
+    base = pathlib.Path(tempfile.mkdtemp(prefix="mpi-job-report-"))
+    base.chmod(0o755)
+    path = base / "storage"
     (path / "users" / USER / "mpi-jobs" / JOB).mkdir(parents=True)
-    return path
+    for root, dirs, files in os.walk(path / "users" / USER):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), UID, UID)
+    os.chown(path / "users" / USER, UID, UID)
+    os.chmod(path / "users" / USER, 0o700)
+    yield path
+    shutil.rmtree(base)
+
+
+def _write(path, text):
+    path.write_text(text)
+    os.chown(path, UID, UID)
 
 
 @pytest.fixture
@@ -65,13 +91,18 @@ def _secrets(job_root, job_id, addresses, port):
     )
 
 
-def _container(job_id, role, status, exit_code=0, user=USER):
+def _container(job_id, role, status, exit_code=0, user=USER, address=OWN):
     container = MagicMock()
     container.name = f"dmpi-{job_id}-{role}"
     container.labels = {mpi_job.LABEL_JOB: job_id, mpi_job.LABEL_ROLE: role,
                         mpi_job.LABEL_USER: user}
     container.status = status
-    container.attrs = {"State": {"Status": status, "ExitCode": exit_code}}
+    container.attrs = {
+        "State": {"Status": status, "ExitCode": exit_code, "Pid": 0},
+        "Config": {"User": f"{UID}:{UID}"},
+        "NetworkSettings": {"Networks": {"dmpi-jobs": {"IPAddress": address}}
+                            if role == "worker" else {}},
+    }
     return container
 
 
@@ -132,15 +163,18 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
              listeners.port)
     with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "running")):
         started = time.monotonic()
-        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET,
-                             probe_timeout=0.4)
+        ret = mpi_job.report(str(storage), str(job_root), probe_timeout=0.4)
         took = time.monotonic() - started
     assert ret["engine"] == "ok"
     assert ret["jobs"][JOB] == {
         "user": USER,
+        "uid": str(UID),
+        "gid": str(UID),
+        "address": OWN,
         "containers": {"worker": "running", "launcher": "running"},
         "launcher_exit_code": None,
         "failure": None,
+        "limits_hit": [],
         "secrets": True,
         "peers": {"127.0.0.2": True, "127.0.0.3": False, "127.0.0.4": False,
                   "127.0.0.5": False},
@@ -154,17 +188,17 @@ def test_peers_are_not_probed_once_no_container_runs(storage, job_root, listener
     listeners.listen("127.0.0.2")
     _secrets(job_root, JOB, [OWN, "127.0.0.2"], listeners.port)
     with _engine(_container(JOB, "worker", "exited", 137)):
-        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET)
+        ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["containers"] == {"worker": "exited", "launcher": None}
     assert ret["jobs"][JOB]["peers"] == {}
 
 
 def test_exited_launcher_reports_exit_code_and_failed_rank(storage, job_root):
     stderr = (STDERR_DATA / "exit3.stderr").read_text()
-    (storage / "users" / USER / "mpi-jobs" / JOB / "stderr").write_text(stderr)
+    _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", stderr)
     with _engine(_container(JOB, "worker", "running"),
                  _container(JOB, "launcher", "exited", 3)):
-        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET)
+        ret = mpi_job.report(str(storage), str(job_root))
     job = ret["jobs"][JOB]
     assert job["launcher_exit_code"] == 3
     assert job["failure"] == {"rank": 1, "exit_code": 3}
@@ -174,7 +208,7 @@ def test_exited_launcher_reports_exit_code_and_failed_rank(storage, job_root):
 def test_successful_launcher_has_no_failure(storage, job_root):
     # Even with a failure message in stderr, exit code 0 means nothing failed.
     stderr = (STDERR_DATA / "segv.stderr").read_text()
-    (storage / "users" / USER / "mpi-jobs" / JOB / "stderr").write_text(stderr)
+    _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", stderr)
     with _engine(_container(JOB, "launcher", "exited", 0)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["launcher_exit_code"] == 0
@@ -183,7 +217,7 @@ def test_successful_launcher_has_no_failure(storage, job_root):
 
 def test_only_the_last_64_kib_of_stderr_are_read(storage, job_root):
     stderr = (STDERR_DATA / "segv.stderr").read_text() + "x" * 70000
-    (storage / "users" / USER / "mpi-jobs" / JOB / "stderr").write_text(stderr)
+    _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", stderr)
     with _engine(_container(JOB, "launcher", "exited", 139)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["launcher_exit_code"] == 139
@@ -203,14 +237,18 @@ def test_engine_down_reports_the_error_and_jobs_from_secrets_only(storage, job_r
     _secrets(job_root, JOB, [OWN, "127.0.0.2"], listeners.port)
     down = docker.errors.DockerException("Error while fetching server API version")
     with patch.object(mpi_job.docker, "from_env", side_effect=down):
-        ret = mpi_job.report(str(storage), str(job_root), cluster_network=NET)
+        ret = mpi_job.report(str(storage), str(job_root))
     assert "fetching server API version" in ret["engine"]
     assert ret["jobs"] == {
         JOB: {
             "user": None,
+            "uid": None,
+            "gid": None,
+            "address": None,
             "containers": {"worker": None, "launcher": None},
             "launcher_exit_code": None,
             "failure": None,
+            "limits_hit": [],
             "secrets": True,
             "peers": {},
         }
@@ -230,12 +268,42 @@ def test_jobs_are_merged_from_containers_and_secret_dirs_and_junk_is_ignored(sto
     assert ret["jobs"][OTHER_JOB]["containers"] == {"worker": None, "launcher": None}
 
 
-def test_without_cluster_network_no_local_address_is_a_peer(storage, job_root, listeners):
-    listeners.listen("127.0.0.2")
-    _secrets(job_root, JOB, ["10.9.9.9", OWN, "127.0.0.2"], listeners.port)
-    with _engine(_container(JOB, "worker", "running")):
+def test_a_report_never_raises_on_what_the_job_wrote(storage, job_root, tmp_path):
+    job_dir = storage / "users" / USER / "mpi-jobs" / JOB
+    huge_rank = ("mpirun noticed that process rank " + "9" * 5000 + " with PID 1 on node n "
+                 "exited on signal 11 (Segmentation fault).\n")
+    _write(job_dir / "stderr", huge_rank)
+    with _engine(_container(JOB, "launcher", "exited", 1)):
+        assert mpi_job.report(str(storage), str(job_root))["jobs"][JOB]["failure"] is None
+    # The job's directory swapped for a chain of 1100 symlinks, and a FIFO as stderr.
+    users = storage / "users" / USER
+    os.rename(users / "mpi-jobs", users / "real")
+    for i in range(1100):
+        os.symlink(f"l{i + 1}", users / f"l{i}")
+    os.symlink("real", users / "l1100")
+    os.symlink("l0", users / "mpi-jobs")
+    with _engine(_container(JOB, "launcher", "exited", 1)):
+        started = time.monotonic()
         ret = mpi_job.report(str(storage), str(job_root))
-    assert ret["jobs"][JOB]["peers"] == {"127.0.0.2": True}
+    assert ret["jobs"][JOB]["failure"] is None and time.monotonic() - started < 5
+    os.unlink(users / "mpi-jobs")
+    os.rename(users / "real", users / "mpi-jobs")
+    os.unlink(job_dir / "stderr")
+    os.mkfifo(job_dir / "stderr")
+    with _engine(_container(JOB, "launcher", "exited", 1)):
+        started = time.monotonic()
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["failure"] is None and time.monotonic() - started < 5
+
+
+def test_stderr_is_read_as_the_users_uid(storage, job_root):
+    # A file in the user's directory that the user's uid cannot read stays unread.
+    path = storage / "users" / USER / "mpi-jobs" / JOB / "stderr"
+    path.write_text((STDERR_DATA / "exit3.stderr").read_text())
+    os.chmod(path, 0o600)  # owned by root, not the user
+    with _engine(_container(JOB, "launcher", "exited", 3)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["failure"] is None
 
 
 @pytest.mark.parametrize(
@@ -245,7 +313,6 @@ def test_without_cluster_network_no_local_address_is_a_peer(storage, job_root, l
         {"job_root": "jobs"},
         {"probe_timeout": 0},
         {"probe_timeout": "soon"},
-        {"cluster_network": "not-a-network"},
     ],
 )
 def test_report_rejects_bad_arguments(storage, job_root, kwargs):
@@ -259,24 +326,24 @@ def test_report_rejects_bad_arguments(storage, job_root, kwargs):
 
 def test_read_output_returns_the_tail(storage):
     path = storage / "users" / USER / "mpi-jobs" / JOB / "stdout"
-    path.write_text("head\n" + "y" * 100 + "\nlast line\n")
-    assert mpi_job.read_output(JOB, str(storage), USER, tail_bytes=10) == "last line\n"
-    assert mpi_job.read_output(JOB, str(storage), USER).startswith("head\n")
+    _write(path, "head\n" + "y" * 100 + "\nlast line\n")
+    assert mpi_job.read_output(JOB, str(storage), USER, UID, UID, tail_bytes=10) == "last line\n"
+    assert mpi_job.read_output(JOB, str(storage), USER, UID, UID).startswith("head\n")
 
 
 def test_read_output_reads_stderr(storage):
-    path = storage / "users" / USER / "mpi-jobs" / JOB / "stderr"
-    path.write_text("oops\n")
-    assert mpi_job.read_output(JOB, str(storage), USER, stream="stderr") == "oops\n"
+    _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", "oops\n")
+    assert mpi_job.read_output(JOB, str(storage), USER, UID, UID, stream="stderr") == "oops\n"
 
 
 @pytest.mark.parametrize(
     "args, kwargs",
     [
-        ((JOB, "USER_DIR", USER), {"stream": "status.json"}),
-        ((JOB, "USER_DIR", USER), {"tail_bytes": 0}),
-        (("../x", "USER_DIR", USER), {}),
-        ((JOB, "USER_DIR", "../root"), {}),
+        ((JOB, "USER_DIR", USER, UID, UID), {"stream": "status.json"}),
+        ((JOB, "USER_DIR", USER, UID, UID), {"tail_bytes": 0}),
+        (("../x", "USER_DIR", USER, UID, UID), {}),
+        ((JOB, "USER_DIR", "../root", UID, UID), {}),
+        ((JOB, "USER_DIR", USER, 0, 0), {}),
     ],
 )
 def test_read_output_rejects_bad_arguments(storage, args, kwargs):
@@ -287,7 +354,7 @@ def test_read_output_rejects_bad_arguments(storage, args, kwargs):
 
 def test_read_output_missing_file_is_an_execution_error(storage):
     with pytest.raises(CommandExecutionError, match="cannot read the stdout"):
-        mpi_job.read_output(JOB, str(storage), USER)
+        mpi_job.read_output(JOB, str(storage), USER, UID, UID)
 
 
 def test_read_output_refuses_a_symlink_planted_by_the_job(storage, tmp_path):
@@ -295,7 +362,7 @@ def test_read_output_refuses_a_symlink_planted_by_the_job(storage, tmp_path):
     secret.write_text("private key\n")
     os.symlink(secret, storage / "users" / USER / "mpi-jobs" / JOB / "stdout")
     with pytest.raises(CommandExecutionError):
-        mpi_job.read_output(JOB, str(storage), USER)
+        mpi_job.read_output(JOB, str(storage), USER, UID, UID)
 
 
 def test_read_output_refuses_a_job_dir_leading_outside_the_user_dir(storage, tmp_path):
@@ -304,13 +371,13 @@ def test_read_output_refuses_a_job_dir_leading_outside_the_user_dir(storage, tmp
     (outside / "stdout").write_text("not the user's\n")
     job_dir = storage / "users" / USER / "mpi-jobs" / OTHER_JOB
     os.symlink(outside, job_dir)
-    with pytest.raises(CommandExecutionError, match="outside"):
-        mpi_job.read_output(OTHER_JOB, str(storage), USER)
+    with pytest.raises(CommandExecutionError, match="cannot read the stdout"):
+        mpi_job.read_output(OTHER_JOB, str(storage), USER, UID, UID)
 
 
 def test_read_output_does_not_block_on_a_fifo(storage):
     os.mkfifo(storage / "users" / USER / "mpi-jobs" / JOB / "stdout")
     started = time.monotonic()
-    with pytest.raises(CommandExecutionError, match="not a regular file"):
-        mpi_job.read_output(JOB, str(storage), USER)
-    assert time.monotonic() - started < 1
+    with pytest.raises(CommandExecutionError, match="cannot read the stdout"):
+        mpi_job.read_output(JOB, str(storage), USER, UID, UID)
+    assert time.monotonic() - started < 5  # a blocked open would hang until the timeout

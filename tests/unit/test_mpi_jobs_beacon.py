@@ -22,7 +22,6 @@ PEER2 = "10.0.0.13"
 CONFIG = [
     {"storage_path": "/srv/dockermpi"},
     {"job_root": "/var/lib/dockermpi/jobs"},
-    {"cluster_network": "10.0.0.0/24"},
     {"interval": 1},
 ]
 
@@ -77,7 +76,6 @@ def test_valid_config_passes():
         ([{"job_root": "/var/lib/dockermpi/jobs"}], "storage_path"),
         ([{"storage_path": "srv/dockermpi"}], "storage_path"),
         ([{"storage_path": "/srv"}, {"job_root": "jobs"}], "job_root"),
-        ([{"storage_path": "/srv"}, {"cluster_network": "10.0.0.0/33"}], "cluster_network"),
         ([{"storage_path": "/srv"}, {"probe_timeout": -1}], "probe_timeout"),
         ([{"storage_path": "/srv"}, {"failures": 0}], "failures"),
         (["storage_path"], "list of dicts"),
@@ -115,7 +113,6 @@ def test_one_event_tagged_report_carries_the_report(report_fn):
     report_fn.assert_called_once_with(
         "/srv/dockermpi",
         job_root="/var/lib/dockermpi/jobs",
-        cluster_network="10.0.0.0/24",
         probe_timeout=0.5,
     )
 
@@ -123,8 +120,15 @@ def test_one_event_tagged_report_carries_the_report(report_fn):
 def test_defaults_fill_missing_keys(report_fn):
     mpi_jobs.beacon([{"storage_path": "/data"}])
     report_fn.assert_called_once_with(
-        "/data", job_root="/var/lib/dockermpi/jobs", cluster_network=None, probe_timeout=0.5
+        "/data", job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5
     )
+
+
+def test_a_failing_report_still_sends_the_heartbeat_with_the_error(report_fn):
+    report_fn.side_effect = RecursionError("maximum recursion depth exceeded")
+    events = mpi_jobs.beacon(CONFIG)
+    assert len(events) == 1 and events[0]["tag"] == "report" and events[0]["jobs"] == {}
+    assert events[0]["error"] == "RecursionError: maximum recursion depth exceeded"
 
 
 def test_a_peer_is_unreachable_after_two_failed_probes_in_a_row(report_fn):

@@ -146,7 +146,7 @@ def test_passwd_names_guest_with_data_home():
     text = mpi_launch.passwd_text("guest", 2000, 2000)
     entries = {fields[0]: fields for fields in (line.split(":") for line in text.splitlines())}
     assert all(len(fields) == 7 for fields in entries.values())
-    assert entries["guest"] == ["guest", "x", "2000", "2000", "DockerMPI guest", "/data", "/bin/sh"]
+    assert entries["guest"] == ["guest", "x", "2000", "2000", "DockerMPI user", "/data", "/bin/sh"]
     assert entries["root"][2] == "0"
     assert "sshd" in entries
 
@@ -206,7 +206,6 @@ def test_hostfile_rejects(placement, message):
 def _argv(**kwargs):
     args = {
         "np": 4,
-        "program": ["python3", "-c", "print(1)"],
         "cluster_cidr": CIDR,
         "oob_ports": OOB,
         "btl_ports": BTL,
@@ -221,7 +220,7 @@ def test_mpirun_argv_settings():
     argv = _argv(env_names=["OMP_NUM_THREADS", "MY_VAR"])
     assert argv[:7] == ["mpirun", "--hostfile", "/run/dockermpi/hostfile", "-np", "4",
                         "--wdir", "/data/jobs/42"]
-    assert argv[-3:] == ["python3", "-c", "print(1)"]
+    assert argv[-2:] == ["/bin/sh", "/run/dockermpi/program"]
     mca = _mca(argv)
     assert mca["oob_tcp_if_include"] == CIDR
     assert mca["btl_tcp_if_include"] == CIDR
@@ -254,9 +253,45 @@ def test_custom_keepalive():
             mca["oob_tcp_keepalive_probes"]) == ("5", "2", "4")
 
 
-def test_program_is_passed_verbatim():
-    program = ["./a.out", "$(touch /tmp/pwned)", "; rm -rf /", "--mca", "a b"]
-    assert _argv(program=program)[-5:] == program
+HOSTILE_PROGRAM = ["printf", "%s\\0", "$(touch pwned)", "; touch pwned2", "`id`", "a b", ":",
+                   "-np", "6", "--host", "x:6", "--mca", "plm", "isolated", "it's", "\n", "",
+                   "\\", "*"]
+
+
+def test_the_program_never_reaches_mpirun_argv():
+    argv = _argv()
+    # mpirun reads ':' as a new program group: nothing of the user's may be in its argv.
+    assert ":" not in argv
+    assert argv[-2:] == ["/bin/sh", "/run/dockermpi/program"]
+
+
+def test_program_script_runs_every_word_as_data(tmp_path):
+    script = tmp_path / "program"
+    script.write_text(mpi_launch.program_script_text(HOSTILE_PROGRAM))
+    result = subprocess.run(["/bin/sh", str(script)], cwd=tmp_path, capture_output=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split("\0")[:-1] == HOSTILE_PROGRAM[2:]
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+
+
+def test_program_script_keeps_the_exit_code_and_reports_a_missing_program(tmp_path):
+    script = tmp_path / "program"
+    script.write_text(mpi_launch.program_script_text(["sh", "-c", "exit 7"]))
+    assert subprocess.run(["/bin/sh", str(script)], check=False).returncode == 7
+    script.write_text(mpi_launch.program_script_text(["no-such-program-here"]))
+    assert subprocess.run(["/bin/sh", str(script)], capture_output=True,
+                          check=False).returncode == 127
+
+
+@pytest.mark.parametrize(
+    "program, message",
+    [("python3 app.py", "list"), ([], "non-empty"), (["a", 3], "strings"),
+     (["a\0b"], "NUL"), ([""], "program name")],
+)
+def test_program_script_rejects(program, message):
+    with pytest.raises(ValueError, match=message):
+        mpi_launch.program_script_text(program)
 
 
 @pytest.mark.parametrize(
@@ -264,10 +299,6 @@ def test_program_is_passed_verbatim():
     [
         ({"np": 0}, "np"),
         ({"np": "4"}, "np"),
-        ({"program": "python3 app.py"}, "list"),
-        ({"program": []}, "non-empty"),
-        ({"program": ["--mca", "x", "y"]}, "option"),
-        ({"program": ["a", 3]}, "strings"),
         ({"cluster_cidr": "eth0"}, "CIDR"),
         ({"cluster_cidr": "10.197.1.5/24"}, "not a network"),
         ({"cluster_cidr": "fd00::/64"}, "IPv4"),
@@ -291,17 +322,17 @@ def test_mpirun_argv_rejects(kwargs, message):
 
 def test_launcher_argv_wraps_mpirun_in_fixed_script():
     argv = mpi_launch.launcher_argv(
-        "/data/jobs/42/stdout", "/data/jobs/42/stderr", 4, ["python3", "x.py"], CIDR, OOB, BTL,
-        SSH_PORT, "/data/jobs/42",
+        "/data/jobs/42/stdout", "/data/jobs/42/stderr", 4, CIDR, OOB, BTL, SSH_PORT,
+        "/data/jobs/42",
     )
     assert argv[:6] == ["/bin/sh", "-c", mpi_launch.LAUNCHER_SCRIPT, "sh",
                         "/data/jobs/42/stdout", "/data/jobs/42/stderr"]
-    assert argv[6:] == _argv(program=["python3", "x.py"])
+    assert argv[6:] == _argv()
 
 
 def test_launcher_argv_rejects_same_output_file():
     with pytest.raises(ValueError, match="differ"):
-        mpi_launch.launcher_argv("/data/o", "/data/o", 1, ["x"], CIDR, OOB, BTL, SSH_PORT, "/data")
+        mpi_launch.launcher_argv("/data/o", "/data/o", 1, CIDR, OOB, BTL, SSH_PORT, "/data")
 
 
 def test_launcher_script_redirects_and_keeps_exit_code(tmp_path):
@@ -361,6 +392,14 @@ def test_parse_unknown_signal_number_keeps_text():
     assert mpi_launch.parse_mpirun_failure(text) == {"rank": 5, "signal": 99, "signal_name": "Odd signal"}
 
 
-def test_parse_rejects_bytes():
-    with pytest.raises(ValueError, match="string"):
-        mpi_launch.parse_mpirun_failure(b"bytes")
+def test_parse_never_raises_on_what_a_job_can_write():
+    assert mpi_launch.parse_mpirun_failure(b"bytes") is None
+    huge_rank = ("mpirun noticed that process rank " + "9" * 5000 + " with PID 12 on node n "
+                 "exited on signal 11 (Segmentation fault).\n")
+    assert mpi_launch.parse_mpirun_failure(huge_rank) is None
+    unicode_digits = "MPI_ABORT was invoked on rank \u0663 in communicator W\nwith errorcode 1.\n"
+    assert mpi_launch.parse_mpirun_failure(unicode_digits) is None
+    odd_signal = ("mpirun noticed that process rank 1 with PID 12 on node n exited on "
+                  "signal 999.\n")
+    assert mpi_launch.parse_mpirun_failure(odd_signal) == {"rank": 1, "signal": 999,
+                                                           "signal_name": "SIG999"}

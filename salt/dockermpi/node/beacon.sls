@@ -15,6 +15,5 @@ mpi-node-beacon-present:
     - interval: 1
     - storage_path: {{ mpi.storage.path | json }}
     - job_root: {{ mpi.job_root | json }}
-    - cluster_network: {{ mpi.cluster_network | json }}
     - require:
       - file: mpi-node-jobs-root-directory

@@ -2,11 +2,16 @@
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 {#- What a node needs to start job containers: job_root, the node-local home of
     per-job secrets (ssh keys), which only root may list (0711: a job reaches its
-    own subdirectory by name); and setpriv (util-linux) to drop to the guest uid. #}
+    own subdirectory by name); nsenter (util-linux) and iptables to close each job's
+    network namespace to all but the job's own containers, and ssh-keyscan
+    (openssh-client) to check a job's sshd by its host key, not its banner. #}
 
-mpi-node-jobs-util-linux-installed:
+mpi-node-jobs-tools-installed:
   pkg.installed:
-    - name: util-linux
+    - pkgs:
+      - util-linux
+      - iptables
+      - openssh-client
 
 mpi-node-jobs-root-directory:
   file.directory:

@@ -1,0 +1,364 @@
+"""Users are mutually untrusted: on the real cluster, user A ("mallory") runs hostile jobs
+against user B ("victim"), and B's files, jobs and nodes come through unharmed.
+
+Each test is one attack from inside A's own job (everything A's program can do: files in
+A's directory, processes, the network) or through A's submit arguments. Each checks that
+B is untouched, that A's job ends with a clear reason, that the node keeps reporting,
+and (fixture) that nothing of any job is left on any node.
+"""
+
+import json
+import time
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+ATTACKER, VICTIM = "mallory", "victim"
+STORAGE = "/srv/dockermpi/users"
+SECRET = f"{STORAGE}/{VICTIM}/secret.txt"
+SECRET_TEXT = "victim's data, not to be touched\n"
+SSHD_PORT = 20000  # the job's sshd port inside its own network namespace (pillar)
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def run(cluster, fun, **kwargs):
+    return cluster.run_json(fun, **kwargs)
+
+
+def submit(cluster, user, cmd, **kwargs):
+    kwargs.setdefault("image", "mpi")
+    kwargs.setdefault("np", 1)
+    code, job = run(cluster, "mpi.submit", user=user, cmd=cmd, **kwargs)
+    assert code == 0 and job["state"] == "queued", job
+    return job["job_id"]
+
+
+def wait_for(cluster, job_id, states, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        _, job = run(cluster, "mpi.status", job_id=job_id)
+        closed = job["state"] not in FINAL or "total" in job.get("timings", {})
+        if job["state"] in states and closed:
+            return job
+        assert time.monotonic() < deadline, f"{job_id} still {job['state']} after {timeout}s"
+        time.sleep(0.5)
+
+
+def launch(cluster, user, cmd, **kwargs):
+    kwargs.setdefault("image", "mpi")
+    kwargs.setdefault("np", 1)
+    return run(cluster, "mpi.launch", user=user, cmd=cmd, **kwargs)
+
+
+def shell(script):
+    """A job program: /bin/sh running script (the words stay data for mpirun)."""
+    return ["/bin/sh", "-c", script]
+
+
+def victim_files(cluster):
+    """What B has on shared storage, as (path, owner, mode, size) rows, and B's secret
+    (B's own jobs write only under mpi-jobs/, which is left out)."""
+    _, listing = cluster.exec(cluster.nodes[-1], [
+        "find", f"{STORAGE}/{VICTIM}", "-maxdepth", "1", "!", "-name", "mpi-jobs",
+        "-printf", "%p %u %m %s\n"])
+    return sorted(listing.splitlines()), cluster.read_shared(SECRET)
+
+
+def node_reports(cluster, node):
+    _, nodes = run(cluster, "mpi.nodes")
+    return nodes[node]["reachable"]
+
+
+@pytest.fixture(scope="module")
+def victim(cluster):
+    """B's account, a file of B's, and a check that it never changes."""
+    account = cluster.account(VICTIM)
+    cluster.as_user(VICTIM, ["sh", "-c", f"printf %s \"$1\" > {SECRET}", "sh", SECRET_TEXT])
+    cluster.account(ATTACKER)
+    return account
+
+
+@pytest.fixture(autouse=True)
+def victim_unharmed_and_nothing_left(cluster, victim):
+    before = victim_files(cluster)
+    yield
+    _, active = run(cluster, "mpi.list", state="queued,starting,running")
+    for job in active:
+        run(cluster, "mpi.cancel", job_id=job["job_id"])
+    deadline = time.monotonic() + 30
+    while cluster.job_leftovers() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert cluster.job_leftovers() == {}
+    assert victim_files(cluster) == before, "the victim's files changed"
+    assert cluster.read_shared(SECRET) == SECRET_TEXT
+    assert active == [], "the test left jobs queued or running"
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def test_each_user_has_their_own_uid_and_a_directory_closed_to_others(cluster, victim):
+    attacker = cluster.account(ATTACKER)
+    assert attacker["uid"] != victim["uid"]
+    assert cluster.account(VICTIM)["uid"] == victim["uid"], "a user's uid must be stable"
+    for account in (attacker, victim):
+        _, out = cluster.exec(cluster.nodes[0], ["stat", "-c", "%u %g %a", account["dir"]])
+        assert out.split() == [str(account["uid"]), str(account["gid"]), "700"]
+    # Even on the node, A's uid cannot read B's directory.
+    code, _ = cluster.as_user(ATTACKER, ["cat", SECRET], check=False)
+    assert code != 0
+
+
+def test_a_job_runs_as_its_users_uid_and_sees_only_their_directory(cluster, victim):
+    code, job = launch(cluster, ATTACKER, shell(
+        f"id -u; id -g; ls /data/..; cat {SECRET} 2>&1; ls {STORAGE} 2>&1; true"))
+    assert code == 0, job
+    out = cluster.read_shared(job["output"]["stdout"]).splitlines()
+    attacker = cluster.account(ATTACKER)
+    assert out[:2] == [str(attacker["uid"]), str(attacker["gid"])]
+    assert VICTIM not in "\n".join(out[2:]).replace(f"{STORAGE}/{VICTIM}", "")
+    assert SECRET_TEXT.strip() not in "\n".join(out)
+
+
+def test_privileges_of_running_job_containers(cluster, victim):
+    job_id = submit(cluster, VICTIM, "sleep 300", np=4, nodes="node1,node2")
+    job = wait_for(cluster, job_id, ("running",))
+    for node in job["placement"]:
+        _, names = cluster.exec(node, ["docker", "ps", "--filter", f"label=io.dockermpi.job={job_id}",
+                                       "--format", "{{.Names}}"])
+        for name in names.split():
+            _, raw = cluster.exec(node, ["docker", "inspect", name])
+            info = json.loads(raw)[0]
+            host = info["HostConfig"]
+            assert info["Config"]["User"] == f"{victim['uid']}:{victim['gid']}"
+            assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+            assert "no-new-privileges" in host["SecurityOpt"]
+            assert host["Privileged"] is False and host["ReadonlyRootfs"] is True
+            assert host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
+            assert host["Tmpfs"]["/tmp"].startswith("rw,nosuid,nodev,size=")
+            sources = sorted(m["Source"] for m in info["Mounts"])
+            keys = f"/var/lib/dockermpi/jobs/{job_id}"
+            assert sources == sorted([f"{STORAGE}/{VICTIM}", keys, f"{keys}/group",
+                                      f"{keys}/passwd"])
+            assert all(m["RW"] is False for m in info["Mounts"] if m["Source"].startswith(keys))
+            _, status = cluster.exec(node, ["docker", "exec", name, "cat", "/proc/1/status"])
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            assert fields["CapEff"].strip() == "0000000000000000"
+            assert fields["NoNewPrivs"].strip() == "1"
+            assert fields["Uid"].split()[0] == str(victim["uid"])
+    run(cluster, "mpi.cancel", job_id=job_id)
+    wait_for(cluster, job_id, ("cancelled",))
+
+
+# --------------------------------------------------------------------- files the node touches
+
+
+def test_symlinks_planted_in_a_job_directory_never_lead_the_node_elsewhere(cluster, victim):
+    # Every name the node writes or reads in A's job directory points at B's file, and
+    # A's own job directory path is replaced by a link into B's directory at the end.
+    attack = (
+        'd="$DMPI_JOB_DIR"; '
+        f'for n in status.json status.json.tmp stdout.tmp; do ln -sf {SECRET} "$d/$n"; done; '
+        f'ln -sf ../../../{VICTIM}/secret.txt "$d/stderr.link"; '
+        'mkdir -p /data/elsewhere; mv "$d" /data/elsewhere/job; '
+        f'ln -s {STORAGE}/{VICTIM} "$d"; exit 1'
+    )
+    code, job = launch(cluster, ATTACKER, shell(attack))
+    assert code == 1
+    assert job["state"] == "failed" and job["reason"]
+    assert "total" in job["timings"] and "cleanup" in job["timings"]
+    assert all(node_reports(cluster, node) for node in cluster.nodes)
+
+
+def test_a_fifo_and_a_1100_link_chain_do_not_hang_or_silence_the_node(cluster, victim):
+    attack = (
+        'd="$DMPI_JOB_DIR"; mkfifo "$d/status.json.tmp" "$d/status.json"; '
+        'rm -f "$d/stderr"; mkfifo "$d/stderr"; '
+        'mv /data/mpi-jobs /data/mpi-jobs.real; '
+        'i=0; while [ $i -lt 1100 ]; do ln -s "l$((i+1))" "/data/l$i"; i=$((i+1)); done; '
+        'ln -s mpi-jobs.real /data/l1100; ln -s l0 /data/mpi-jobs; exit 1'
+    )
+    code, job = launch(cluster, ATTACKER, shell(attack), nodes="node1")
+    assert code == 1 and job["state"] == "failed"
+    assert job["timings"]["cleanup"] < 15, "the node's status writer hung"
+    time.sleep(3)
+    assert node_reports(cluster, "node1"), "node1 stopped reporting"
+    # B's next job on the same node runs as usual.
+    code, other = launch(cluster, VICTIM, "hostname", nodes="node1")
+    assert code == 0 and other["state"] == "succeeded", other
+    cluster.as_user(ATTACKER, ["sh", "-c", "rm -rf /srv/dockermpi/users/mallory/l* "
+                               "/srv/dockermpi/users/mallory/mpi-jobs && mv "
+                               "/srv/dockermpi/users/mallory/mpi-jobs.real "
+                               "/srv/dockermpi/users/mallory/mpi-jobs"])
+
+
+def test_job_output_cannot_make_the_report_raise(cluster, victim):
+    # A rank number of 5000 digits in the place mpirun prints its verdict, then an exit.
+    forged = ("mpirun noticed that process rank " + "9" * 5000 + " with PID 1 on node x "
+              "exited on signal 11 (Segmentation fault).")
+    code, job = launch(cluster, ATTACKER, shell(f'echo "{forged}" >&2; exit 3'), nodes="node1")
+    assert code == 1 and job["state"] == "failed"
+    time.sleep(2)
+    assert node_reports(cluster, "node1")
+
+
+# ------------------------------------------------------------------------------ network
+
+
+def test_another_users_job_cannot_squat_ports_or_reach_a_jobs_endpoints(cluster, victim):
+    # B's job holds a node pair; A's job on the same nodes binds every port DockerMPI
+    # uses and scans the job address pool for anything that answers.
+    b_job = submit(cluster, VICTIM, "sleep 300", np=1, nodes="node1")
+    b = wait_for(cluster, b_job, ("running",))
+    squat_and_scan = (
+        "import socket, sys, json, os\n"
+        "held = []\n"
+        "for port in range(20000, 21000):\n"
+        "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "    try:\n"
+        "        s.bind(('0.0.0.0', port)); s.listen(); held.append(s)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "mine = set(os.environ['DMPI_ADDRESSES'].split(','))\n"
+        "found = []\n"
+        "for last in range(129, 255):\n"
+        "    address = f'10.251.1.{last}'\n"
+        "    if address in mine: continue\n"
+        "    for port in (20000, 20100, 20101, 20300):\n"
+        "        c = socket.socket(); c.settimeout(0.05)\n"
+        "        if c.connect_ex((address, port)) == 0: found.append([address, port])\n"
+        "        c.close()\n"
+        "print(json.dumps({'held': len(held), 'found': found}), flush=True)\n"
+        "import time; time.sleep(120)\n"
+    )
+    a_job = submit(cluster, ATTACKER, ["python3", "-c", squat_and_scan], np=2,
+                   nodes="node1,node2", slots_per_node=1)
+    a = wait_for(cluster, a_job, ("running",))
+    deadline = time.monotonic() + 60
+    while not cluster.read_shared(a["output"]["stdout"]).strip():
+        assert time.monotonic() < deadline, "the scan did not finish"
+        time.sleep(1)
+    results = [json.loads(line) for line in cluster.read_shared(a["output"]["stdout"]).splitlines()]
+    # A really holds the ports: all but its own sshd's and, beside the launcher, the
+    # 200 out-of-band ports its own mpirun listens on.
+    assert len(results) == 2 and all(r["held"] > 750 for r in results), results
+    assert all(r["found"] == [] for r in results), f"A reached another job: {results}"
+    assert wait_for(cluster, b_job, ("running",))["state"] == "running"
+    assert b["job_addresses"]["node1"] != a["job_addresses"]["node1"]
+    # While A squats on node1, B starts another job there (in B's slot) and it runs.
+    run(cluster, "mpi.cancel", job_id=b_job)
+    wait_for(cluster, b_job, ("cancelled",))
+    code, again = launch(cluster, VICTIM, "python3 -c 'from mpi4py import MPI; "
+                         "print(MPI.COMM_WORLD.Get_size())'", np=1, nodes="node1")
+    assert code == 0 and again["state"] == "succeeded", again
+    assert wait_for(cluster, a_job, ("running",))["state"] == "running"
+    run(cluster, "mpi.cancel", job_id=a_job)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def test_mpirun_syntax_in_cmd_stays_arguments_of_the_users_program(cluster, victim):
+    code, job = launch(cluster, ATTACKER,
+                       "echo : -np 6 --oversubscribe --host node1:6 --mca plm isolated echo",
+                       np=1)
+    assert code == 0, job
+    assert cluster.read_shared(job["output"]["stdout"]).splitlines() == [
+        ": -np 6 --oversubscribe --host node1:6 --mca plm isolated echo"]
+
+
+@pytest.mark.parametrize("nodes", ["I@mpi:slots_per_node:2", "I@mpi:slots_per_node:3",
+                                   "G@roles:mpi-node or I@mpi:x:y", "P@os:Debian", "node1 or node2"])
+def test_nodes_never_answers_questions_about_pillar_or_other_targets(cluster, victim, nodes):
+    code, job = run(cluster, "mpi.submit", user=ATTACKER, image="mpi", np=1, cmd="hostname",
+                    nodes=nodes)
+    assert code == 1 and job["state"] == "rejected"
+    assert "one grain match" in job["error"]
+
+
+def test_a_grain_match_selects_nodes(cluster, victim):
+    code, job = launch(cluster, ATTACKER, "hostname", np=2, nodes="G@roles:mpi-node")
+    assert code == 0 and job["state"] == "succeeded", job
+
+
+def test_queue_and_size_limits_refuse_cleanly(cluster, victim):
+    code, job = run(cluster, "mpi.submit", user=ATTACKER, image="mpi", np=1,
+                    cmd=["echo", "x" * 70000])
+    assert code == 1 and "cmd" in job["error"]
+    code, job = run(cluster, "mpi.submit", user=ATTACKER, image="mpi", np=1, cmd="hostname",
+                    env={"BIG": "y" * 70000})
+    assert code == 1 and "env" in job["error"]
+    for walltime in ("\u0663\u0660", "9" * 5000, "1e9"):
+        code, job = run(cluster, "mpi.submit", user=ATTACKER, image="mpi", np=1,
+                        cmd="hostname", walltime=walltime)
+        assert code == 1 and job["state"] == "rejected" and "walltime" in job["error"], job
+
+
+# -------------------------------------------------------------------------------- limits
+
+
+def test_a_fork_bomb_ends_only_its_own_job_with_the_limit_named(cluster, victim):
+    b_job = submit(cluster, VICTIM, "sleep 300", np=1, nodes="node1")
+    wait_for(cluster, b_job, ("running",))
+    bomb = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
+    code, job = launch(cluster, ATTACKER, ["python3", "-c", bomb], np=1, nodes="node1",
+                       walltime="2m")
+    assert code == 1 and job["state"] == "failed"
+    assert "process limit" in job["reason"], job["reason"]
+    assert job["timings"]["mpirun"] < 60
+    assert wait_for(cluster, b_job, ("running",))["state"] == "running"
+    assert node_reports(cluster, "node1")
+    run(cluster, "mpi.cancel", job_id=b_job)
+
+
+def test_a_memory_hog_ends_only_its_own_job_with_the_limit_named(cluster, victim):
+    b_job = submit(cluster, VICTIM, "sleep 300", np=1, nodes="node1")
+    wait_for(cluster, b_job, ("running",))
+    hog = "chunks = []\nwhile True:\n    chunks.append(bytearray(64 << 20))\n"
+    code, job = launch(cluster, ATTACKER, ["python3", "-c", hog], np=1, nodes="node1",
+                       walltime="2m")
+    assert code == 1 and job["state"] == "failed"
+    assert "memory limit" in job["reason"], job["reason"]
+    assert wait_for(cluster, b_job, ("running",))["state"] == "running"
+    run(cluster, "mpi.cancel", job_id=b_job)
+
+
+def test_the_root_file_system_is_read_only_and_tmp_is_sized(cluster, victim):
+    code, job = launch(cluster, ATTACKER, shell(
+        "touch /etc/x 2>/dev/null && echo root-writable; "
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=4096 2>/dev/null; "
+        "du -m /tmp/fill | cut -f1"))
+    assert code == 0, job
+    out = cluster.read_shared(job["output"]["stdout"]).split()
+    assert "root-writable" not in out
+    assert int(out[-1]) < 4096
+
+
+# ---------------------------------------------------------------------------- migration
+
+
+def test_a_guest_owned_tree_is_migrated_to_the_users_own_uid(cluster, victim):
+    legacy = f"{STORAGE}/legacy"
+    node = cluster.nodes[0]
+    guest = ["setpriv", "--reuid=2000", "--regid=2000", "--clear-groups", "--"]
+    cluster.exec(node, ["sh", "-c", f"rm -rf {legacy} /srv/dockermpi/outside && "
+                        f"mkdir -m 0711 {legacy} && chown 2000:2000 {legacy} && "
+                        "install -o 2000 -g 2000 -m 0644 /dev/null /srv/dockermpi/outside"])
+    cluster.exec(node, guest + ["sh", "-c", f"mkdir -p {legacy}/data && echo hi > "
+                                f"{legacy}/data/x && ln -s /srv/dockermpi/outside {legacy}/link"])
+    code, result = run(cluster, "mpi.migrate_users")
+    assert code == 0, result
+    uid = result["migrated"]["legacy"]["uid"]
+    _, out = cluster.exec(node, ["sh", "-c", f"stat -c '%u %a' {legacy}; stat -c %u "
+                                 f"{legacy}/data/x; stat -c %u /srv/dockermpi/outside; "
+                                 f"stat -c %u {legacy}/link"])
+    assert out.split() == [str(uid), "700", str(uid), "2000", str(uid)]
+    code, job = launch(cluster, "legacy", "cat data/x")
+    assert code == 0 and cluster.read_shared(job["output"]["stdout"]) == "hi\n"
+    code, again = run(cluster, "mpi.migrate_users")
+    assert code == 0 and "legacy" not in again["migrated"]
+    cluster.exec(node, ["rm", "-f", "/srv/dockermpi/outside"])
