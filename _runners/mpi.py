@@ -345,6 +345,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         store = _store()
         config = _refresh_site(store, all_nodes[0])
         limits = config["limits"]
+        _check_job_network(config)
         request = _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime,
                                     env, workdir, limits)
         images = config.get("images") or {}
@@ -835,6 +836,20 @@ def schedule(**kwargs):
             for future in futures:
                 future.result()
     return [r["job_id"] for r in started]
+
+
+def _check_job_network(config):
+    """The site's job address pool must be a network inside the cluster network."""
+    try:
+        pool = ipaddress.ip_network(config["job_network"]["addresses"])
+        inside = pool.subnet_of(ipaddress.ip_network(config["cluster_network"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CommandExecutionError(
+            f"the site has no valid job address pool (mpi:job_network:addresses): {exc}"
+        ) from None
+    if not inside:
+        raise CommandExecutionError(
+            f"mpi:job_network:addresses {pool} is not inside mpi:cluster_network")
 
 
 def _address_pool(config):

@@ -127,7 +127,7 @@ def test_environment_reaches_every_rank_and_quotes_stay_literal(cluster):
         ({"user": "../bob"}, "not a valid user name"),
         ({"user": "bob/x"}, "not a valid user name"),
         ({"image": "not-approved"}, "is not approved"),
-        ({"image": "10.251.1.2:5000/dockermpi/mpi:latest"}, "is not approved"),
+        ({"image": "10.251.1.2:5000/dockermpi/mpi:latest"}, "is not an image name"),
         ({"np": 0}, "np must be a positive"),
         ({"np": 99}, "can never run"),
         ({"nodes": 5}, "only 3 MPI nodes"),

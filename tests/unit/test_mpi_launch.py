@@ -10,6 +10,8 @@ import pathlib
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.extension import load_extension
 
@@ -403,3 +405,19 @@ def test_parse_never_raises_on_what_a_job_can_write():
                   "signal 999.\n")
     assert mpi_launch.parse_mpirun_failure(odd_signal) == {"rank": 1, "signal": 999,
                                                            "signal_name": "SIG999"}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.one_of(
+    st.text(max_size=200),
+    st.sampled_from([_sample(n) for n in ("exit3", "segv", "abort", "sigkill", "lostnode")]),
+    st.builds(lambda rank, sig: f"mpirun noticed that process rank {rank} with PID 1 on node "
+              f"n exited on signal {sig} (x).", st.text(max_size=30), st.text(max_size=30)),
+    st.builds(lambda rank, code: "Process name:  [[1,0]," + rank + "]\nExit code: " + code,
+              st.text(alphabet="0123456789\u0663", max_size=6000), st.text(max_size=40)),
+), max_size=6))
+def test_parse_never_raises_and_returns_a_well_formed_verdict(pieces):
+    found = mpi_launch.parse_mpirun_failure("\n".join(pieces))
+    assert found is None or (isinstance(found["rank"], int) and 0 <= found["rank"] < 10**9)
+    if found and "signal" in found:
+        assert isinstance(found["signal_name"], str) and len(found["signal_name"]) <= 40
