@@ -181,6 +181,29 @@ class TestCluster:
         _, found = self.salt_json(["salt", "-L", ",".join(self.nodes), "mpi_job.jobs"])
         return {node: jobs for node, jobs in found.items() if jobs}
 
+    def settle(self, timeout=30):
+        """Cancel every job still queued or running and wait (up to timeout) until no job
+        container or key is left on any node; returns (the jobs that were still active,
+        what is left behind). Tests call it after each test, so one failing test does
+        not fail the next ones."""
+        active = None
+        for _ in range(20):  # the master may still be restarting
+            try:
+                _, active = self.run_json("mpi.list", state="queued,starting,running")
+            except ClusterError:
+                active = None
+            if isinstance(active, list):
+                break
+            time.sleep(1)
+        else:
+            raise ClusterError(f"salt-run mpi.list never answered a list: {active!r}")
+        for job in active:
+            self.run_json("mpi.cancel", job_id=job["job_id"])
+        deadline = time.monotonic() + timeout
+        while (left := self.job_leftovers()) and time.monotonic() < deadline:
+            time.sleep(1)
+        return active, left
+
     def read_shared(self, path):
         """A file's text from the shared storage, as a node sees it."""
         return self.exec(self.nodes[-1], ["cat", path])[1]

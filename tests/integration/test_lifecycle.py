@@ -92,13 +92,8 @@ def nothing_left_behind(cluster):
     (given a moment for the queue to remove leftovers from a node that just came back).
     Stragglers are cancelled first, so one failing test does not fail the next ones."""
     yield
-    _, active = run(cluster, "mpi.list", state="queued,starting,running")
-    for job in active:
-        run(cluster, "mpi.cancel", job_id=job["job_id"])
-    deadline = time.monotonic() + 30
-    while cluster.job_leftovers() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert cluster.job_leftovers() == {}
+    active, left = cluster.settle()
+    assert left == {}
     assert active == [], "the test left jobs queued or running"
 
 

@@ -86,13 +86,8 @@ def victim(cluster):
 def victim_unharmed_and_nothing_left(cluster, victim):
     before = victim_files(cluster)
     yield
-    _, active = run(cluster, "mpi.list", state="queued,starting,running")
-    for job in active:
-        run(cluster, "mpi.cancel", job_id=job["job_id"])
-    deadline = time.monotonic() + 30
-    while cluster.job_leftovers() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert cluster.job_leftovers() == {}
+    active, left = cluster.settle()
+    assert left == {}
     assert victim_files(cluster) == before, "the victim's files changed"
     assert cluster.read_shared(SECRET) == SECRET_TEXT
     assert active == [], "the test left jobs queued or running"
