@@ -161,7 +161,9 @@ def _job_ports(config):
 def _account_name(user):
     """The POSIX account name the user has inside job containers."""
     lowered = user.lower()
-    return lowered if _ACCOUNT_RE.match(lowered) else "mpiuser"
+    if lowered in ("root", "nobody", "sshd") or not _ACCOUNT_RE.match(lowered):
+        return "mpiuser"  # system names stay the system's inside the container
+    return lowered
 
 
 def _node_limits(config, ranks):

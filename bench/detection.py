@@ -2,9 +2,14 @@
 """How fast does DockerMPI notice a node cut off in the middle of a job, and clean up?
 
 Each run submits a 2-node job (np=4, nodes=2, ``sleep 300``), waits until ``mpi.status``
-says running, then cuts the job's second node off with iptables DROP rules inside that
-node's container (INPUT from and OUTPUT to the addresses below), and measures from the
-moment the rules are in (t0):
+says running, then cuts the job's second node off and measures from the moment the cut
+is in (t0). Job containers have their own addresses on a macvlan network, so their
+traffic never passes the node container's own netfilter: the cut is made where all
+cluster traffic passes, on this machine's bridge, as DROP rules in the ``DOCKER-USER``
+chain (both directions, like ``TestCluster.cut``), marked with a comment so a run that
+was interrupted is healed by the next one. The cut node's host address and its job
+container address (``job_addresses`` of the job record) lose the first node's host and
+job addresses (and, in the ``full`` variant, the master):
 
 failed
     seconds until ``mpi.status`` says the job failed (also its reason);
@@ -25,10 +30,11 @@ clean cut
 Variants (``--variants``):
 
 full
-    the cut node loses the first node (10.251.1.11 for node1) and the master
-    (10.251.1.2): mpirun and the node's minion both lose it.
+    the cut node's host and job addresses lose the first node's host and job addresses
+    and the master (10.251.1.2): mpirun and the node's minion both lose it.
 peer
-    only node-to-node traffic is cut; the master still hears the cut node.
+    only node-to-node traffic is cut (hosts and job containers); the master still
+    hears the cut node.
 
 The issue's bound: failed within 15 s of the cut. Prints per-run figures and medians per
 variant; exits non-zero when a job does not fail, does not fail within the bound, or
@@ -46,8 +52,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
-    FINAL, BenchError, Jobs, Terminated, engine_jobs, log, median, node_exec, secret_dirs,
-    table, trap_sigterm, verdict, check_common_args,
+    FINAL, BenchError, Jobs, Terminated, engine_jobs, log, median, run, secret_dirs, table,
+    trap_sigterm, verdict, check_common_args,
 )
 
 MASTER_ADDRESS = "10.251.1.2"
@@ -57,38 +63,49 @@ T_FAIL = 60             # give up waiting for "failed" after this
 T_CLEAN = 45            # give up waiting for the nodes to be clean after this
 T_RUNNING = 60
 COMMENT = "dmpi-bench-detection"
+T_IPTABLES = 30
 POLL = 0.25
 
 
 class Cut:
-    """DROP rules inside one node container; ``heal`` removes exactly those."""
+    """A partition on this machine's bridge: DROP rules in the ``DOCKER-USER`` chain
+    between every address of one side and every address of the other, both directions,
+    each marked with :data:`COMMENT`; ``heal`` removes exactly those, then anything else
+    carrying the mark (left by an interrupted run)."""
 
-    def __init__(self, node):
-        self.node = node
-        self.rules = []
+    def __init__(self, side_a, side_b):
+        self.rules = [["DOCKER-USER", "-s", a, "-d", b, "-m", "comment", "--comment", COMMENT,
+                       "-j", "DROP"]
+                      for x, y in ((side_a, side_b), (side_b, side_a)) for a in x for b in y]
+        self.added = []
 
-    def add(self, address):
-        for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d")):
-            spec = [chain, flag, address, "-m", "comment", "--comment", COMMENT, "-j", "DROP"]
-            node_exec(self.node, ["iptables", "-I", spec[0], "1", *spec[1:]])
-            self.rules.append(spec)
+    def add(self):
+        for rule in self.rules:
+            run(["iptables", "-I", *rule], T_IPTABLES)
+            self.added.append(rule)
 
     def heal(self):
         errors = []
-        while self.rules:
-            spec = self.rules.pop()
-            result = node_exec(self.node, ["iptables", "-D", *spec], check=False)
+        while self.added:
+            rule = self.added.pop()
+            result = run(["iptables", "-D", *rule], T_IPTABLES, check=False)
             if result.returncode != 0:
-                errors.append(f"{self.node}: iptables -D {' '.join(spec)}: {result.stderr.strip()}")
-        # Anything with our comment that is still there (e.g. an interrupted add).
-        listing = node_exec(self.node, ["iptables", "-S"], check=False).stdout
-        for line in listing.splitlines():
-            if COMMENT in line and line.startswith("-A "):
-                words = line.split()
-                words[0] = "-D"
-                node_exec(self.node, ["iptables", *[w.strip('"') for w in words]], check=False)
+                errors.append(f"iptables -D {' '.join(rule)}: {result.stderr.strip()}")
+        heal_leftovers()
         if errors:
             raise BenchError("; ".join(errors))
+
+
+def heal_leftovers():
+    """Delete every rule of ``DOCKER-USER`` that carries :data:`COMMENT`; how many."""
+    listing = run(["iptables", "-S", "DOCKER-USER"], T_IPTABLES).stdout
+    healed = 0
+    for line in listing.splitlines():
+        if COMMENT in line and line.startswith("-A "):
+            words = [w.strip('"') for w in line.split()]
+            run(["iptables", "-D", *words[1:]], T_IPTABLES, check=False)
+            healed += 1
+    return healed
 
 
 def holds(node, job_id):
@@ -111,14 +128,20 @@ def one_run(jobs, variant, hold):
     job = jobs.wait_state(job_id, ("running",), T_RUNNING)
     first, cut_node = list(job["placement"])[:2]
     time.sleep(2)  # let the job settle (orted up on every node, beacons reporting)
-    cut = Cut(cut_node)
+    job_addresses = job.get("job_addresses") or {}
+    if not {first, cut_node} <= set(job_addresses):
+        raise BenchError(f"job {job_id} has no job address on {first} or {cut_node}: "
+                         f"job_addresses {job_addresses}")
+    victim = [ADDRESSES[cut_node], job_addresses[cut_node]]
+    peers = [ADDRESSES[first], job_addresses[first]]
+    if variant == "full":
+        peers.append(MASTER_ADDRESS)
+    cut = Cut(victim, peers)
     result = {"variant": variant, "job": job_id, "first": first, "cut": cut_node}
     try:
-        cut.add(ADDRESSES[first])
-        if variant == "full":
-            cut.add(MASTER_ADDRESS)
+        cut.add()
         t0 = time.monotonic()
-        log(f"{job_id}: cut {cut_node} off ({variant}); first node {first}")
+        log(f"{job_id}: cut {cut_node} {victim} off from {peers} ({variant})")
         deadline = t0 + T_FAIL
         while True:
             job = jobs.status(job_id)
@@ -184,6 +207,9 @@ def main(argv=None):
     jobs = Jobs(args.user)
     results, failure = [], None
     try:
+        healed = heal_leftovers()
+        if healed:
+            log(f"removed {healed} rule(s) of an interrupted run from DOCKER-USER")
         for variant in variants:
             for _ in range(args.repeat):
                 results.append(one_run(jobs, variant, args.hold))

@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""What does a job's own network namespace on macvlan cost the MPI data path?
+
+Runs the same mpi4py ping-pong between rank 0 on node1 and rank 1 on node2 in two ways
+and prints both side by side (medians of ``--repeat`` runs):
+
+dockermpi
+    a real job, ``salt-run mpi.submit ... np=2 nodes=node1,node2 slots_per_node=1``:
+    rank 0 in the job's launcher container on node1, rank 1 in its worker on node2, each
+    in the job's own network namespace with an address on the Docker macvlan network
+    (``job_addresses``), behind the job's own iptables. Figures come from the job's
+    stdout. Each repeat is a new job.
+host
+    host networking as DockerMPI used before: one container of the same approved image
+    (pillar ``mpi:images:mpi``) on each of node1 and node2, started by this script with
+    ``--net=host --user 65000:65000`` (no capabilities, no-new-privileges), running an
+    unprivileged sshd on port 20099 of the node with a throwaway key pair and host key
+    (the files are built by ``_utils/mpi_launch.py`` as for a job), and plain ``mpirun``
+    from node1's container over the nodes' host addresses with
+    ``mpi_launch.mpirun_argv``: TCP BTL, the same MCA settings (``mca_params``) for the
+    cluster network, OOB ports 20298-20299 and BTL ports 20900-20999 (inside the MPI
+    port ranges the node firewall accepts from the cluster network). Each repeat is one
+    mpirun in the same two containers. They have no CPU limit unless ``--cpus`` gives
+    one (a job's containers get ``cpus_per_slot`` per rank, 1 CPU here, and the
+    launcher's runs mpirun beside rank 0 within it).
+
+The ping-pong (rank 0 sends, rank 1 sends back, blocking ``Send``/``Recv``) measures
+
+latency
+    half the round trip of a 1-byte message, in microseconds (``--lat-iters`` round
+    trips after a tenth as many for warm-up);
+bandwidth
+    4 MiB messages (``--size``): bytes moved one way per second of half a round trip, in
+    MB/s (10^6 bytes), over ``--bw-iters`` round trips after warm-up.
+
+The two sides run alternately, one repeat of each at a time. Exits non-zero when a run
+fails, a rank is not on the node it should be, or anything it started is left: the job
+(cancelled if unfinished and waited for until no node holds it), the two containers and
+their key directories on the nodes (removed in ``finally``, also on Ctrl-C and SIGTERM,
+and at the start when an interrupted run left them). Run holding the cluster lock::
+
+    flock /tmp/dmpi-cluster.lock .venv/bin/python bench/datapath.py --repeat 3
+"""
+
+import argparse
+import base64
+import json
+import pathlib
+import io
+import secrets
+import subprocess
+import sys
+import tarfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "_utils"))
+sys.path.insert(0, str(REPO / "bench"))
+import mpi_launch  # noqa: E402  (pure Python; key generation needs cryptography)
+from dmpi_bench import (  # noqa: E402
+    FINAL, BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
+    trap_sigterm, verdict, check_common_args,
+)
+
+PAIR = ("node1", "node2")
+ADDRESSES = {"node1": "10.251.1.11", "node2": "10.251.1.12", "node3": "10.251.1.13"}
+HOST_UID = 65000
+HOST_ACCOUNT = "benchdp"
+SSH_PORT = 20099               # the last port of mpi:ports:sshd
+OOB_PORTS = (20298, 20299)     # the last two of mpi:ports:oob
+BTL_PORTS = (20900, 20999)     # part of mpi:ports:btl
+LABEL = "io.dockermpi.bench=datapath"
+PREFIX = "dmpi-bench-datapath"
+BASE = "/var/lib/dmpi-bench-datapath"  # on the nodes; /tmp there is a tmpfs of its own
+T_JOB = 180                    # one DockerMPI job from submit to its end
+T_MPIRUN = 180                 # one plain mpirun
+T_SSHD = 30                    # the host-network sshd answering
+
+# Rank 0 <-> rank 1; rank 0 prints one JSON line. Arguments: latency round trips,
+# bandwidth round trips, bandwidth message bytes.
+PINGPONG = r'''
+import json, sys
+from mpi4py import MPI
+lat_iters, bw_iters, size = (int(a) for a in sys.argv[1:4])
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+if comm.Get_size() != 2:
+    comm.Abort(2)
+
+
+def pingpong(nbytes, iters, warmup):
+    buf = bytearray(nbytes)
+    for i in range(warmup + iters):
+        if i == warmup:
+            comm.Barrier()
+            start = MPI.Wtime()
+        if rank == 0:
+            comm.Send([buf, MPI.BYTE], dest=1, tag=7)
+            comm.Recv([buf, MPI.BYTE], source=1, tag=7)
+        else:
+            comm.Recv([buf, MPI.BYTE], source=0, tag=7)
+            comm.Send([buf, MPI.BYTE], dest=0, tag=7)
+    return MPI.Wtime() - start
+
+
+latency = pingpong(1, lat_iters, max(10, lat_iters // 10))
+bandwidth = pingpong(size, bw_iters, max(2, bw_iters // 10))
+hosts = comm.gather(MPI.Get_processor_name(), root=0)
+if rank == 0:
+    print(json.dumps({"latency_us": latency / lat_iters / 2 * 1e6,
+                      "bandwidth_MBps": 2 * bw_iters * size / bandwidth / 1e6,
+                      "hosts": hosts}), flush=True)
+'''
+
+
+def program(args):
+    """The ping-pong as a program argv: the script travels base64-encoded, as one word."""
+    encoded = base64.b64encode(PINGPONG.encode()).decode()
+    return ["python3", "-c", f"import base64; exec(base64.b64decode('{encoded}'))",
+            str(args.lat_iters), str(args.bw_iters), str(args.size)]
+
+
+def parse(stdout, where):
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if result.get("hosts") != list(PAIR):
+                raise BenchError(f"{where}: ranks ran on {result.get('hosts')}, not {list(PAIR)}")
+            return result
+    raise BenchError(f"{where}: no result line in the ping-pong's output:\n{stdout[-2000:]}")
+
+
+# ------------------------------------------------------------------------ dockermpi
+
+
+def dockermpi_once(jobs, args):
+    job_id = jobs.submit(2, program(args), nodes=",".join(PAIR), slots_per_node=1,
+                         walltime=T_JOB)
+    job = jobs.wait_state(job_id, FINAL, T_JOB + 60, poll=0.5)
+    if job["state"] != "succeeded":
+        raise BenchError(f"job {job_id} ended {job['state']}: {job.get('reason')}")
+    if job.get("placement") != {n: 1 for n in PAIR}:
+        raise BenchError(f"job {job_id} placed {job.get('placement')}, expected one rank on "
+                         f"each of {PAIR}")
+    stdout = node_exec(PAIR[0], ["cat", job["output"]["stdout"]]).stdout
+    result = parse(stdout, f"job {job_id}")
+    log(f"dockermpi {job_id} ({job.get('job_addresses')}): {result['latency_us']:.1f} us, "
+        f"{result['bandwidth_MBps']:.0f} MB/s")
+    return result
+
+
+# ----------------------------------------------------------------------------- host
+
+
+def site():
+    """(image reference, cluster network) from the nodes' pillar."""
+    code, pillar = salt_run("pillar.show_pillar", PAIR[0])
+    mpi = (pillar or {}).get("mpi") if isinstance(pillar, dict) else None
+    try:
+        return mpi["images"]["mpi"], mpi["cluster_network"]
+    except (KeyError, TypeError):
+        raise BenchError(f"no mpi:images:mpi or mpi:cluster_network in {PAIR[0]}'s pillar "
+                         f"(exit {code})") from None
+
+
+def remove_host_side():
+    """Every container and key directory of this script on the pair (also an earlier
+    run's); returns what was removed."""
+    removed = []
+    for node in PAIR:
+        found = node_exec(node, ["docker", "ps", "-aq", "--filter",
+                                 f"label={LABEL}"]).stdout.split()
+        if found:
+            node_exec(node, ["docker", "rm", "-f", *found], timeout=60)
+            removed += [f"{node}:container {c}" for c in found]
+        dirs = node_exec(node, ["sh", "-c", f"ls -d {BASE}/* 2>/dev/null || true"]).stdout.split()
+        node_exec(node, ["rm", "-rf", "--", BASE])
+        removed += [f"{node}:{d}" for d in dirs]
+    return removed
+
+
+def put_files(node, directory, files):
+    """``directory`` on the node (0700) holding ``files`` (0600), all owned by HOST_UID;
+    through ``tar`` on stdin (``docker cp`` would miss a tmpfs mounted in the node)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid = len(data), 0o600, HOST_UID, HOST_UID
+            archive.addfile(info, io.BytesIO(data))
+    node_exec(node, ["install", "-d", "-m", "0700", "-o", str(HOST_UID), "-g", str(HOST_UID),
+                     directory])
+    argv = ["docker", "exec", "-i", f"dmpi-{node}", "tar", "-x", "--same-owner",
+            "--same-permissions", "-C", directory]
+    try:
+        result = subprocess.run(argv, input=buffer.getvalue(), capture_output=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"timed out writing {directory} on {node}") from None
+    if result.returncode != 0:
+        raise BenchError(f"writing {directory} on {node}: {result.stderr.decode()[-500:]}")
+
+
+class HostNetwork:
+    """Two host-networked containers with an unprivileged sshd, and plain mpirun."""
+
+    def __init__(self, args, image, cidr):
+        self.args = args
+        self.image = image
+        self.cidr = cidr
+        self.directory = f"{BASE}/{secrets.token_hex(4)}"
+        self.run_dir = mpi_launch.DEFAULT_RUN_DIR
+        self.argv = mpi_launch.mpirun_argv(2, cidr, OOB_PORTS, BTL_PORTS, SSH_PORT, "/data",
+                                           run_dir=self.run_dir)
+
+    def files(self, node):
+        user_private, user_public = self.keys["user"]
+        host_private, host_public = self.keys["host"]
+        return {
+            "id_ed25519": user_private,
+            "authorized_keys": mpi_launch.authorized_keys_text(user_public),
+            "ssh_host_key": host_private,
+            "known_hosts": mpi_launch.known_hosts_text(host_public),
+            "sshd_config": mpi_launch.sshd_config_text(SSH_PORT, HOST_ACCOUNT, self.run_dir,
+                                                       listen_address=ADDRESSES[node]),
+            "passwd": mpi_launch.passwd_text(HOST_ACCOUNT, HOST_UID, HOST_UID),
+            "group": mpi_launch.group_text(HOST_ACCOUNT, HOST_UID),
+            "program": mpi_launch.program_script_text(program(self.args)),
+            "hostfile": mpi_launch.hostfile_text([(ADDRESSES[n], 1) for n in PAIR]),
+        }
+
+    def start(self):
+        self.keys = {"user": mpi_launch.generate_ed25519_keypair("dmpi-bench"),
+                     "host": mpi_launch.generate_ed25519_keypair("dmpi-bench-host")}
+        for node in PAIR:
+            put_files(node, self.directory, self.files(node))
+            mounts = [f"type=bind,src={self.directory},dst={self.run_dir},readonly",
+                      f"type=bind,src={self.directory}/passwd,dst=/etc/passwd,readonly",
+                      f"type=bind,src={self.directory}/group,dst=/etc/group,readonly",
+                      "type=tmpfs,dst=/data,tmpfs-mode=1777"]
+            argv = ["docker", "run", "-d", "--name", f"{PREFIX}-{node}", "--label", LABEL,
+                    "--net=host", "--user", f"{HOST_UID}:{HOST_UID}", "--init",
+                    "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                    "-e", "HOME=/data", "-e", "TMPDIR=/tmp", "-w", "/data"]
+            if self.args.cpus:
+                argv += ["--cpus", str(self.args.cpus)]
+            for mount in mounts:
+                argv += ["--mount", mount]
+            argv += [self.image, "/usr/sbin/sshd", "-D", "-e", "-f", f"{self.run_dir}/sshd_config"]
+            node_exec(node, argv, timeout=60)
+        # Ready when node1's container logs in to node2's sshd with the throwaway keys.
+        ssh = ["ssh", *mpi_launch.ssh_args(SSH_PORT, self.run_dir), ADDRESSES[PAIR[1]], "true"]
+        deadline = time.monotonic() + T_SSHD
+        while True:
+            result = node_exec(PAIR[0], ["docker", "exec", f"{PREFIX}-{PAIR[0]}", *ssh],
+                               check=False)
+            if result.returncode == 0:
+                break
+            if time.monotonic() > deadline or not all(self.running(n) for n in PAIR):
+                raise BenchError(f"host-network sshd on {PAIR[1]}:{SSH_PORT} does not let "
+                                 f"{PAIR[0]} in: {result.stderr.strip()[-500:]}\n"
+                                 + "\n".join(self.diagnose(n) for n in PAIR))
+            time.sleep(1)
+        log(f"host-network containers up on {PAIR} (sshd port {SSH_PORT}, image {self.image})")
+
+    @staticmethod
+    def running(node):
+        result = node_exec(node, ["docker", "inspect", "-f", "{{.State.Running}}",
+                                  f"{PREFIX}-{node}"], check=False)
+        return result.stdout.strip() == "true"
+
+    @staticmethod
+    def diagnose(node):
+        """The container's state and log and who listens on the sshd port of the node."""
+        name = f"{PREFIX}-{node}"
+        state = node_exec(node, ["docker", "inspect", "-f", "{{.State.Status}}", name],
+                          check=False)
+        logs = node_exec(node, ["docker", "logs", "--tail", "20", name], check=False)
+        listening = node_exec(node, ["ss", "-ltnp", f"sport = :{SSH_PORT}"], check=False)
+        return (f"{node}: container {state.stdout.strip()}, log: "
+                f"{(logs.stdout + logs.stderr).strip()[-800:]}\n"
+                f"{node}: listening on {SSH_PORT}: {listening.stdout.strip()[-800:]}")
+
+    def once(self):
+        result = node_exec(PAIR[0], ["docker", "exec", f"{PREFIX}-{PAIR[0]}", *self.argv],
+                           timeout=T_MPIRUN, check=False)
+        if result.returncode != 0:
+            raise BenchError(f"plain mpirun exited {result.returncode}:\n"
+                             f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        found = parse(result.stdout, "plain mpirun")
+        log(f"host: {found['latency_us']:.1f} us, {found['bandwidth_MBps']:.0f} MB/s")
+        return found
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per side (default 3)")
+    parser.add_argument("--lat-iters", type=int, default=10000,
+                        help="1-byte round trips per run (default 10000)")
+    parser.add_argument("--bw-iters", type=int, default=100,
+                        help="round trips of --size bytes per run (default 100)")
+    parser.add_argument("--size", type=int, default=4 << 20,
+                        help="bandwidth message bytes (default 4 MiB)")
+    parser.add_argument("--cpus", type=float, default=0,
+                        help="CPU limit of each host-network container (default none; 1 is "
+                             "what a one-rank job container gets, cpus_per_slot)")
+    parser.add_argument("--user", default="bench-datapath", help="job user (starts with bench)")
+    parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
+    args = parser.parse_args(argv)
+    if min(args.repeat, args.lat_iters, args.bw_iters, args.size) < 1:
+        parser.error("--repeat, --lat-iters, --bw-iters and --size must be positive")
+    check_common_args(parser, args)
+    trap_sigterm()
+
+    jobs = Jobs(args.user)
+    samples = {"dockermpi": [], "host": []}
+    failure = None
+    problems = []
+    try:
+        stale = remove_host_side()
+        if stale:
+            log(f"removed what an interrupted run left: {stale}")
+        image, cidr = site()
+        host = HostNetwork(args, image, cidr)
+        host.start()
+        for i in range(args.repeat):
+            samples["dockermpi"].append(dockermpi_once(jobs, args))
+            samples["host"].append(host.once())
+    except (KeyboardInterrupt, Terminated) as exc:
+        failure = f"interrupted ({type(exc).__name__})"
+    except BenchError as exc:
+        failure = str(exc)
+    finally:
+        try:
+            remove_host_side()
+        except BenchError as exc:
+            problems.append(f"removing the host-network containers: {exc}")
+        try:
+            jobs.close()
+        except BenchError as exc:
+            problems.append(f"cleanup: {exc}")
+
+    if args.json:
+        for side, found in samples.items():
+            for sample in found:
+                print(json.dumps(dict(sample, side=side)))
+    if any(samples.values()):
+        print(f"mpi4py ping-pong rank 0 on {PAIR[0]} <-> rank 1 on {PAIR[1]}: latency of 1-byte "
+              f"messages ({args.lat_iters} round trips), bandwidth of {args.size} B messages "
+              f"({args.bw_iters} round trips); medians of {args.repeat} runs")
+        rows = []
+        host_what = "host networking (--net=host" + (f", --cpus {args.cpus:g})" if args.cpus
+                                                      else ")")
+        for side, what in (("dockermpi", "DockerMPI: job namespaces on macvlan"),
+                           ("host", host_what)):
+            found = samples[side]
+            rows.append([what, len(found), median([s["latency_us"] for s in found]),
+                         median([s["bandwidth_MBps"] for s in found]),
+                         " ".join(f"{s['latency_us']:.1f}" for s in found),
+                         " ".join(f"{s['bandwidth_MBps']:.0f}" for s in found)])
+        print(table(["data path", "runs", "latency us", "bandwidth MB/s", "latency runs",
+                     "bandwidth runs"], rows))
+        if samples["dockermpi"] and samples["host"]:
+            lat = [median([s["latency_us"] for s in samples[k]]) for k in ("dockermpi", "host")]
+            bw = [median([s["bandwidth_MBps"] for s in samples[k]]) for k in ("dockermpi", "host")]
+            print(f"dockermpi / host: latency x{lat[0] / lat[1]:.2f}, "
+                  f"bandwidth x{bw[0] / bw[1]:.2f}")
+    return verdict("datapath", failure, problems)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
