@@ -292,15 +292,16 @@ def _storage_owner(config):
     return alive[0], storage["path"]
 
 
-def _user_uid(store, config, user):
+def _user_uid(store, config, user, check_dir=False):
     """The user's own uid (allocated on first use from ``mpi:users``), with their
-    directory owned by it; CommandExecutionError when that cannot be had."""
+    directory owned by it (made once, or checked again with ``check_dir``: a job that
+    finds it gone resets that); CommandExecutionError when that cannot be had."""
     users = config["users"]
     try:
         uid, _ = store.user_uid(user, int(users["uid_min"]), int(users["uid_max"]))
     except RuntimeError as exc:  # mpi_store.StoreError: the uid range is used up
         raise CommandExecutionError(str(exc)) from None
-    if not store.users().get(user, {}).get("dir_ready"):
+    if check_dir or not store.users().get(user, {}).get("dir_ready"):
         minion, path = _storage_owner(config)
         _call(_client(), [minion], "mpi_job.ensure_user_dir", timeout=15, storage_path=path,
               user=user, uid=uid, gid=uid)
@@ -697,7 +698,7 @@ def add_user(user):
                 "with a letter or digit, at most 64 characters")
         store = _store()
         config = _fresh_site(store)
-        uid = _user_uid(store, config, user)
+        uid = _user_uid(store, config, user, check_dir=True)
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _failed_call(str(exc))
     return {"user": user, "uid": uid, "gid": uid,

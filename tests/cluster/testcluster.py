@@ -549,7 +549,8 @@ class TestCluster:
         mpi_image = self.mpi_image()
         for spec in (CLUSTER_NET, SITE_NET):
             self.ensure_network(spec)
-        self.ensure_volume(SHARED_VOLUME)
+        for volume in self.volume_names():
+            self.ensure_volume(volume)  # labelled, so `down` removes every one
         step("starting master host (salt-master, registry)")
         self.up_master(host_image)
         for index in range(1, self.node_count + 1):
@@ -620,6 +621,19 @@ class TestCluster:
             network.remove()
         for volume in self.docker.volumes.list(filters={"label": LABEL}):
             volume.remove(force=True)
+        # Volumes an earlier version let `docker run` create without our label.
+        for name in self.volume_names():
+            try:
+                self.docker.volumes.get(name).remove(force=True)
+            except docker.errors.NotFound:
+                pass
+
+    def volume_names(self):
+        """Every named volume of the cluster's hosts."""
+        names = [SHARED_VOLUME, "dmpi-registry", "dmpi-master-pki", "dmpi-master-cache"]
+        for node in self.nodes:
+            names += [f"dmpi-{node}-docker", f"dmpi-{node}-pki"]
+        return names
 
 
 def main(argv=None):
