@@ -13,11 +13,20 @@ launch
 plain
     ``mpirun`` in already-running containers on the same nodes: a real job
     (``sleep 600``, ``salt-run mpi.submit ... nodes=<list> slots_per_node=2``) is queued
-    and waited for until ``mpi.status`` says running; the mpirun part of its launcher
-    container's command (``docker inspect dmpi-<job>-launcher``; it is
-    ``mpi_launch.mpirun_argv`` with the job's port slot, which this script checks) is run
-    with the program replaced by ``hostname``, timed by Python *inside* the job's worker
-    container on the first node; then the job is cancelled.
+    and waited for until ``mpi.status`` says running. Its containers sit in the job's own
+    network namespaces (``job_addresses``) and run as the user's own uid. The mpirun of
+    its launcher container's command (``docker inspect dmpi-<job>-launcher``; this script
+    checks it is ``mpi_launch.mpirun_argv`` of the job's settings, that the hostfile in
+    ``/run/dockermpi`` lists the job's addresses and that the program file there is the
+    job's) is run again with ``/bin/sh /run/dockermpi/program`` replaced by ``hostname``
+    (the baseline is not user input, so its argv goes to mpirun directly): as the job's
+    uid, with the job's keys and hostfile, timed by Python *inside* the launcher
+    container on the first node (in the job's namespace, with the limits the launch's
+    mpirun gets; the worker beside it there gets only half a CPU); then the job is
+    cancelled. mpirun binds every free port of its OOB range, so the job's own mpirun
+    holds the whole OOB range in that namespace: the plain mpirun gets the top 100 ports
+    of the job's BTL range for its OOB instead (free: the job's ranks only sleep) and the
+    rest of that range for its BTL.
 
 overhead = launch - plain (medians and minima). Aim: under 2 s at 3 nodes.
 
@@ -45,20 +54,20 @@ sys.path.insert(0, str(REPO / "bench"))
 import mpi_launch  # noqa: E402  (pure Python, no Salt needed)
 from dmpi_bench import (  # noqa: E402
     MASTER, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
-    run, table, trap_sigterm, check_common_args,
+    run, table, trap_sigterm, verdict, check_common_args,
 )
 
 PROGRAM = ["hostname"]
 BASE_CMD = ["sleep", "600"]
 WALLTIME = 120          # seconds; bounds each launch and the baseline job in the runner
 T_LAUNCH = 150          # salt-run mpi.launch inside the master (walltime + slack)
-T_MPIRUN = 60           # plain mpirun inside the worker
+T_MPIRUN = 60           # plain mpirun inside the launcher container
 T_RUNNING = 60          # baseline job: queued -> running
-OOB_LOW = 20100         # first OOB port: mpi:ports:oob in salt/dockermpi/defaults.yaml
-OOB_PORTS_PER_JOB = 2   # _runners/mpi.py OOB_PORTS_PER_JOB
+RUN_DIR = mpi_launch.DEFAULT_RUN_DIR  # the job's keys, hostfile and program file
+PLAIN_OOB_PORTS = 100   # OOB ports of the plain mpirun, the top of the job's BTL range
 
 # Runs argv, measures its wall time, prints one JSON line. Used inside the master (around
-# salt-run) and inside the job's worker container (around mpirun). On timeout the child
+# salt-run) and inside the job's launcher container (around mpirun). On timeout the child
 # gets SIGTERM first (salt-run then cancels the job), SIGKILL only if it does not stop.
 TIMER = r"""
 import json, os, signal, subprocess, sys, time
@@ -168,60 +177,101 @@ def mca(argv, name):
     raise BenchError(f"launcher mpirun has no --mca {name}: {shlex.join(argv)[:500]}")
 
 
-class Baseline:
-    """A real ``sleep`` job on ``nodes``; mpirun of ``hostname`` timed in its worker."""
+def forwarded(argv):
+    """The variable names mpirun forwards to the ranks (``-x NAME``), in order."""
+    return [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "-x"]
 
-    def __init__(self, jobs, nodes, oob_slot):
+
+class Baseline:
+    """A real ``sleep`` job on ``nodes``; mpirun of ``hostname`` timed in its launcher."""
+
+    def __init__(self, jobs, nodes):
         self.jobs = jobs
-        self.oob_slot = oob_slot
         self.nodes = nodes
         self.job_id = None
 
     def start(self):
         np = SLOTS_PER_NODE * len(self.nodes)
-        self.job_id = self.jobs.submit(np, shlex.join(BASE_CMD), nodes=nodes_arg(self.nodes),
+        self.job_id = self.jobs.submit(np, BASE_CMD, nodes=nodes_arg(self.nodes),
                                        slots_per_node=SLOTS_PER_NODE, walltime=WALLTIME)
         job = self.jobs.wait_state(self.job_id, ("running",), T_RUNNING)
         expected = {n: SLOTS_PER_NODE for n in self.nodes}
         if job.get("placement") != expected:
             raise BenchError(f"baseline job placed {job.get('placement')}, expected {expected}")
-        first = next(iter(job["placement"]))
-        self.node = first
-        inspect = node_exec(first, ["docker", "inspect", f"dmpi-{self.job_id}-launcher"])
-        command = json.loads(inspect.stdout)[0]["Config"]["Cmd"]
-        if "mpirun" not in command or command[-len(BASE_CMD):] != BASE_CMD:
+        addresses = job.get("job_addresses") or {}
+        if sorted(addresses) != sorted(self.nodes):
+            raise BenchError(f"baseline job has addresses {addresses}, expected one on each "
+                             f"of {self.nodes}")
+        uid = job.get("uid")
+        if isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0:
+            raise BenchError(f"baseline job record has no user uid: uid={uid!r}")
+        # The launcher container runs the job's mpirun (and this node's ranks) in the
+        # job's namespace, with the job's keys in RUN_DIR and the launch's limits (the
+        # worker beside it on this node gets small ones, half a CPU).
+        self.node = next(iter(job["placement"]))
+        self.container = f"dmpi-{self.job_id}-launcher"
+        inspect = node_exec(self.node, ["docker", "inspect", self.container])
+        config = json.loads(inspect.stdout)[0]["Config"]
+        self.user = f"{uid}:{uid}"
+        if config.get("User") != self.user:
+            raise BenchError(f"launcher runs as {config.get('User')!r}, not the job's user "
+                             f"{self.user}")
+        command = config["Cmd"]
+        script = ["/bin/sh", "-c", mpi_launch.LAUNCHER_SCRIPT, "sh"]
+        if command[:len(script)] != script or "mpirun" not in command:
             raise BenchError(f"unexpected launcher command: {command!r}")
-        real = command[command.index("mpirun"):-len(BASE_CMD)]
+        real = command[command.index("mpirun"):]
         rsh = mca(real, "plm_rsh_args").split()
         ssh_port = int(rsh[rsh.index("-p") + 1])
         oob = tuple(int(p) for p in mca(real, "oob_tcp_dynamic_ipv4_ports").split("-"))
         btl_low = int(mca(real, "btl_tcp_port_min_v4"))
         btl = (btl_low, btl_low + int(mca(real, "btl_tcp_port_range_v4")) - 1)
         cidr, wdir = mca(real, "oob_tcp_if_include"), real[real.index("--wdir") + 1]
-        # The launcher's mpirun must be mpi_launch.mpirun_argv with the job's port slot.
-        built = mpi_launch.mpirun_argv(np, PROGRAM, cidr, oob, btl, ssh_port, wdir)
-        if built != real + PROGRAM:
+        # The launcher's mpirun must be mpi_launch.mpirun_argv of the job's settings,
+        # running the job's program file.
+        built = mpi_launch.mpirun_argv(np, cidr, oob, btl, ssh_port, wdir, forwarded(real),
+                                       run_dir=RUN_DIR)
+        if built != real:
             raise BenchError("launcher mpirun is not mpi_launch.mpirun_argv of the job's "
-                             f"port slot:\n{shlex.join(real)}\n{shlex.join(built)}")
-        if self.oob_slot is None:
-            self.argv = built
-        else:
-            # The job's own mpirun holds both ports of its OOB block on every node of the
-            # job (Open MPI: "No sockets were able to be opened"), so a second mpirun needs
-            # another block: the one of an unused port slot, same ranges and firewall.
-            low = OOB_LOW + OOB_PORTS_PER_JOB * self.oob_slot
-            if low == oob[0]:
-                raise BenchError(f"--oob-slot {self.oob_slot} is the job's own port slot")
-            self.argv = mpi_launch.mpirun_argv(np, PROGRAM, cidr, (low, low + OOB_PORTS_PER_JOB - 1),
-                                               btl, ssh_port, wdir)
-        log(f"baseline job {self.job_id} running on {job['placement']} (ssh port {ssh_port}, "
-            f"job OOB {oob[0]}-{oob[1]}, plain mpirun OOB "
-            f"{mca(self.argv, 'oob_tcp_dynamic_ipv4_ports')})")
+                             f"settings:\n{shlex.join(real)}\n{shlex.join(built)}")
+        if built[-2:] != ["/bin/sh", f"{RUN_DIR}/program"]:
+            raise BenchError(f"launcher mpirun does not run {RUN_DIR}/program: {built[-2:]}")
+        # What the plain mpirun reuses: the job's hostfile (its addresses) and program file.
+        hostfile = self.read(f"{RUN_DIR}/hostfile")
+        want = mpi_launch.hostfile_text([(addresses[n], SLOTS_PER_NODE) for n in self.nodes])
+        if sorted(hostfile.splitlines()) != sorted(want.splitlines()):
+            raise BenchError(f"job hostfile {hostfile!r} does not list the job's addresses "
+                             f"{addresses}")
+        program = self.read(f"{RUN_DIR}/program")
+        if program != mpi_launch.program_script_text(BASE_CMD):
+            raise BenchError(f"job program file is {program!r}, not {shlex.join(BASE_CMD)}")
+        # The same mpirun with the program file replaced by the baseline's own argv (not
+        # user input, so it goes to mpirun directly), on other OOB ports: mpirun (Open MPI's
+        # HNP) binds *every* free port of its OOB range, so the job's mpirun holds all of
+        # them in this namespace ("No sockets were able to be opened"). The job's ranks
+        # (sleep) never open BTL ports, so the top of the job's BTL range is free; the
+        # job's namespace firewall takes any port from the job's own addresses.
+        if btl[1] - btl[0] + 1 < 2 * PLAIN_OOB_PORTS:
+            raise BenchError(f"job BTL range {btl[0]}-{btl[1]} is too small to lend the plain "
+                             f"mpirun {PLAIN_OOB_PORTS} OOB ports")
+        plain_oob = (btl[1] - PLAIN_OOB_PORTS + 1, btl[1])
+        plain_btl = (btl[0], btl[1] - PLAIN_OOB_PORTS)
+        self.argv = mpi_launch.mpirun_argv(np, cidr, plain_oob, plain_btl, ssh_port, wdir,
+                                           forwarded(real), run_dir=RUN_DIR)[:-2] + PROGRAM
+        log(f"baseline job {self.job_id} running on {job['placement']} at {addresses} as uid "
+            f"{uid} (ssh port {ssh_port}, OOB {oob[0]}-{oob[1]}, BTL {btl[0]}-{btl[1]}); plain "
+            f"mpirun in {self.container} on {self.node}, OOB {plain_oob[0]}-{plain_oob[1]}, "
+            f"BTL {plain_btl[0]}-{plain_btl[1]}")
+
+    def read(self, path):
+        """A file as the job's user sees it in the launcher container."""
+        return node_exec(self.node, ["docker", "exec", "--user", self.user, self.container,
+                                     "cat", path]).stdout
 
     def once(self):
-        result = node_exec(self.node, ["docker", "exec", "-e", "HOME=/data",
-                                       f"dmpi-{self.job_id}-worker", "python3", "-c", TIMER,
-                                       json.dumps(self.argv), str(T_MPIRUN), ""],
+        result = node_exec(self.node, ["docker", "exec", "--user", self.user, self.container,
+                                       "python3", "-c", TIMER, json.dumps(self.argv),
+                                       str(T_MPIRUN), ""],
                            timeout=T_MPIRUN + 90)
         timed = json.loads(result.stdout)
         if timed["timed_out"] or timed["rc"] != 0:
@@ -254,16 +304,19 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per side and node count")
     parser.add_argument("--nodes", default="1,2,3", help="node counts (default 1,2,3)")
     parser.add_argument("--user", default="bench-launch", help="job user (must start with bench)")
-    parser.add_argument("--oob-slot", type=int, default=99,
-                        help="port slot whose OOB block the plain mpirun uses (default 99, the "
-                             "last; -1: the job's own block, which fails while the job's "
-                             "mpirun holds it)")
+    # Per-job port slots are gone (each job has its own namespace and the whole OOB
+    # range; the plain mpirun borrows OOB ports from the job's BTL range instead); the
+    # option is still accepted so existing command lines keep working.
+    parser.add_argument("--oob-slot", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.nodes.split(",")]
     if args.repeat < 1 or not all(1 <= c <= len(NODES) for c in counts):
         parser.error(f"--repeat must be >= 1 and node counts between 1 and {len(NODES)}")
     check_common_args(parser, args)
+    if args.oob_slot is not None:
+        log("--oob-slot is ignored: jobs have no port slots any more; the plain mpirun takes "
+            f"its OOB ports from the top {PLAIN_OOB_PORTS} of the job's BTL range")
     trap_sigterm()
 
     jobs = Jobs(args.user)
@@ -282,7 +335,7 @@ def main(argv=None):
                 log(f"{count} node(s) launch {i + 1}/{args.repeat}: {seconds:.2f}s {job_id} {t}")
                 if "total" not in t:
                     incomplete.append(job_id)
-            baseline = Baseline(jobs, nodes, None if args.oob_slot < 0 else args.oob_slot)
+            baseline = Baseline(jobs, nodes)
             try:
                 baseline.start()
                 baseline.once()  # warm-up
@@ -310,8 +363,8 @@ def main(argv=None):
 
     if rows:
         print(f"launch: wall time of `salt-run mpi.launch` inside {MASTER}; plain: mpirun in a "
-              f"running job's worker; program {shlex.join(PROGRAM)}, {SLOTS_PER_NODE} ranks/node, "
-              f"{args.repeat} runs each after 1 warm-up (seconds)")
+              f"running job's launcher container; program {shlex.join(PROGRAM)}, "
+              f"{SLOTS_PER_NODE} ranks/node, {args.repeat} runs each after 1 warm-up (seconds)")
         header = ["nodes", "np", "launch med", "launch min", "plain med", "plain min",
                   "overhead med", "overhead min"]
         body = []
@@ -338,12 +391,9 @@ def main(argv=None):
             print(json.dumps(rows, indent=2))
         worst = next((r for r in rows if r["nodes"] == 3), None)
         if worst is not None:
-            verdict = "MEETS" if worst["over_med"] < 2 else "MISSES"
-            print(f"\noverhead at 3 nodes (median) {worst['over_med']:.2f} s: {verdict} the < 2 s aim")
-    if failure:
-        print(f"launch_overhead: FAILED: {failure.strip()}", file=sys.stderr)
-        return 1
-    return 0
+            aim = "MEETS" if worst["over_med"] < 2 else "MISSES"
+            print(f"\noverhead at 3 nodes (median) {worst['over_med']:.2f} s: {aim} the < 2 s aim")
+    return verdict("launch_overhead", failure, [])
 
 
 if __name__ == "__main__":
