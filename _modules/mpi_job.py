@@ -623,6 +623,25 @@ def write_status(job_id, storage_path, user, uid, gid, status):
     return True
 
 
+def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs"):
+    """
+    Whether this minion was started with the ``mpi_node`` engine configured for these
+    paths (minion engines are read at start only, so a newer configuration needs a
+    restart of the minion).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_job.node_engine_running /srv/dockermpi
+    """
+    wanted = {"storage_path": storage_path, "job_root": job_root}
+    for engine in __opts__.get("engines") or []:
+        if isinstance(engine, dict) and engine.get("mpi_node") == wanted:
+            return True
+    return False
+
+
 def jobs(job_root="/var/lib/dockermpi/jobs"):
     """
     List the DockerMPI job containers and secret directories on this node.

@@ -1,31 +1,27 @@
 """
-Run users' MPI programs across DockerMPI nodes, from the Salt master.
+Run users' MPI programs across DockerMPI nodes, from the Salt master: the commands users
+and admins call (submit, launch, wait, status, list, cancel, logs, nodes, users).
 
 ``salt-run mpi.submit`` validates a job and queues it; the queue starts jobs first come,
 first served, all or nothing across nodes, backfilling smaller jobs only where that
 cannot delay the head of the queue, within per-user limits. ``mpi.launch`` is submit and
 wait. A job does not depend on the ``salt-run`` that submitted it.
 
-Salt's own machinery carries the job's life (no extra daemon):
-
-- the node beacon ``mpi_jobs`` reports every second what each node runs, whether the
-  launcher exited (and which rank failed), whether the engine answers and whether the
-  node still reaches the job's other nodes; the reactor hands each report to
-  :func:`node_report`;
-- the master schedule calls :func:`tick` every two seconds: walltimes, nodes that
-  stopped reporting, jobs stuck while starting, and the queue;
-- every transition is fired as ``mpi/job/<id>/<state>``; ``mpi/job/<id>/queued`` makes
-  the reactor call :func:`schedule`.
+Jobs' lives belong to the job engine, a long-lived process on the master (the
+``mpi_master`` engine, ``mpi_engine`` utils), which takes the nodes' evidence from the
+``mpi_node`` engine on each node. This runner only writes requests to the job store and
+announces them on the event bus (``mpi/job/<id>/queued``, ``mpi/job/<id>/cancel``); the
+engine fires every transition as ``mpi/job/<id>/<state>``.
 
 Records live in a SQLite store in the master's cache directory and survive restarts;
 after a restart, running jobs are kept when their nodes report them alive and failed
 when not.
 
-:depends: the ``mpi_job`` execution module and ``mpi_jobs`` beacon on the nodes; the
-    ``mpi_launch``, ``mpi_sched`` and ``mpi_store`` utils modules
+:depends: the ``mpi_master`` engine on the master; the ``mpi_job`` execution module and
+    ``mpi_node`` engine on the nodes; the ``mpi_engine``, ``mpi_request``, ``mpi_rules``,
+    ``mpi_sched`` and ``mpi_store`` utils modules
 """
 
-import contextvars
 import ipaddress
 import logging
 import os
@@ -34,7 +30,6 @@ import re
 import secrets
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import salt.client
 import salt.fileclient
@@ -54,17 +49,8 @@ ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 DATA_MOUNT = "/data"
 JOBS_SUBDIR = "mpi-jobs"
-NODE_TIMEOUT = 5  # seconds without a report before a node counts as lost
-START_TIMEOUT = 90  # seconds a job may stay in "starting"
-CLEANUP_TIMEOUT = 5  # seconds to wait for a node's clean-up before leaving it to its reports
-RESTART_GRACE = 15  # seconds after a master restart before silent nodes count as lost
-TICK_SECONDS = 2  # the master schedule's interval for tick (master config)
-REPORT_SKEW = 1  # seconds a node's clock and report may lag behind the master
-SITE_REFRESH = 60  # seconds between re-reads of the site settings by the tick
-MIB = 1 << 20
-SLOT_OVERHEAD_MIB = 64  # sshd and orted beside a node's ranks
-SLOT_OVERHEAD_PIDS = 32
-_ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
+ENGINE_SILENCE = 30  # seconds without a sign of the job engine before submit refuses
+CANCEL_WAIT = 15  # seconds cancel waits for the engine to end the job
 _JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
 
 
@@ -138,79 +124,21 @@ def _site_config(minion):
     return salt.utils.dictupdate.merge(_defaults(), pillar.get("mpi", {}), merge_lists=False)
 
 
-def _cluster_addresses(minions, network):
-    """Each minion's address on the cluster network, from its cached grains."""
-    net = ipaddress.ip_network(network)
-    grains = __salt__["cache.grains"](tgt=list(minions), tgt_type="list")
-    addresses = {}
-    for minion in minions:
-        found = [a for a in grains.get(minion, {}).get("ipv4", []) if ipaddress.ip_address(a) in net]
-        if not found:
-            raise CommandExecutionError(f"{minion} has no address in the cluster network {network}")
-        addresses[minion] = found[0]
-    return addresses
+def _public(record):
+    return __utils__["mpi_engine.public"](record)
 
 
-def _job_ports(config):
-    """(sshd port, OOB range, BTL range) inside every job's own network namespace."""
-    ports = config["ports"]
-    return int(ports["sshd"][0]), tuple(int(p) for p in ports["oob"]), \
-        tuple(int(p) for p in ports["btl"])
+def _alive(store, now):
+    return __utils__["mpi_rules.alive"](store.nodes(), now)
 
 
-def _account_name(user):
-    """The POSIX account name the user has inside job containers."""
-    lowered = user.lower()
-    if lowered in ("root", "nobody", "sshd") or not _ACCOUNT_RE.match(lowered):
-        return "mpiuser"  # system names stay the system's inside the container
-    return lowered
-
-
-def _node_limits(config, ranks):
-    """The limits of the container that runs ``ranks`` of a job's ranks on a node."""
-    limits = config["limits"]
-    return {
-        "memory": (ranks * int(limits["memory_per_slot_mb"]) + SLOT_OVERHEAD_MIB) * MIB,
-        "pids": ranks * int(limits["pids_per_slot"]) + SLOT_OVERHEAD_PIDS,
-        "nano_cpus": int(ranks * float(limits["cpus_per_slot"]) * 1e9),
-        "tmp_size": int(limits["tmp_size_mb"]) * MIB,
-    }
-
-
-def _job_files(config, record, job_addresses):
-    launch = __utils__
-    user_private, user_public = launch["mpi_launch.generate_ed25519_keypair"]("dockermpi-job")
-    host_private, host_public = launch["mpi_launch.generate_ed25519_keypair"]("dockermpi-host")
-    account = _account_name(record["user"])
-    uid = record["uid"]
-    sshd_port = _job_ports(config)[0]
-    return {
-        "id_ed25519": user_private,
-        "authorized_keys": launch["mpi_launch.authorized_keys_text"](user_public),
-        "ssh_host_key": host_private,
-        "known_hosts": launch["mpi_launch.known_hosts_text"](host_public),
-        "sshd_config": launch["mpi_launch.sshd_config_text"](sshd_port, account),
-        "passwd": launch["mpi_launch.passwd_text"](account, uid, uid, home=DATA_MOUNT),
-        "group": launch["mpi_launch.group_text"](account, uid),
-        "program": launch["mpi_launch.program_script_text"](record["cmd"]),
-        "hostfile": launch["mpi_launch.hostfile_text"](
-            [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
-        ),
-    }
-
-
-def _job_environment(record, job_addresses):
-    """What every rank is told about its job (like Slurm's SLURM_JOB_ID and friends)."""
-    return {
-        "DMPI_JOB_ID": record["job_id"],
-        "DMPI_JOB_DIR": record["output"]["dir_in_job"],
-        "DMPI_NTASKS": str(record["np"]),
-        "DMPI_NODELIST": ",".join(record["placement"]),
-        "DMPI_ADDRESSES": ",".join(job_addresses[n] for n in record["placement"]),
-    }
-
-
-# ----------------------------------------------------------------- store and state
+def _check_engine(store):
+    """Submitting needs the job engine running on the master."""
+    seen = (store.get_meta("engine") or {}).get("pid_alive", 0)
+    if time.time() - seen > ENGINE_SILENCE:
+        raise CommandExecutionError(
+            "the DockerMPI job engine is not running on the master (master config: "
+            "engines: [mpi_master: {}], then restart salt-master); nothing was queued")
 
 
 def _store():
@@ -222,13 +150,6 @@ def _store():
 def _fire(job_id, state, data=None):
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
         bus.fire_event(dict(data or {}, job_id=job_id, state=state), f"mpi/job/{job_id}/{state}")
-
-
-def _public(record):
-    """The job record as users see it (no internal scheduling data)."""
-    view = {k: v for k, v in record.items() if k not in ("spec", "port_slot", "closed")}
-    view["retcode"] = 0 if record["state"] == "succeeded" else 1
-    return view
 
 
 def _rejected(exc):
@@ -246,10 +167,6 @@ def _mpi_nodes():
     """Every minion that is an MPI node, known from the master's cache (no network)."""
     found = salt.utils.minions.CkMinions(__opts__).check_minions(NODE_TARGET, "compound")
     return sorted(found["minions"])
-
-
-def _alive(nodes_seen, now):
-    return {n for n, seen in nodes_seen.items() if now - seen["last_seen"] <= NODE_TIMEOUT}
 
 
 def _candidates(nodes, all_nodes):
@@ -286,7 +203,7 @@ def _storage_owner(config):
         if not found:
             raise CommandExecutionError("no minion has the role mpi-nfs-server")
         return sorted(found)[0], storage["nfs"]["export"]
-    alive = sorted(_alive(_store().nodes(), time.time()))
+    alive = sorted(_alive(_store(), time.time()))
     if not alive:
         raise CommandExecutionError("no MPI node is reporting; cannot reach shared storage")
     return alive[0], storage["path"]
@@ -346,6 +263,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         if not all_nodes:
             raise SaltInvocationError("there are no MPI nodes (grain roles:mpi-node)")
         store = _store()
+        _check_engine(store)
         config = _refresh_site(store, all_nodes[0])
         limits = config["limits"]
         _check_job_network(config)
@@ -504,7 +422,9 @@ def _known_job(store, job_id):
 
 def wait(job_id, timeout=None):
     """
-    Wait until a job has ended and return its record.
+    Wait until a job has ended and return its record, as soon as its final state is
+    known (``closed`` becomes true a moment later, once its containers are gone and
+    status.json is written).
 
     timeout
         Seconds to wait at most; then the current record is returned (retcode 1).
@@ -525,10 +445,9 @@ def wait(job_id, timeout=None):
         bus.subscribe(f"mpi/job/{job_id}/")
         while True:
             record = store.get(job_id)
-            # A final job is closed once its clean-up is recorded; a finisher that died
-            # in between (master restart) must not make us wait forever.
-            closed = record.get("closed") or time.time() - (record.get("ended") or 0) > 30
-            if (record["state"] in FINAL and closed) or (deadline and time.monotonic() > deadline):
+            # The result is known once the state is final; the clean-up (containers,
+            # status.json) follows and is not waited for (``closed`` says it is done).
+            if record["state"] in FINAL or (deadline and time.monotonic() > deadline):
                 view = _public(record)
                 __context__["retcode"] = view["retcode"]
                 return view
@@ -596,9 +515,12 @@ def cancel(job_id, reason="cancelled by request"):
         return _failed_call(str(exc))
     if record["state"] in FINAL:
         return dict(_public(record), note=f"job had already ended ({record['state']})")
-    ended = _finish(job_id, "cancelled", reason, expect=("queued",) + ACTIVE)
-    schedule()
-    return _public(ended or store.get(job_id))
+    store.update(job_id, cancel_requested=str(reason)[:200])
+    _fire(job_id, "cancel")
+    ended = wait(job_id, timeout=CANCEL_WAIT)
+    if ended.get("state") not in FINAL:
+        ended["note"] = "cancel requested; the job engine has not ended the job yet"
+    return ended
 
 
 def logs(job_id, stream="stdout", tail=65536):
@@ -621,7 +543,7 @@ def logs(job_id, stream="stdout", tail=65536):
             raise SaltInvocationError("stream must be stdout or stderr")
         store = _store()
         record = _known_job(store, job_id)
-        alive = _alive(store.nodes(), time.time())
+        alive = _alive(store, time.time())
         readers = [n for n in record.get("placement") or {} if n in alive] or sorted(alive)
         if not readers:
             raise CommandExecutionError("no MPI node is reporting; cannot read shared storage")
@@ -658,6 +580,7 @@ def nodes():
     store = _store()
     now = time.time()
     seen = store.nodes()
+    alive = __utils__["mpi_rules.alive"](seen, now)
     site = store.get_meta("site") or {}
     slots = int((site.get("config") or {}).get("slots_per_node", 0))
     jobs = store.jobs(ACTIVE)
@@ -669,7 +592,7 @@ def nodes():
             "slots": slots,
             "used": sum(j["placement"][node] for j in mine),
             "jobs": [j["job_id"] for j in mine],
-            "reachable": bool(info) and now - info["last_seen"] <= NODE_TIMEOUT,
+            "reachable": bool(info) and node in alive,
             "last_report_seconds_ago": round(now - info["last_seen"], 1) if info else None,
             "engine": info["report"].get("engine") if info else None,
         }
@@ -757,90 +680,6 @@ def migrate_users(from_uid=None):
             "left": sorted(n for n, i in found.items() if i["uid"] != from_uid)}
 
 
-# ------------------------------------------------------------ reactor and schedule
-
-
-def schedule(**kwargs):
-    """
-    Start every queued job that can start now (reactor: ``mpi/job/*/queued``).
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run mpi.schedule
-    """
-    store = _store()
-    site = store.get_meta("site")
-    if not site:
-        return []
-    node_slots = int(site["config"]["slots_per_node"])
-    limits = site["config"].get("limits") or {}
-    now = time.time()
-    started = []
-    with store.transaction() as conn:
-        queued = store.jobs(["queued"], conn=conn)
-        if not queued:
-            return []
-        active = store.jobs(ACTIVE, conn=conn)
-        alive = _alive(store.nodes(conn), now)
-        used, usage, running = {}, {}, []
-        for job in active:
-            for node, ranks in job["placement"].items():
-                used[node] = used.get(node, 0) + ranks
-            mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
-            mine["jobs"] += 1
-            mine["slots"] += job["np"]
-            running.append({"placement": job["placement"],
-                            "end": job.get("deadline") or now + job["walltime"]})
-        free = {n: node_slots - used.get(n, 0) for n in sorted(alive)}
-        waiting = [
-            {"id": j["job_id"], "user": j["user"], "np": j["np"], "walltime": j["walltime"],
-             "candidates": j["spec"]["candidates"], "count": j["spec"]["count"],
-             "per_node": j["spec"]["per_node"]}
-            for j in queued
-        ]
-        starts, blocked = __utils__["mpi_sched.plan"](
-            waiting, free, running, now, node_slots,
-            {"max_running_jobs": limits.get("max_running_jobs_per_user"),
-             "max_slots": limits.get("max_slots_per_user")},
-            usage,
-        )
-        by_id = {j["job_id"]: j for j in queued}
-        taken = {a for j in active for a in (j.get("job_addresses") or {}).values()}
-        taken |= set(store.get_meta("address_holds", {}, conn=conn))
-        next_address = store.get_meta("next_job_address", 0, conn=conn)
-        for job_id, placement in starts:
-            pool = _address_pool(by_id[job_id]["spec"]["config"])
-            # Round-robin through the pool: peers may still cache the link-layer address
-            # of a container that just left.
-            order = [pool[(next_address + i) % len(pool)] for i in range(len(pool))]
-            free_addresses = [a for a in order if a not in taken][:len(placement)]
-            if len(free_addresses) < len(placement):
-                blocked[job_id] = "job addresses"
-                continue
-            next_address = (pool.index(free_addresses[-1]) + 1) % len(pool)
-            store.set_meta("next_job_address", next_address, conn=conn)
-            taken.update(free_addresses)
-            record = store.transition(
-                job_id, "starting", expect=("queued",), conn=conn, placement=placement,
-                job_addresses=dict(zip(placement, free_addresses)), waiting_for=None,
-            )
-            started.append(record)
-        for job_id, why in blocked.items():
-            if by_id[job_id].get("waiting_for") != why:
-                store.update(job_id, conn=conn, waiting_for=why)
-    for record in started:
-        _fire(record["job_id"], "starting", {"placement": record["placement"]})
-    if started:
-        # Salt's dunders live in context variables, which new threads do not inherit.
-        with ThreadPoolExecutor(max_workers=min(4, len(started))) as pool:
-            futures = [pool.submit(contextvars.copy_context().run, _start, r) for r in started]
-            for future in futures:
-                future.result()
-    return [r["job_id"] for r in started]
-
-
 def _check_job_network(config):
     """The site's job address pool must be a network inside the cluster network."""
     try:
@@ -855,347 +694,3 @@ def _check_job_network(config):
             f"mpi:job_network:addresses {pool} is not inside mpi:cluster_network")
 
 
-def _address_pool(config):
-    """Every address of the job network's pool, in order."""
-    pool = ipaddress.ip_network(config["job_network"]["addresses"])
-    return [str(a) for a in pool.hosts()]
-
-
-def _start(record):
-    """Bring up a job's workers and launcher; on any failure the job fails cleanly."""
-    job_id, spec = record["job_id"], record["spec"]
-    config, placement = spec["config"], record["placement"]
-    nodes_ = list(placement)
-    job_addresses = record["job_addresses"]
-    client = _client()
-    common = {
-        "job_id": job_id,
-        "image": spec["image_ref"],
-        "user": record["user"],
-        "uid": record["uid"],
-        "gid": record["uid"],
-        "storage_path": config["storage"]["path"],
-        "job_root": config["job_root"],
-    }
-    timings = dict(record["timings"], queued=round(time.time() - record["submitted"], 3))
-    try:
-        sshd_port, oob_ports, btl_ports = _job_ports(config)
-        host_addresses = _cluster_addresses(nodes_, config["cluster_network"])
-        files = _job_files(config, record, job_addresses)
-        environment = dict(spec["env"], **_job_environment(record, job_addresses))
-        argv = __utils__["mpi_launch.launcher_argv"](
-            posixpath.join(record["output"]["dir_in_job"], "stdout"),
-            posixpath.join(record["output"]["dir_in_job"], "stderr"),
-            record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
-            spec["workdir"], env_names=sorted(environment),
-        )
-        launcher_node = nodes_[0]
-        allowed = {"peers": sorted(job_addresses.values()), "hosts": sorted(host_addresses.values())}
-        mark = time.monotonic()
-        # One publish for every node; each node takes its own address and limits. The
-        # launcher's node runs its ranks in the launcher container, so its worker gets
-        # the small default limits.
-        workers = _call(client, nodes_, "mpi_job.start_worker", timeout=30,
-                        network=config["job_network"]["name"], addresses=job_addresses,
-                        allowed_sources=allowed, sshd_port=sshd_port, files=files,
-                        limits={n: _node_limits(config, placement[n])
-                                for n in nodes_ if n != launcher_node},
-                        **common)
-        timings["containers_up"] = round(time.monotonic() - mark, 3)
-        timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
-        started = time.time()
-        view = dict(_public(record), state="running", started=started, timings=timings)
-        _call(client, [launcher_node], "mpi_job.start_launcher", timeout=30, argv=argv,
-              environment=environment, status=view,
-              limits=_node_limits(config, placement[launcher_node]), **common)
-    except (CommandExecutionError, SaltInvocationError, ValueError) as exc:
-        # ValueError: a launch builder refused a value (a bad pillar); the job must still
-        # end here rather than sit in "starting".
-        why = getattr(exc, "error", None) or str(exc)  # without Salt's info dump
-        log.warning("job %s could not start: %s", job_id, why)
-        if "is not ready" in why:
-            _store().set_user_dir_ready(record["user"], False)
-        _finish(job_id, "failed", f"could not start: {why}", expect=("starting",),
-                timings=timings)
-        schedule()
-        return
-    running = _store().transition(
-        job_id, "running", expect=("starting",), started=started,
-        deadline=started + record["walltime"], addresses=job_addresses, timings=timings,
-    )
-    if running is None:  # cancelled while starting: _finish ran before our containers
-        _cleanup(_store().get(job_id), status=None)
-        return
-    _fire(job_id, "running", {"placement": placement})
-
-
-def _cleanup(record, status):
-    """Remove the job's containers and keys from its nodes that report; the rest later.
-
-    Nodes that do not answer within a few seconds are left to the node reports: once a
-    node reports containers of an ended job, they are removed (:func:`node_report`).
-    """
-    placement = record.get("placement") or {}
-    store = _store()
-    alive = _alive(store.nodes(), time.time())
-    reachable = [n for n in placement if n in alive]
-    config = record["spec"]["config"]
-    answered, error = [], None
-    if reachable:
-        try:
-            answered = list(_call(
-                _client(), reachable, "mpi_job.cleanup", timeout=CLEANUP_TIMEOUT,
-                job_id=record["job_id"], job_root=config["job_root"], status=status,
-                status_node=reachable[0], storage_path=config["storage"]["path"],
-                user=record["user"], uid=record.get("uid"), gid=record.get("uid"),
-            ))
-        except CommandExecutionError as exc:
-            answered = list((getattr(exc, "info", None) or {}).get("results", {}))
-            error = str(exc)
-            log.warning("job %s: cleanup incomplete: %s", record["job_id"], exc)
-    return {"cleaned": answered, "pending": [n for n in placement if n not in answered],
-            "error": error}
-
-
-def _finish(job_id, state, reason, expect=ACTIVE, **fields):
-    """End a job exactly once: record the final state, clean up, announce it."""
-    store = _store()
-    now = time.time()
-    record = store.transition(job_id, state, reason, expect=expect, ended=now, **fields)
-    if record is None:
-        return None
-    if record.get("started"):
-        record["timings"].setdefault("mpirun", round(now - record["started"], 3))
-    if record.get("placement"):
-        mark = time.monotonic()
-        done = _cleanup(record, status=_public(record))
-        _hold_addresses(store, record, done["pending"])
-        record["timings"]["cleanup"] = round(time.monotonic() - mark, 3)
-        record["timings"]["total"] = round(time.time() - record["submitted"], 3)
-        record = store.update(job_id, timings=record["timings"], cleanup=done, closed=True) or record
-    else:
-        record["timings"]["total"] = round(now - record["submitted"], 3)
-        record = store.update(job_id, timings=record["timings"], closed=True) or record
-    _fire(job_id, state, {"reason": reason, "exit_code": record.get("exit_code")})
-    return record
-
-
-def _hold_addresses(store, record, pending):
-    """Keep the addresses of a job's containers on nodes not yet cleaned out of the pool:
-    a cut-off node may still run them, and an address must never be on two containers."""
-    if not pending:
-        return
-    with store.transaction() as conn:
-        holds = store.get_meta("address_holds", {}, conn=conn)
-        for node in pending:
-            address = (record.get("job_addresses") or {}).get(node)
-            if address:
-                holds[address] = {"job_id": record["job_id"], "node": node}
-        store.set_meta("address_holds", holds, conn=conn)
-
-
-def _release_addresses(store, node, reported):
-    """A node that reports no container of a job any more frees that job's addresses."""
-    holds = store.get_meta("address_holds", {})
-    gone = [a for a, h in holds.items()
-            if h["node"] == node and not (reported.get(h["job_id"]) or {}).get("containers",
-                                                                               {}).get("worker")]
-    if gone:
-        with store.transaction() as conn:
-            holds = store.get_meta("address_holds", {}, conn=conn)
-            for address in gone:
-                holds.pop(address, None)
-            store.set_meta("address_holds", holds, conn=conn)
-
-
-# Exit codes of the job's program script (/bin/sh) that say more than a number.
-_SHELL_EXITS = {126: "cannot be executed (permission denied or not a program)",
-                127: "was not found in the image"}
-
-
-def _outcome(code, failure, program):
-    """(state, reason) from the launcher's exit code and the failing rank."""
-    if code == 0:
-        return "succeeded", None
-    if failure and "signal" in failure:
-        return "failed", f"rank {failure['rank']} died of {failure['signal_name']}"
-    if failure and failure.get("exit_code") in _SHELL_EXITS:
-        return "failed", (f"rank {failure['rank']}: program {program[0][:100]!r} "
-                          f"{_SHELL_EXITS[failure['exit_code']]}")
-    if failure:
-        return "failed", f"rank {failure['rank']} exited with code {failure['exit_code']}"
-    return "failed", f"mpirun exited with code {code}"
-
-
-# What a job's container ran into, in the words of the limit (pillar mpi:limits).
-def _limit_reason(limit, node, limits):
-    if limit == "memory":
-        return (f"memory limit exceeded on {node} ({limits['memory_per_slot_mb']} MiB per "
-                "slot, mpi:limits:memory_per_slot_mb); a rank was killed")
-    return (f"process limit reached on {node} ({limits['pids_per_slot']} processes per slot, "
-            "mpi:limits:pids_per_slot)")
-
-
-def node_report(node=None, report=None, **kwargs):
-    """
-    Take a node's beacon report (reactor: ``salt/beacon/*/mpi_jobs/report``): record that
-    the node is alive and end jobs whose launcher exited, whose containers vanished, whose
-    node lost its engine or cannot reach the job's other nodes; remove leftovers of jobs
-    that already ended.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run mpi.node_report node=node1 report='{"engine": "ok", "jobs": {}}'
-    """
-    if not node or not isinstance(report, dict):
-        return _failed_call("node_report needs node and report")
-    store = _store()
-    now = time.time()
-    store.node_seen(node, report, now)
-    if report.get("error"):
-        # The node is alive but could not build its report: a heartbeat, no evidence.
-        log.warning("%s could not report its jobs: %s", node, report["error"])
-        return True
-    reported = report.get("jobs") or {}
-    if not isinstance(reported, dict):
-        reported = {}
-    _release_addresses(store, node, reported)
-    engine_ok = report.get("engine") == "ok"
-    ended = False
-    for record in store.jobs(["running"]):
-        if node not in record["placement"]:
-            continue
-        info = reported.get(record["job_id"])
-        verdict = _judge(node, record, info if isinstance(info, dict) else None, engine_ok,
-                         report, now, store)
-        if verdict:
-            state, reason, fields = verdict
-            ended |= _finish(record["job_id"], state, reason, **fields) is not None
-    client = None
-    for job_id, info in reported.items():
-        if not (info.get("containers") or info.get("secrets")):
-            continue
-        record = store.get(job_id) if _JOB_ID_RE.match(job_id) else None
-        if record is None or record["state"] in FINAL:
-            # Leftovers of an ended job (e.g. from a node that was cut off): remove them.
-            client = client or _client()
-            config = record["spec"]["config"] if record else store.get_meta("site")["config"]
-            client.cmd_async([node], "mpi_job.cleanup", tgt_type="list",
-                             kwarg={"job_id": job_id, "job_root": config["job_root"]})
-    if ended:
-        schedule()
-    return True
-
-
-def _limits_hit_by(record, node, info, store):
-    """(node, limit) of the first limit the job ran into: this report first, then the
-    latest report of each of the job's other nodes; None when no limit was hit."""
-    if info and info.get("limits_hit"):
-        return node, info["limits_hit"][0]
-    seen = store.nodes()
-    for other in record["placement"]:
-        job = (((seen.get(other) or {}).get("report") or {}).get("jobs") or {}).get(
-            record["job_id"]) or {}
-        if job.get("limits_hit"):
-            return other, job["limits_hit"][0]
-    return None
-
-
-def _judge(node, record, info, engine_ok, report, now, store):
-    """Whether a running job must end, from one node's report: (state, reason, fields)."""
-    launcher_node = next(iter(record["placement"]))
-    limits = record["spec"]["config"]["limits"]
-    if info and info.get("limits_hit") and info["limits_hit"][0] in ("memory", "pids"):
-        return "failed", _limit_reason(info["limits_hit"][0], node, limits), {}
-    if info and node == launcher_node and info.get("launcher_exit_code") is not None:
-        code, failure = info["launcher_exit_code"], info.get("failure")
-        state, reason = _outcome(code, failure, record["cmd"])
-        hit = _limits_hit_by(record, node, info, store) if code else None
-        if hit and hit[1] in ("memory", "pids"):
-            reason = _limit_reason(hit[1], hit[0], limits)
-        return state, reason, {"exit_code": code, "failure": failure}
-    if now > record["deadline"]:
-        return "timed_out", f"walltime of {record['walltime']} seconds exceeded", {}
-    if report.get("time", now) < record["started"] + REPORT_SKEW:
-        # Taken before the job's containers were all up (reports can arrive late): what
-        # it does not show says nothing about this job yet.
-        return None
-    if not engine_ok:
-        return "failed", f"the Docker engine on {node} is not answering: {report.get('engine')}", {}
-    if info is None:
-        return "failed", f"the job's containers on {node} are gone", {}
-    containers = info.get("containers") or {}
-    if node == launcher_node and containers.get("launcher") not in ("running", "created"):
-        return "failed", f"the launcher container on {node} is gone", {}
-    if containers.get("worker") not in ("running", "created"):
-        return "failed", f"the worker container on {node} is gone", {}
-    unreachable = info.get("unreachable_peers") or []
-    if unreachable:
-        names = {a: n for n, a in (record.get("job_addresses") or {}).items()}
-        peers = sorted(names.get(a, a) for a in unreachable)
-        return "failed", f"{node} cannot reach {', '.join(peers)} (network partition)", {}
-    return None
-
-
-def _master_started():
-    """When this salt-master started: its pid file is written at start."""
-    try:
-        return os.stat(__opts__["pidfile"]).st_mtime
-    except (KeyError, OSError):
-        return 0.0
-
-
-def tick(**kwargs):
-    """
-    The master schedule's pass (every 2 s): walltimes, nodes that stopped reporting,
-    jobs stuck starting, then the queue.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run mpi.tick
-    """
-    store = _store()
-    now = time.time()
-    last = store.get_meta("last_tick")
-    store.set_meta("last_tick", now)
-    if last is None or now - last > 2 * TICK_SECONDS or now - _master_started() < RESTART_GRACE:
-        # The master was down, restarting or stalled, so reports could not arrive: give
-        # nodes time to report again before judging them by their silence.
-        store.set_meta("grace_until", max(now + 1, _master_started() + RESTART_GRACE))
-    grace_until = store.get_meta("grace_until", 0)
-    site = store.get_meta("site")
-    if site and now - site["read"] > SITE_REFRESH:
-        members = _mpi_nodes()
-        if members:
-            try:
-                _refresh_site(store, members[0])
-            except CommandExecutionError as exc:
-                log.warning("cannot re-read the site settings: %s", exc)
-    seen = store.nodes()
-    ended = []
-    for record in store.jobs(ACTIVE):
-        job_id = record["job_id"]
-        if record["state"] == "running" and now > record["deadline"]:
-            ended.append(_finish(job_id, "timed_out",
-                                 f"walltime of {record['walltime']} seconds exceeded"))
-            continue
-        if record["state"] == "starting":
-            since = record["history"][-1]["at"]
-            if now - since > START_TIMEOUT:
-                ended.append(_finish(job_id, "failed",
-                                     f"did not start within {START_TIMEOUT} seconds"))
-            continue
-        if now < grace_until:
-            continue
-        lost = [n for n in record["placement"]
-                if now - seen.get(n, {}).get("last_seen", 0) > NODE_TIMEOUT]
-        if lost:
-            ended.append(_finish(job_id, "failed",
-                                 f"{'nodes' if len(lost) > 1 else 'node'} {', '.join(lost)} "
-                                 f"stopped answering (no report for over {NODE_TIMEOUT} s)"))
-    started = schedule()
-    return {"ended": [r["job_id"] for r in ended if r], "started": started}

@@ -194,6 +194,15 @@ class JobStore:
                 (node, when or time.time(), json.dumps(report)),
             )
 
+    def nodes_seen(self, seen):
+        """Record many nodes at once: ``{node: (last_seen, report)}``, one transaction."""
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO nodes (id, last_seen, report) VALUES (?, ?, ?) ON CONFLICT(id)"
+                " DO UPDATE SET last_seen = excluded.last_seen, report = excluded.report",
+                [(node, when, json.dumps(report)) for node, (when, report) in seen.items()],
+            )
+
     def nodes(self, conn=None):
         """``{node: {"last_seen": t, "report": {...}}}``."""
         with contextlib.ExitStack() as stack:

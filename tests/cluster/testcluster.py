@@ -181,6 +181,24 @@ class TestCluster:
         _, found = self.salt_json(["salt", "-L", ",".join(self.nodes), "mpi_job.jobs"])
         return {node: jobs for node, jobs in found.items() if jobs}
 
+    def closed(self, job_id, timeout=30):
+        """The job's record once its clean-up is done (``closed``): containers removed
+        and status.json written, a moment after its result is known."""
+        deadline = time.monotonic() + timeout
+        while True:
+            _, job = self.run_json("mpi.status", job_id=job_id)
+            if job.get("closed") or time.monotonic() > deadline:
+                return job
+            time.sleep(0.5)
+
+    def no_leftovers(self, timeout=20):
+        """What is left of jobs on any node once clean-ups had ``timeout`` seconds to
+        finish (they run after a job's result is known)."""
+        deadline = time.monotonic() + timeout
+        while (left := self.job_leftovers()) and time.monotonic() < deadline:
+            time.sleep(1)
+        return left
+
     def settle(self, timeout=30):
         """Cancel every job still queued or running and wait (up to timeout) until no job
         container or key is left on any node; returns (the jobs that were still active,
@@ -199,10 +217,7 @@ class TestCluster:
             raise ClusterError(f"salt-run mpi.list never answered a list: {active!r}")
         for job in active:
             self.run_json("mpi.cancel", job_id=job["job_id"])
-        deadline = time.monotonic() + timeout
-        while (left := self.job_leftovers()) and time.monotonic() < deadline:
-            time.sleep(1)
-        return active, left
+        return active, self.no_leftovers(timeout)
 
     def read_shared(self, path):
         """A file's text from the shared storage, as a node sees it."""
@@ -378,7 +393,7 @@ class TestCluster:
             "dmpi-master-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
             "dmpi-master-cache": {"bind": "/var/cache/salt", "mode": "rw"},
         }
-        for folder in ("_modules", "_states", "_runners", "_utils", "_beacons"):
+        for folder in ("_modules", "_states", "_runners", "_utils", "_engines"):
             mounts[str(REPO / folder)] = {"bind": f"/srv/salt-ext/{folder}", "mode": "ro"}
         _, created = self.start_host(
             MASTER, "master", image, MASTER_ADDR, mounts,
@@ -466,7 +481,7 @@ class TestCluster:
 
     def sync_and_highstate(self):
         """Sync custom modules everywhere, apply highstate to every node, then check the
-        master really serves the job engine (runner, reactor) before saying so."""
+        master really serves the job engine (runner, engine, node reports) before saying so."""
         self.sync_master()
         self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.sync_all"])
         self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.refresh_pillar", "wait=True"])
@@ -481,14 +496,14 @@ class TestCluster:
         code, synced = self.run_json("saltutil.sync_all")
         if code != 0 or not isinstance(synced, dict):
             raise ClusterError(f"salt-run saltutil.sync_all failed on the master: {synced!r}")
-        if force_restart or synced.get("runners") or synced.get("utils"):
-            # The master's reactor and schedule keep the runner they loaded at start.
+        if force_restart or any(synced.get(kind) for kind in ("runners", "utils", "engines")):
+            # The job engine keeps the modules it loaded at start.
             self.exec("master", ["systemctl", "restart", "salt-master"])
             self.wait_for_minions()
 
     def engine_answers(self):
         """Why the master does not serve the job engine yet, or None when it does: the
-        runner answers and every node's reports reach it through the reactor."""
+        runner answers and every node's reports reach the job engine."""
         try:
             code, found = self.run_json("mpi.nodes")
         except ClusterError as exc:
@@ -499,7 +514,7 @@ class TestCluster:
         return f"no reports reach the master from {silent}" if silent else None
 
     def verify_master(self, timeout=45):
-        """Wait until the master serves the runner and the reactor; repair it once (sync
+        """Wait until the master serves the runner and the job engine; repair it once (sync
         again and restart it) when it does not."""
         for attempt in ("check", "repair"):
             deadline = time.monotonic() + timeout

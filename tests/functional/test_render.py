@@ -144,8 +144,10 @@ def test_nfs_export_is_cluster_network_only_and_root_squashed(nfs_high):
 
 
 def test_nfs_export_reload_only_on_change(nfs_high):
-    reload_ = _args(nfs_high, "mpi-storage-nfs-server-exportfs-reload", "cmd.run")
+    reload_ = _args(nfs_high, "mpi-storage-nfs-server-exportfs-reload", "module.run")
     assert reload_["onchanges"] == [{"file": "mpi-storage-nfs-server-exports-file"}]
+    # An argv list, no shell (the cmd.run state always runs a shell).
+    assert reload_["cmd.run_all"] == [{"cmd": ["exportfs", "-ra"]}, {"python_shell": False}]
 
 
 def test_nfs_users_directory_owned_by_guest(nfs_high):

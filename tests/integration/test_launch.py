@@ -28,7 +28,7 @@ RANK2_SEGFAULTS = (
 def nothing_left_behind(cluster):
     """After every test, no job container or key may remain on any node."""
     yield
-    assert cluster.job_leftovers() == {}
+    assert cluster.no_leftovers() == {}
 
 
 def launch(cluster, **kwargs):
@@ -55,6 +55,7 @@ def test_job_spans_nodes_and_writes_into_the_users_directory(cluster):
     for rank in range(4):
         written = cluster.read_shared(f"/srv/dockermpi/users/alice/{workdir}/rank-{rank}.txt")
         assert written == (cluster.nodes[0] if rank < 2 else cluster.nodes[1])
+    job = cluster.closed(job["job_id"])
     status = json.loads(cluster.read_shared(job["output"]["status"]))
     assert status["state"] == "succeeded" and status["job_id"] == job["job_id"]
     assert set(job["timings"]) >= {"queued", "containers_up", "sshd_ready", "mpirun", "cleanup", "total"}
@@ -67,6 +68,7 @@ def test_a_rank_exiting_non_zero_fails_the_job_naming_the_rank(cluster):
     assert job["failure"] == {"rank": 1, "exit_code": 3}
     assert job["reason"] == "rank 1 exited with code 3"
     assert job["timings"]["mpirun"] < 30  # ended by mpirun's abort, not by the walltime
+    cluster.closed(job["job_id"])
     status = json.loads(cluster.read_shared(job["output"]["status"]))
     assert status["state"] == "failed" and status["failure"] == job["failure"]
 

@@ -41,7 +41,7 @@ def wait_for(cluster, job_id, states, timeout=60):
     deadline = time.monotonic() + timeout
     while True:
         _, job = run(cluster, "mpi.status", job_id=job_id)
-        closed = job["state"] not in FINAL or "total" in job.get("timings", {})
+        closed = job["state"] not in FINAL or job.get("closed")
         if job["state"] in states and closed:
             return job
         assert time.monotonic() < deadline, f"{job_id} still {job['state']} after {timeout}s"
@@ -165,7 +165,8 @@ def test_symlinks_planted_in_a_job_directory_never_lead_the_node_elsewhere(clust
     code, job = launch(cluster, ATTACKER, shell(attack))
     assert code == 1
     assert job["state"] == "failed" and job["reason"]
-    assert "total" in job["timings"] and "cleanup" in job["timings"]
+    job = cluster.closed(job["job_id"])
+    assert job["closed"] and "total" in job["timings"] and "cleanup" in job["timings"]
     assert all(node_reports(cluster, node) for node in cluster.nodes)
 
 
@@ -179,6 +180,7 @@ def test_a_fifo_and_a_1100_link_chain_do_not_hang_or_silence_the_node(cluster, v
     )
     code, job = launch(cluster, ATTACKER, shell(attack), nodes="node1")
     assert code == 1 and job["state"] == "failed"
+    job = cluster.closed(job["job_id"])
     assert job["timings"]["cleanup"] < 15, "the node's status writer hung"
     time.sleep(3)
     assert node_reports(cluster, "node1"), "node1 stopped reporting"

@@ -1,3 +1,3 @@
 include:
   - .jobs
-  - .beacon
+  - .engine

@@ -53,9 +53,10 @@ mpi-storage-nfs-server-service-running:
       - file: mpi-storage-nfs-server-exports-file
 
 mpi-storage-nfs-server-exportfs-reload:
-  cmd.run:
-    - name: exportfs -ra
-    - python_shell: False
+  module.run:
+    - cmd.run_all:
+      - cmd: [exportfs, -ra]
+      - python_shell: False
     - onchanges:
       - file: mpi-storage-nfs-server-exports-file
     - require:

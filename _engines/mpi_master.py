@@ -1,0 +1,166 @@
+"""
+DockerMPI's job engine on the Salt master: one long-lived process that owns every job's
+life (``mpi_engine``), fed by Salt's event bus.
+
+It reads, from the master's event bus:
+
+- ``mpi/node/<id>/report``: a node's evidence, sent when it changes (and now and then);
+- ``mpi/node/<id>/alive``: a node's heartbeat, with the fingerprint of its evidence;
+- ``mpi/job/<id>/queued`` and ``mpi/job/<id>/cancel``: fired by the ``mpi`` runner.
+
+and once a second walks the clock (walltimes, silent nodes, the queue). The node's id
+is the one the master authenticated, never one the event carries. Nothing here is a
+Salt function: users cannot call the engine, only ask the ``mpi`` runner.
+
+Master configuration:
+
+.. code-block:: yaml
+
+    engines:
+      - mpi_master: {}
+
+Optional setting: ``interval`` (seconds between passes of the clock, default 1). The
+site settings the queue uses are those ``mpi.submit`` read last (it reads them at every
+submission).
+
+:depends: the ``mpi_engine``, ``mpi_rules``, ``mpi_store``, ``mpi_sched`` and
+    ``mpi_launch`` utils modules; the ``mpi_node`` engine on the nodes
+"""
+
+import ipaddress
+import logging
+import os
+import re
+import time
+
+import salt.client
+import salt.utils.event
+from salt.exceptions import CommandExecutionError
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "mpi_master"
+
+_JOB_TAG = re.compile(r"^mpi/job/([0-9]{8}-[0-9]{6}-[0-9a-f]{6})/(queued|cancel)\Z")
+_NODE_TAG = re.compile(r"^mpi/node/[^/]+/(report|alive)\Z")
+
+
+def __virtual__():
+    if __opts__.get("__role") != "master":
+        return False, "mpi_master runs on the Salt master"
+    return __virtualname__
+
+
+class _CallFailed(CommandExecutionError):
+    """A call to nodes failed on some of them; ``answered`` are those that did answer."""
+
+    def __init__(self, message, answered):
+        super().__init__(message)
+        self.answered = answered
+
+
+class SaltTransport:
+    """How the engine reaches nodes and the event bus, through the master."""
+
+    def __init__(self, opts, runners):
+        self.opts = opts
+        self.runners = runners
+
+    def _client(self):
+        return salt.client.get_local_client(mopts=self.opts)
+
+    def call(self, minions, fun, timeout, **kwargs):
+        """Run fun on minions in parallel; ``{minion: return}``; raises if any failed."""
+        returns = self._client().cmd(list(minions), fun, kwarg=kwargs, tgt_type="list",
+                                     timeout=timeout, full_return=True)
+        errors, results = {}, {}
+        for minion in minions:
+            answer = returns.get(minion)
+            if not isinstance(answer, dict) or "ret" not in answer:
+                errors[minion] = "did not answer"
+            elif answer.get("retcode", 0) != 0 or answer.get("success") is False:
+                errors[minion] = str(answer["ret"])
+            else:
+                results[minion] = answer["ret"]
+        if errors:
+            raise _CallFailed(
+                f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items())),
+                list(results),
+            )
+        return results
+
+    def call_async(self, minions, fun, **kwargs):
+        self._client().cmd_async(list(minions), fun, tgt_type="list", kwarg=kwargs)
+
+    def fire(self, tag, data):
+        with salt.utils.event.get_master_event(self.opts, self.opts["sock_dir"],
+                                               listen=False) as bus:
+            bus.fire_event(data, tag)
+
+    def host_addresses(self, minions, network):
+        """Each minion's address on the cluster network, from its cached grains."""
+        net = ipaddress.ip_network(network)
+        grains = self.runners["cache.grains"](tgt=list(minions), tgt_type="list")
+        addresses = {}
+        for minion in minions:
+            found = [a for a in grains.get(minion, {}).get("ipv4", [])
+                     if ipaddress.ip_address(a) in net]
+            if not found:
+                raise CommandExecutionError(
+                    f"{minion} has no address in the cluster network {network}")
+            addresses[minion] = found[0]
+        return addresses
+
+
+def _dispatch(engine, tag, data):
+    """Hand one event to the engine."""
+    match = _NODE_TAG.match(tag)
+    if match:
+        node = data.get("id")  # set by the master from the minion's authenticated load
+        payload = data.get("data")
+        if not isinstance(node, str) or not isinstance(payload, dict):
+            return
+        if match.group(1) == "report":
+            engine.node_report(node, payload.get("report"))
+        else:
+            engine.heartbeat(node, payload.get("digest"))
+        return
+    match = _JOB_TAG.match(tag)
+    if match:
+        engine.job_requested(match.group(1))
+
+
+def _loaded(dunder):
+    """The loader behind one of Salt's dunders. The dunder itself resolves through the
+    calling thread's loader context, which the engine's worker threads and the utils
+    modules it calls do not have."""
+    return dunder.value() if hasattr(dunder, "value") else dunder
+
+
+def start(interval=1.0):
+    """Run the job engine until the master stops."""
+    opts, utils = _loaded(__opts__), _loaded(__utils__)
+    store = utils["mpi_store.open_store"](os.path.join(opts["cachedir"], "dockermpi",
+                                                       "jobs.sqlite"))
+    engine = utils["mpi_engine.new_engine"](store, SaltTransport(opts, _loaded(__runners__)),
+                                            utils)
+    interval = float(interval)
+    next_pass = time.monotonic()
+    log.info("DockerMPI job engine started")
+    with salt.utils.event.get_master_event(opts, opts["sock_dir"],
+                                           listen=True) as bus:
+        bus.subscribe("mpi/")
+        while True:
+            event = bus.get_event(wait=max(0.01, next_pass - time.monotonic()), tag="mpi/",
+                                  match_type="startswith", full=True)
+            try:
+                if event:
+                    _dispatch(engine, event["tag"], event["data"])
+                now = time.monotonic()
+                if now >= next_pass:
+                    next_pass = now + interval
+                    engine.tick()
+            except Exception:  # pylint: disable=broad-except
+                # One bad event or a store hiccup must not stop the engine for everyone.
+                log.exception("DockerMPI job engine: error handling %s",
+                              event["tag"] if event else "the clock")

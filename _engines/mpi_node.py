@@ -1,0 +1,186 @@
+"""
+A DockerMPI node's evidence for the master's job engine: one long-lived process in the
+salt-minion that sends what changes, when it changes, and a small heartbeat otherwise.
+
+Every ``interval`` seconds, and at once when the Docker engine says a job container
+started, died or went away, it builds :func:`mpi_job.report <_modules.mpi_job.report>`
+(Docker engine health, each job's containers, launcher exit code and failed rank,
+limits hit, whether this node reaches the job's other containers) and adds, per job,
+``unreachable_peers``: the peers that failed the last ``failures`` probes in a row (one
+failed probe is not yet a partition). Then it fires, to the master:
+
+- ``mpi/node/<id>/report`` with the report when its content changed, and every
+  ``refresh`` seconds in any case (so a restarted master has it soon);
+- ``mpi/node/<id>/alive`` otherwise, every ``heartbeat`` seconds: the fingerprint of
+  the last report, nothing else (the master counts a node silent for 5 s as lost).
+
+The master reads silence as a lost node, so nothing may stop the heartbeat: when
+building the report fails for any reason, the report still goes out, saying so in
+``error`` (the node's jobs are then judged by the master's other evidence).
+
+Minion configuration (highstate writes it: ``dockermpi.node.engine``):
+
+.. code-block:: yaml
+
+    engines:
+      - mpi_node:
+          storage_path: /srv/dockermpi
+          job_root: /var/lib/dockermpi/jobs
+
+Optional: ``interval`` (default 1), ``heartbeat`` (default 2), ``refresh`` (default 10),
+``probe_timeout`` (seconds per TCP probe, default 0.5; probes run in parallel) and
+``failures`` (consecutive failed probes before a peer is unreachable, default 2).
+
+:depends: the ``mpi_job`` execution module, the Docker SDK
+"""
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+
+try:
+    import docker
+
+    HAS_DOCKER = True
+except ImportError:
+    HAS_DOCKER = False
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "mpi_node"
+
+DEFAULTS = {
+    "job_root": "/var/lib/dockermpi/jobs",
+    "interval": 1.0,
+    "heartbeat": 2.0,  # well inside the master's 5 s before a silent node is lost
+    "refresh": 10.0,
+    "probe_timeout": 0.5,
+    "failures": 2,
+}
+JOB_LABEL = "io.dockermpi.job"  # mpi_job.LABEL_JOB: every job container has it
+# Container events after which the node's evidence has changed.
+_CHANGES = ("start", "die", "destroy", "oom", "kill")
+
+
+def __virtual__():
+    if not HAS_DOCKER:
+        return False, "mpi_node needs the Docker SDK for Python"
+    return __virtualname__
+
+
+def check_config(config):
+    """The engine's settings with defaults; ValueError naming a bad one."""
+    conf = {**DEFAULTS, **{k: v for k, v in (config or {}).items() if v is not None}}
+    for key in ("storage_path", "job_root"):
+        if not isinstance(conf.get(key), str) or not os.path.isabs(conf[key]):
+            raise ValueError(f"mpi_node needs an absolute path in {key}, got {conf.get(key)!r}")
+    for key in ("interval", "heartbeat", "refresh", "probe_timeout"):
+        try:
+            conf[key] = float(conf[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"mpi_node: {key} must be a number of seconds") from None
+        if conf[key] <= 0:
+            raise ValueError(f"mpi_node: {key} must be positive")
+    if isinstance(conf["failures"], bool) or not isinstance(conf["failures"], int) or \
+            conf["failures"] < 1:
+        raise ValueError("mpi_node: failures must be a positive integer")
+    return conf
+
+
+def fingerprint(report):
+    """A short fingerprint of a report's content (its time left out)."""
+    content = {k: v for k, v in report.items() if k not in ("time", "digest")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()
+                          ).hexdigest()[:16]
+
+
+class Reporter:
+    """What to send after each look at the node: builds the report, counts failed
+    probes per job and peer, and chooses between a report and a heartbeat."""
+
+    def __init__(self, conf, report_fn, clock=time.time):
+        self.conf = conf
+        self.report_fn = report_fn
+        self.clock = clock
+        self.failures = {}
+        self.sent_digest = None
+        self.sent_report = 0.0
+        self.sent_any = 0.0
+
+    def evidence(self):
+        """The report with ``unreachable_peers`` per job; never raises."""
+        try:
+            report = self.report_fn(self.conf["storage_path"], job_root=self.conf["job_root"],
+                                    probe_timeout=self.conf["probe_timeout"])
+            failures = {}
+            for job_id, job in report["jobs"].items():
+                for address, reachable in job.get("peers", {}).items():
+                    if not reachable:
+                        failures[(job_id, address)] = self.failures.get((job_id, address), 0) + 1
+                job["unreachable_peers"] = sorted(
+                    address for address in job.get("peers", {})
+                    if failures.get((job_id, address), 0) >= self.conf["failures"])
+            # Only failures of this look survive: a success, or a job or peer gone, resets.
+            self.failures = failures
+        except Exception as exc:  # pylint: disable=broad-except
+            # The heartbeat must go on whatever went wrong; the error travels with it.
+            log.exception("mpi_node: the report failed")
+            report = {"engine": "ok", "jobs": {}, "time": self.clock(),
+                      "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        report["digest"] = fingerprint(report)
+        return report
+
+    def next_event(self):
+        """(tag suffix, data) to send now, or None."""
+        report = self.evidence()
+        now = self.clock()
+        if report["digest"] != self.sent_digest or now - self.sent_report >= self.conf["refresh"]:
+            self.sent_digest, self.sent_report, self.sent_any = report["digest"], now, now
+            return "report", {"report": report}
+        if now - self.sent_any >= self.conf["heartbeat"]:
+            self.sent_any = now
+            return "alive", {"digest": report["digest"], "time": now}
+        return None
+
+
+def _watch_containers(wake):
+    """Wake the reporter whenever a job container changes (Docker's event stream)."""
+    while True:
+        try:
+            client = docker.from_env()
+            for event in client.events(decode=True, filters={"type": "container",
+                                                             "label": JOB_LABEL}):
+                if event.get("Action", event.get("status")) in _CHANGES:
+                    wake.set()
+        except Exception as exc:  # pylint: disable=broad-except
+            log.debug("mpi_node: Docker event stream ended (%s); reconnecting", exc)
+        wake.set()  # the engine may have restarted: look now
+        time.sleep(1)
+
+
+def start(**config):
+    """Report this node's evidence until the minion stops."""
+    try:
+        conf = check_config(config)
+    except ValueError as exc:
+        log.error("%s; the node sends no reports and will be seen as lost", exc)
+        return
+    reporter = Reporter(conf, __salt__["mpi_job.report"])
+    wake = threading.Event()
+    threading.Thread(target=_watch_containers, args=(wake,), daemon=True,
+                     name="mpi-node-docker-events").start()
+    prefix = f"mpi/node/{__opts__['id']}/"
+    log.info("DockerMPI node reporter started")
+    while True:
+        wake.wait(conf["interval"])
+        wake.clear()
+        try:
+            event = reporter.next_event()
+            if event:
+                __salt__["event.send"](prefix + event[0], event[1])
+        except Exception:  # pylint: disable=broad-except
+            log.exception("mpi_node: cannot send to the master")
+            time.sleep(conf["interval"])

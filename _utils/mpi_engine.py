@@ -1,0 +1,526 @@
+"""
+DockerMPI's job engine: one long-lived object on the master that owns every job's life.
+
+It takes evidence in (node reports and heartbeats, queued and cancel requests, the
+clock), and for each job one reconcile step decides from the rules (``mpi_rules``)
+whether it ends; every end of a job goes through that step. Ending records the final
+state and announces it at once; the clean-up of containers and keys follows in the
+background, off the path of whoever waits for the result. Planning starts what the
+queue allows (``mpi_sched``); a start runs in a worker thread, and a start that fails is
+recorded on the job and reconciled like any other evidence, never retried or recursed
+into.
+
+The master engine ``_engines/mpi_master.py`` feeds it from Salt's event bus and gives it
+a transport to the nodes; benchmarks and tests feed it directly. Node liveness is kept
+in memory (heartbeats cost a dict update) and written to the store every few seconds.
+
+The object is not a Salt function: nothing here is callable by users.
+"""
+
+import ipaddress
+import logging
+import posixpath
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
+
+DATA_MOUNT = "/data"
+JOBS_SUBDIR = "mpi-jobs"
+CLEANUP_TIMEOUT = 5  # seconds a node has to clean up before its reports take over
+CLEANUP_RETRY = 10  # seconds between clean-up requests for leftovers on one node
+FLUSH_SECONDS = 2  # how often heartbeats are written to the store
+PLAN_SECONDS = 5  # the queue is planned at least this often
+STALL_SECONDS = 3  # a pass this late means the engine stalled: give nodes a grace
+MIB = 1 << 20
+SLOT_OVERHEAD_MIB = 64  # sshd and orted beside a node's ranks
+SLOT_OVERHEAD_PIDS = 32
+ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")  # a POSIX account name
+
+
+class StartError(Exception):
+    """A job could not be started; the message says why (without Salt's info dump)."""
+
+
+def public(record):
+    """The job record as users see it (no internal scheduling data). ``closed`` is true
+    once the job's clean-up is done (containers gone, status.json written)."""
+    view = {k: v for k, v in record.items()
+            if k not in ("spec", "port_slot", "cancel_requested", "start_error")}
+    view["retcode"] = 0 if record["state"] == "succeeded" else 1
+    view["closed"] = bool(record.get("closed"))
+    return view
+
+
+def account_name(user, pattern):
+    """The POSIX account name the user has inside job containers."""
+    lowered = user.lower()
+    if lowered in ("root", "nobody", "sshd") or not pattern.match(lowered):
+        return "mpiuser"  # system names stay the system's inside the container
+    return lowered
+
+
+def job_ports(config):
+    """(sshd port, OOB range, BTL range) inside every job's own network namespace."""
+    ports = config["ports"]
+    return int(ports["sshd"][0]), tuple(int(p) for p in ports["oob"]), \
+        tuple(int(p) for p in ports["btl"])
+
+
+def node_limits(config, ranks):
+    """The limits of the container that runs ``ranks`` of a job's ranks on a node."""
+    limits = config["limits"]
+    return {
+        "memory": (ranks * int(limits["memory_per_slot_mb"]) + SLOT_OVERHEAD_MIB) * MIB,
+        "pids": ranks * int(limits["pids_per_slot"]) + SLOT_OVERHEAD_PIDS,
+        "nano_cpus": int(ranks * float(limits["cpus_per_slot"]) * 1e9),
+        "tmp_size": int(limits["tmp_size_mb"]) * MIB,
+    }
+
+
+def address_pool(config):
+    """Every address of the job network's pool, in order."""
+    return [str(a) for a in ipaddress.ip_network(config["job_network"]["addresses"]).hosts()]
+
+
+def job_environment(record, job_addresses):
+    """What every rank is told about its job (like Slurm's SLURM_JOB_ID and friends)."""
+    return {
+        "DMPI_JOB_ID": record["job_id"],
+        "DMPI_JOB_DIR": record["output"]["dir_in_job"],
+        "DMPI_NTASKS": str(record["np"]),
+        "DMPI_NODELIST": ",".join(record["placement"]),
+        "DMPI_ADDRESSES": ",".join(job_addresses[n] for n in record["placement"]),
+    }
+
+
+def new_engine(store, transport, lib, clock=time.time):
+    """The job engine over ``store`` (``mpi_store``), reaching nodes through
+    ``transport`` (see :class:`JobEngine`), with the utils modules in ``lib`` (the
+    caller's ``__utils__``: Salt does not give utils modules one of their own)."""
+    return JobEngine(store, transport, lib, clock)
+
+
+class JobEngine:
+    """
+    Jobs' lives, from evidence to decisions.
+
+    ``transport`` reaches the nodes and the event bus:
+
+    - ``call(minions, fun, timeout, **kwargs)``: ``{minion: return}``; raises
+      ``StartError``-like exceptions (any Exception) naming what failed, with
+      ``.answered`` (minions that did answer) when it knows;
+    - ``call_async(minions, fun, **kwargs)``: fire and forget;
+    - ``fire(tag, data)``: an event on the master's bus;
+    - ``host_addresses(minions, network)``: each minion's address in ``network``.
+    """
+
+    def __init__(self, store, transport, lib, clock=time.time):
+        self.store = store
+        self.transport = transport
+        self.lib = lib
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mpi-engine")
+        now = clock()
+        self.nodes = {}
+        for node, seen in store.nodes().items():
+            report = seen["report"] if isinstance(seen["report"], dict) else {}
+            self.nodes[node] = {"last_seen": seen["last_seen"], "report": report,
+                                "digest": report.get("digest"), "usable": not report.get("error")}
+        # Silence means nothing until nodes had the time to be heard again.
+        self.grace_until = now + self.lib["mpi_rules.timeouts"]()["restart_grace"]
+        self.plan_due = True
+        self.last_plan = 0.0
+        self.last_pass = now
+        self.last_flush = now
+        self.unflushed = set()
+        self.cleanup_asked = {}
+        self.starting = set()
+
+    # ------------------------------------------------------------------ evidence in
+
+    def node_report(self, node, report):
+        """A node's full report: record it and reconcile the node's jobs."""
+        if not isinstance(report, dict):
+            return
+        now = self.clock()
+        with self.lock:
+            was_alive = node in self.alive(now)
+            self.nodes[node] = {"last_seen": now, "report": report, "digest": report.get("digest"),
+                                "usable": not report.get("error")}
+            self.unflushed.discard(node)
+            self.store.node_seen(node, report, now)
+            if report.get("error"):
+                # Alive, but it could not build its report: a heartbeat, no evidence.
+                log.warning("%s could not report its jobs: %s", node, report["error"])
+                return
+            jobs = report.get("jobs") if isinstance(report.get("jobs"), dict) else {}
+            self._release_addresses(node, jobs)
+            for record in self.store.jobs(self.lib["mpi_rules.active_states"]()):
+                if node in (record.get("placement") or {}):
+                    self._reconcile(record, now)
+            self._remove_leftovers(node, jobs, now)
+            if not was_alive:
+                self.plan_due = True
+
+    def heartbeat(self, node, evidence_digest):
+        """A node says it is alive and its evidence is still the report with this
+        fingerprint (``digest``)."""
+        now = self.clock()
+        with self.lock:
+            seen = self.nodes.get(node)
+            if seen is None:
+                # Heard of before its first report (the engine restarted): alive, no
+                # evidence until its next full report.
+                self.nodes[node] = {"last_seen": now, "report": {}, "digest": None,
+                                    "usable": False}
+                self.plan_due = True
+            else:
+                if now - seen["last_seen"] > self.lib["mpi_rules.timeouts"]()["node"]:
+                    self.plan_due = True
+                seen["last_seen"] = now
+                if evidence_digest != seen["digest"]:
+                    seen["usable"] = False  # a change we missed: wait for the full report
+            self.unflushed.add(node)
+
+    def job_requested(self, job_id):
+        """Something asked about a job (queued, cancel): reconcile it and plan."""
+        with self.lock:
+            record = self.store.get(job_id)
+            if record is not None:
+                self._reconcile(record, self.clock())
+            self.plan_due = True
+        self.plan()
+
+    def tick(self):
+        """The clock's pass (about every second): every active job is reconciled
+        (walltimes, silent nodes, starts that take too long), then the queue."""
+        now = self.clock()
+        with self.lock:
+            if now - self.last_pass > STALL_SECONDS:
+                # The engine stalled, so heartbeats may not have been read: grace.
+                self.grace_until = max(self.grace_until,
+                                       now + self.lib["mpi_rules.timeouts"]()["node"])
+            self.last_pass = now
+            for record in self.store.jobs(("queued",) + self.lib["mpi_rules.active_states"]()):
+                if record["state"] != "queued" or record.get("cancel_requested"):
+                    self._reconcile(record, now)
+            if now - self.last_flush >= FLUSH_SECONDS:
+                self._flush(now)
+        if self.plan_due or now - self.last_plan >= PLAN_SECONDS:
+            self.plan()
+
+    def alive(self, now=None):
+        return self.lib["mpi_rules.alive"](self.nodes, self.clock() if now is None else now)
+
+    # ------------------------------------------------------------------- decisions
+
+    def _reconcile(self, record, now):
+        """The one step that ends jobs: apply the rules to the job's evidence."""
+        if self.lib["mpi_rules.is_final"](record["state"]):
+            return None
+        verdict = self.lib["mpi_rules.verdict"](record, self.nodes, now,
+                                                 judge_silence=now >= self.grace_until)
+        if verdict is None:
+            return None
+        state, reason, fields = verdict
+        return self._finish(record, state, reason, fields, now)
+
+    def _finish(self, record, state, reason, fields, now):
+        """Record the final state and announce it; the clean-up follows in the background."""
+        ended = self.store.transition(record["job_id"], state, reason,
+                                      expect=("queued",) + self.lib["mpi_rules.active_states"](),
+                                      ended=now, **fields)
+        if ended is None:
+            return None
+        timings = ended["timings"]
+        if ended.get("started"):
+            timings.setdefault("mpirun", round(now - ended["started"], 3))
+        timings["total"] = round(now - ended["submitted"], 3)
+        closed = not ended.get("placement")
+        ended = self.store.update(ended["job_id"], timings=timings, closed=closed) or ended
+        self.transport.fire(f"mpi/job/{ended['job_id']}/{state}",
+                            {"job_id": ended["job_id"], "state": state, "reason": reason,
+                             "exit_code": ended.get("exit_code")})
+        self.plan_due = True
+        if not closed and ended["job_id"] not in self.starting:
+            # A job still starting is cleaned up by its start thread when it returns.
+            self.pool.submit(self._cleanup, ended)
+        return ended
+
+    def _cleanup(self, record):
+        """Remove the job's containers and keys from its nodes that are alive, write
+        status.json; nodes that do not answer are cleaned when they report leftovers."""
+        try:
+            placement = record.get("placement") or {}
+            alive = self.alive()
+            reachable = [n for n in placement if n in alive]
+            config = record["spec"]["config"]
+            mark = time.monotonic()
+            answered, error = [], None
+            if reachable:
+                try:
+                    answered = list(self.transport.call(
+                        reachable, "mpi_job.cleanup", timeout=CLEANUP_TIMEOUT,
+                        job_id=record["job_id"], job_root=config["job_root"],
+                        status=public(dict(record, closed=True)), status_node=reachable[0],
+                        storage_path=config["storage"]["path"], user=record["user"],
+                        uid=record.get("uid"), gid=record.get("uid"),
+                    ))
+                except Exception as exc:  # pylint: disable=broad-except
+                    answered = list(getattr(exc, "answered", []))
+                    error = str(exc)
+                    log.warning("job %s: cleanup incomplete: %s", record["job_id"], exc)
+            pending = [n for n in placement if n not in answered]
+            with self.lock:
+                self._hold_addresses(record, pending)
+                current = self.store.get(record["job_id"]) or record
+                timings = dict(current["timings"], cleanup=round(time.monotonic() - mark, 3))
+                self.store.update(record["job_id"], timings=timings, closed=True,
+                                  cleanup={"cleaned": answered, "pending": pending,
+                                           "error": error})
+            self.transport.fire(f"mpi/job/{record['job_id']}/closed",
+                                {"job_id": record["job_id"], "pending": pending})
+        except Exception:  # pylint: disable=broad-except
+            log.exception("job %s: cleanup failed", record["job_id"])
+
+    def _remove_leftovers(self, node, jobs, now):
+        """Containers or keys of jobs that are over (e.g. on a node that was cut off)."""
+        records = {job_id: self.store.get(job_id) for job_id in jobs}
+        for job_id in self.lib["mpi_rules.leftovers"]({"jobs": jobs}, records):
+            if now - self.cleanup_asked.get((node, job_id), 0) < CLEANUP_RETRY:
+                continue
+            self.cleanup_asked[(node, job_id)] = now
+            record = records.get(job_id)
+            site = self.store.get_meta("site") or {}
+            config = record["spec"]["config"] if record else site.get("config")
+            if config:
+                self.transport.call_async([node], "mpi_job.cleanup", job_id=job_id,
+                                          job_root=config["job_root"])
+        for key in [k for k, t in self.cleanup_asked.items() if now - t > 10 * CLEANUP_RETRY]:
+            del self.cleanup_asked[key]
+
+    def _flush(self, now):
+        """Write heartbeats to the store (``mpi.nodes`` reads them there)."""
+        if self.unflushed:
+            self.store.nodes_seen({n: (self.nodes[n]["last_seen"], self.nodes[n]["report"])
+                                   for n in self.unflushed})
+        self.unflushed.clear()
+        self.last_flush = now
+        self.store.set_meta("engine", {"pid_alive": now})
+
+    # ---------------------------------------------------------------------- queue
+
+    def plan(self):
+        """Start every queued job that can start now."""
+        with self.lock:
+            self.plan_due = False
+            now = self.clock()
+            self.last_plan = now
+            site = self.store.get_meta("site")
+            if not site:
+                return []
+            started = self._plan(site["config"], now)
+        for record in started:
+            self.transport.fire(f"mpi/job/{record['job_id']}/starting",
+                                {"job_id": record["job_id"], "state": "starting",
+                                 "placement": record["placement"]})
+            self.pool.submit(self._start, record)
+        return [r["job_id"] for r in started]
+
+    def _plan(self, site_config, now):
+        node_slots = int(site_config["slots_per_node"])
+        limits = site_config.get("limits") or {}
+        started = []
+        store = self.store
+        with store.transaction() as conn:
+            queued = [j for j in store.jobs(["queued"], conn=conn)
+                      if not j.get("cancel_requested")]
+            if not queued:
+                return []
+            active = store.jobs(self.lib["mpi_rules.active_states"](), conn=conn)
+            used, usage, running = {}, {}, []
+            for job in active:
+                for node, ranks in job["placement"].items():
+                    used[node] = used.get(node, 0) + ranks
+                mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
+                mine["jobs"] += 1
+                mine["slots"] += job["np"]
+                running.append({"placement": job["placement"],
+                                "end": job.get("deadline") or now + job["walltime"]})
+            free = {n: node_slots - used.get(n, 0) for n in sorted(self.alive(now))}
+            waiting = [
+                {"id": j["job_id"], "user": j["user"], "np": j["np"],
+                 "walltime": j["walltime"], "candidates": j["spec"]["candidates"],
+                 "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]}
+                for j in queued
+            ]
+            starts, blocked = self.lib["mpi_sched.plan"](
+                waiting, free, running, now, node_slots,
+                {"max_running_jobs": limits.get("max_running_jobs_per_user"),
+                 "max_slots": limits.get("max_slots_per_user")},
+                usage,
+            )
+            by_id = {j["job_id"]: j for j in queued}
+            taken = {a for j in active for a in (j.get("job_addresses") or {}).values()}
+            taken |= set(store.get_meta("address_holds", {}, conn=conn))
+            next_address = store.get_meta("next_job_address", 0, conn=conn)
+            for job_id, placement in starts:
+                pool = address_pool(by_id[job_id]["spec"]["config"])
+                # Round-robin through the pool: peers may still cache the link-layer
+                # address of a container that just left.
+                order = [pool[(next_address + i) % len(pool)] for i in range(len(pool))]
+                free_addresses = [a for a in order if a not in taken][:len(placement)]
+                if len(free_addresses) < len(placement):
+                    blocked[job_id] = "job addresses"
+                    continue
+                next_address = (pool.index(free_addresses[-1]) + 1) % len(pool)
+                store.set_meta("next_job_address", next_address, conn=conn)
+                taken.update(free_addresses)
+                record = store.transition(
+                    job_id, "starting", expect=("queued",), conn=conn, placement=placement,
+                    job_addresses=dict(zip(placement, free_addresses)), waiting_for=None,
+                )
+                self.starting.add(job_id)
+                started.append(record)
+            for job_id, why in blocked.items():
+                if by_id[job_id].get("waiting_for") != why:
+                    store.update(job_id, conn=conn, waiting_for=why)
+        return started
+
+    # ---------------------------------------------------------------------- start
+
+    def _start(self, record):
+        """Bring up a job's workers and launcher (a worker thread). The outcome is
+        recorded on the job and reconciled; nothing here ends a job directly."""
+        job_id = record["job_id"]
+        timings = dict(record["timings"], queued=round(self.clock() - record["submitted"], 3))
+        try:
+            started, timings = self._bring_up(record, timings)
+            error = None
+        except Exception as exc:  # pylint: disable=broad-except
+            error = str(getattr(exc, "error", None) or exc)[:2000]
+            log.warning("job %s could not start: %s", job_id, error)
+        with self.lock:
+            self.starting.discard(job_id)
+            if error is None:
+                running = self.store.transition(
+                    job_id, "running", expect=("starting",), started=started,
+                    deadline=started + record["walltime"], timings=timings)
+                if running is not None:
+                    self.transport.fire(f"mpi/job/{job_id}/running",
+                                        {"job_id": job_id, "state": "running",
+                                         "placement": record["placement"]})
+            else:
+                if "is not ready" in error:
+                    self.store.set_user_dir_ready(record["user"], False)
+                self.store.update(job_id, start_error=error, timings=timings)
+            current = self.store.get(job_id)
+            self._reconcile(current, self.clock())
+            current = self.store.get(job_id)
+            if self.lib["mpi_rules.is_final"](current["state"]) and not current.get("closed"):
+                self.pool.submit(self._cleanup, current)
+            self.plan_due = True
+
+    def _bring_up(self, record, timings):
+        """Workers on every node (one publish), then the launcher; returns (start time,
+        timings). Raises on any failure."""
+        spec, placement = record["spec"], record["placement"]
+        config = spec["config"]
+        nodes = list(placement)
+        job_addresses = record["job_addresses"]
+        common = {
+            "job_id": record["job_id"],
+            "image": spec["image_ref"],
+            "user": record["user"],
+            "uid": record["uid"],
+            "gid": record["uid"],
+            "storage_path": config["storage"]["path"],
+            "job_root": config["job_root"],
+        }
+        launch = self.lib
+        sshd_port, oob_ports, btl_ports = job_ports(config)
+        host_addresses = self.transport.host_addresses(nodes, config["cluster_network"])
+        files = self._job_files(config, record, job_addresses)
+        environment = dict(spec["env"], **job_environment(record, job_addresses))
+        argv = launch["mpi_launch.launcher_argv"](
+            posixpath.join(record["output"]["dir_in_job"], "stdout"),
+            posixpath.join(record["output"]["dir_in_job"], "stderr"),
+            record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
+            spec["workdir"], env_names=sorted(environment),
+        )
+        launcher_node = nodes[0]
+        allowed = {"peers": sorted(job_addresses.values()),
+                   "hosts": sorted(host_addresses.values())}
+        mark = time.monotonic()
+        # One publish for every node; each node takes its own address and limits. The
+        # launcher's node runs its ranks in the launcher container, so its worker gets
+        # the small default limits.
+        workers = self.transport.call(
+            nodes, "mpi_job.start_worker", timeout=30,
+            network=config["job_network"]["name"], addresses=job_addresses,
+            allowed_sources=allowed, sshd_port=sshd_port, files=files,
+            limits={n: node_limits(config, placement[n]) for n in nodes if n != launcher_node},
+            **common)
+        timings["containers_up"] = round(time.monotonic() - mark, 3)
+        timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
+        started = self.clock()
+        view = public(dict(record, state="running", started=started, timings=timings))
+        self.transport.call([launcher_node], "mpi_job.start_launcher", timeout=30, argv=argv,
+                            environment=environment, status=view,
+                            limits=node_limits(config, placement[launcher_node]), **common)
+        return started, timings
+
+    def _job_files(self, config, record, job_addresses):
+        launch = self.lib
+        user_private, user_public = launch["mpi_launch.generate_ed25519_keypair"]("dockermpi-job")
+        host_private, host_public = launch["mpi_launch.generate_ed25519_keypair"](
+            "dockermpi-host")
+        account = account_name(record["user"], ACCOUNT_RE)
+        uid = record["uid"]
+        sshd_port = job_ports(config)[0]
+        return {
+            "id_ed25519": user_private,
+            "authorized_keys": launch["mpi_launch.authorized_keys_text"](user_public),
+            "ssh_host_key": host_private,
+            "known_hosts": launch["mpi_launch.known_hosts_text"](host_public),
+            "sshd_config": launch["mpi_launch.sshd_config_text"](sshd_port, account),
+            "passwd": launch["mpi_launch.passwd_text"](account, uid, uid, home=DATA_MOUNT),
+            "group": launch["mpi_launch.group_text"](account, uid),
+            "program": launch["mpi_launch.program_script_text"](record["cmd"]),
+            "hostfile": launch["mpi_launch.hostfile_text"](
+                [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
+            ),
+        }
+
+    # ------------------------------------------------------------------ addresses
+
+    def _hold_addresses(self, record, pending):
+        """Keep the addresses of a job's containers on nodes not yet cleaned out of the
+        pool: a cut-off node may still run them, and an address must never be on two
+        containers."""
+        if not pending:
+            return
+        with self.store.transaction() as conn:
+            holds = self.store.get_meta("address_holds", {}, conn=conn)
+            for node in pending:
+                address = (record.get("job_addresses") or {}).get(node)
+                if address:
+                    holds[address] = {"job_id": record["job_id"], "node": node}
+            self.store.set_meta("address_holds", holds, conn=conn)
+
+    def _release_addresses(self, node, jobs):
+        """A node that reports no worker of a job any more frees that job's addresses."""
+        holds = self.store.get_meta("address_holds", {})
+        gone = [a for a, h in holds.items()
+                if h["node"] == node
+                and not ((jobs.get(h["job_id"]) or {}).get("containers") or {}).get("worker")]
+        if gone:
+            with self.store.transaction() as conn:
+                holds = self.store.get_meta("address_holds", {}, conn=conn)
+                for address in gone:
+                    holds.pop(address, None)
+                self.store.set_meta("address_holds", holds, conn=conn)

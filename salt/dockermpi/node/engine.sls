@@ -1,0 +1,44 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+{%- from tplroot ~ "/map.jinja" import mpi with context %}
+{#- The mpi_node engine (_engines/mpi_node.py): a process in the minion that sends the
+    node's evidence about its jobs to the master's job engine when it changes (Docker's
+    event stream wakes it at once) and a small heartbeat every 2 seconds otherwise.
+    Minion engines are read from the minion's configuration at start, so the minion
+    restarts when the running one was not started with this configuration (a first run,
+    a change, or an earlier restart that did not happen); a transient systemd timer does
+    it two seconds later, outside the minion's own processes, so this highstate still
+    returns its result. #}
+
+include:
+  - .jobs
+
+{#- Releases before the engine sent the same evidence from the mpi_jobs beacon. #}
+mpi-node-beacon-absent:
+  beacon.absent:
+    - name: mpi_jobs
+    - save: True
+
+mpi-node-engine-config:
+  file.serialize:
+    - name: /etc/salt/minion.d/dockermpi-engine.conf
+    - serializer: yaml
+    - mode: '0644'
+    - dataset:
+        engines:
+          - mpi_node:
+              storage_path: {{ mpi.storage.path | json }}
+              job_root: {{ mpi.job_root | json }}
+    - require:
+      - file: mpi-node-jobs-root-directory
+
+mpi-node-engine-minion-restart:
+  module.run:
+    - cmd.run_all:
+      - cmd: [systemd-run, --on-active=2, systemctl, restart, salt-minion]
+      - python_shell: False
+    - unless:
+      - fun: mpi_job.node_engine_running
+        storage_path: {{ mpi.storage.path | json }}
+        job_root: {{ mpi.job_root | json }}
+    - require:
+      - file: mpi-node-engine-config

@@ -1,0 +1,255 @@
+"""
+Unit tests of the job engine (``mpi_engine``) over a real job store: evidence in,
+decisions out. The nodes are a recording transport (the engine on the real cluster is
+tested by tests/integration); every other module is the real one.
+"""
+
+import time
+
+import pytest
+from tests.extension import load_extension
+
+rules = load_extension("_utils/mpi_rules.py", "mpi_rules")
+sched = load_extension("_utils/mpi_sched.py", "mpi_sched")
+store_module = load_extension("_utils/mpi_store.py", "mpi_store")
+launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
+engine_module = load_extension("_utils/mpi_engine.py", "mpi_engine")
+
+
+def _utils():
+    found = {}
+    for name, module in (("mpi_rules", rules), ("mpi_sched", sched), ("mpi_launch", launch),
+                         ("mpi_engine", engine_module)):
+        for attr in dir(module):
+            if not attr.startswith("_") and callable(getattr(module, attr)):
+                found[f"{name}.{attr}"] = getattr(module, attr)
+    return found
+
+
+LIB = _utils()
+CONFIG = {
+    "cluster_network": "10.0.0.0/16", "job_root": "/var/lib/dockermpi/jobs",
+    "job_network": {"name": "dmpi-jobs", "addresses": "10.0.1.128/29"},
+    "ports": {"sshd": [20000, 20000], "oob": [20100, 20299], "btl": [20300, 20999]},
+    "storage": {"path": "/srv/dockermpi"}, "slots_per_node": 2,
+    "limits": {"memory_per_slot_mb": 512, "pids_per_slot": 128, "cpus_per_slot": 1,
+               "tmp_size_mb": 64},
+}
+NODES = ["node1", "node2", "node3"]
+
+
+class Transport:
+    """Records calls; nodes answer as told in ``failing``."""
+
+    def __init__(self):
+        self.calls, self.events, self.failing = [], [], {}
+
+    def call(self, minions, fun, timeout, **kwargs):
+        self.calls.append((fun, list(minions), kwargs))
+        if fun in self.failing:
+            raise RuntimeError(self.failing[fun])
+        if fun == "mpi_job.start_worker":
+            return {m: {"container": "w", "sshd_ready_seconds": 0.1} for m in minions}
+        return {m: True for m in minions}
+
+    def call_async(self, minions, fun, **kwargs):
+        self.calls.append((fun, list(minions), kwargs))
+
+    def fire(self, tag, data):
+        self.events.append(tag)
+
+    def host_addresses(self, minions, network):
+        return {m: f"10.0.0.{10 + i}" for i, m in enumerate(minions)}
+
+    def funs(self):
+        return [c[0] for c in self.calls]
+
+
+class Clock:
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def world(tmp_path):
+    store = store_module.open_store(str(tmp_path / "jobs.sqlite"))
+    store.set_meta("site", {"config": CONFIG, "read": time.time()})
+    transport, clock = Transport(), Clock()
+    engine = engine_module.new_engine(store, transport, LIB, clock)
+    for node in NODES:
+        engine.node_report(node, {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d0"})
+    yield store, transport, clock, engine
+    engine.pool.shutdown(wait=True)
+
+
+def _submit(store, clock, np=2, job_id=None, **spec):
+    job_id = job_id or f"20261201-000000-{len(store.jobs()):06x}"
+    record = {
+        "job_id": job_id, "user": "alice", "uid": 100000, "image": "mpi", "np": np,
+        "cmd": ["hostname"], "walltime": 60, "state": "queued", "reason": None,
+        "submitted": clock.now, "history": [{"state": "queued", "at": clock.now}],
+        "output": {"dir_in_job": f"/data/mpi-jobs/{job_id}"}, "timings": {},
+        "spec": {"image_ref": "r@sha256:" + "0" * 64, "candidates": NODES, "count": None,
+                 "per_node": None, "env": {}, "workdir": "/data", "config": CONFIG},
+    }
+    record.update(spec)
+    store.add(record)
+    return job_id
+
+
+def _settle(engine):
+    """Let the engine's worker threads finish what they started."""
+    engine.pool.shutdown(wait=True)
+    engine.pool = engine_module.ThreadPoolExecutor(max_workers=8)
+
+
+def _running_report(clock, job_id, **job):
+    info = {"containers": {"worker": "running", "launcher": "running"},
+            "launcher_exit_code": None, "failure": None, "limits_hit": [],
+            "unreachable_peers": []}
+    info.update(job)
+    return {"engine": "ok", "time": clock.now, "jobs": {job_id: info}, "digest": "d1"}
+
+
+def test_a_queued_job_is_placed_started_and_running(world):
+    store, transport, clock, engine = world
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    record = store.get(job_id)
+    assert record["state"] == "running" and record["placement"] == {"node1": 2, "node2": 2}
+    assert transport.funs() == ["mpi_job.start_worker", "mpi_job.start_launcher"]
+    assert set(record["job_addresses"].values()) <= {"10.0.1.129", "10.0.1.130",
+                                                       "10.0.1.131", "10.0.1.132"}
+    assert f"mpi/job/{job_id}/starting" in transport.events
+    assert f"mpi/job/{job_id}/running" in transport.events
+
+
+def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):
+    store, transport, clock, engine = world
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    clock.now += 2
+    engine.node_report("node1", _running_report(clock, job_id, launcher_exit_code=0))
+    record = store.get(job_id)
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert "total" in record["timings"]
+    _settle(engine)
+    record = store.get(job_id)
+    assert record["closed"] and "cleanup" in record["timings"]
+    assert transport.funs()[-1] == "mpi_job.cleanup"
+    assert transport.events[-2:] == [f"mpi/job/{job_id}/succeeded", f"mpi/job/{job_id}/closed"]
+
+
+def test_a_failed_start_is_recorded_once_and_the_queue_goes_on(world):
+    store, transport, clock, engine = world
+    transport.failing["mpi_job.start_worker"] = "node2: cannot start the worker"
+    first = _submit(store, clock, np=4)
+    engine.job_requested(first)
+    _settle(engine)
+    record = store.get(first)
+    assert record["state"] == "failed"
+    assert record["reason"] == "could not start: node2: cannot start the worker"
+    assert transport.funs().count("mpi_job.start_worker") == 1
+    transport.failing.clear()
+    second = _submit(store, clock, np=2)
+    engine.tick()
+    _settle(engine)
+    assert store.get(second)["state"] == "running"
+
+
+def test_cancel_while_queued_running_and_starting(world):
+    store, transport, clock, engine = world
+    big = _submit(store, clock, np=6)
+    waiting = _submit(store, clock, np=6)
+    engine.job_requested(big)
+    _settle(engine)
+    assert store.get(waiting)["state"] == "queued"
+    store.update(waiting, cancel_requested="by alice")
+    engine.job_requested(waiting)
+    assert store.get(waiting)["state"] == "cancelled"
+    store.update(big, cancel_requested="by alice")
+    engine.job_requested(big)
+    assert store.get(big)["state"] == "cancelled"
+    _settle(engine)
+    assert store.get(big)["closed"]
+
+
+def _seconds(engine, clock, seconds, heard=("node1", "node3")):
+    """Let ``seconds`` pass, one tick a second, with only ``heard`` sending heartbeats."""
+    for _ in range(seconds):
+        clock.now += 1
+        for node in heard:
+            engine.heartbeat(node, "d0")
+        engine.tick()
+
+
+def test_a_silent_node_ends_its_jobs_only_after_the_grace(world):
+    store, transport, clock, engine = world
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    _seconds(engine, clock, rules.NODE_TIMEOUT + 2)
+    assert store.get(job_id)["state"] == "running"  # the engine just started: grace
+    _seconds(engine, clock, rules.RESTART_GRACE - rules.NODE_TIMEOUT)
+    record = store.get(job_id)
+    assert record["state"] == "failed" and "node2 stopped answering" in record["reason"]
+
+
+def test_a_stalled_engine_gives_nodes_a_grace_before_judging_silence(world):
+    store, transport, clock, engine = world
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    _seconds(engine, clock, rules.RESTART_GRACE + 1, heard=NODES)
+    clock.now += 30  # nothing was read for 30 s
+    engine.tick()
+    assert store.get(job_id)["state"] == "running"
+    _seconds(engine, clock, rules.NODE_TIMEOUT + 1, heard=NODES)
+    assert store.get(job_id)["state"] == "running"
+
+
+def test_a_heartbeat_with_another_fingerprint_makes_the_evidence_unusable(world):
+    store, transport, clock, engine = world
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    clock.now += 2
+    engine.node_report("node2", dict(_running_report(clock, job_id), jobs={}))  # gone
+    assert store.get(job_id)["state"] == "failed"
+    other = _submit(store, clock, np=4)
+    engine.tick()
+    _settle(engine)
+    clock.now += 2
+    engine.heartbeat("node1", "something-else")
+    assert engine.nodes["node1"]["usable"] is False
+    engine.tick()
+    assert store.get(other)["state"] == "running"
+
+
+def test_leftovers_of_ended_jobs_are_removed_but_not_asked_for_every_second(world):
+    store, transport, clock, engine = world
+    report = _running_report(clock, "20261201-000000-ffffff")
+    engine.node_report("node3", report)
+    engine.node_report("node3", report)
+    cleanups = [c for c in transport.calls if c[0] == "mpi_job.cleanup"]
+    assert len(cleanups) == 1 and cleanups[0][1] == ["node3"]
+    clock.now += 11
+    engine.node_report("node3", report)
+    assert len([c for c in transport.calls if c[0] == "mpi_job.cleanup"]) == 2
+
+
+def test_heartbeats_are_written_to_the_store_in_batches(world):
+    store, transport, clock, engine = world
+    before = store.nodes()["node1"]["last_seen"]
+    clock.now += 1
+    engine.heartbeat("node1", "d0")
+    assert store.nodes()["node1"]["last_seen"] == before
+    clock.now += 2
+    engine.tick()
+    assert store.nodes()["node1"]["last_seen"] == before + 1
+    assert store.get_meta("engine")["pid_alive"] == clock.now

@@ -1,0 +1,158 @@
+"""Unit tests of the rules that end a job (``mpi_rules``): pure functions of a record,
+its nodes' evidence and the time."""
+
+import pytest
+from tests.extension import load_extension
+
+rules = load_extension("_utils/mpi_rules.py", "mpi_rules")
+
+JOB = "20261201-100000-abcdef"
+NOW = 10_000.0
+LIMITS = {"memory_per_slot_mb": 512, "pids_per_slot": 128}
+
+
+def _record(state="running", **fields):
+    record = {
+        "job_id": JOB, "state": state, "placement": {"node1": 2, "node2": 2},
+        "started": NOW - 100, "deadline": NOW + 100, "walltime": 200,
+        "cmd": ["python3", "pi.py"], "history": [{"state": state, "at": NOW - 100}],
+        "job_addresses": {"node1": "10.0.1.130", "node2": "10.0.1.131"},
+        "spec": {"config": {"limits": LIMITS}},
+    }
+    record.update(fields)
+    return record
+
+
+def _job(**fields):
+    job = {"containers": {"worker": "running", "launcher": "running"},
+           "launcher_exit_code": None, "failure": None, "limits_hit": [],
+           "unreachable_peers": []}
+    job.update(fields)
+    return job
+
+
+def _nodes(node1=None, node2=None, seen=NOW):
+    """Evidence: both nodes heard at ``seen``, each running the job unless told."""
+    jobs = {"node1": node1 if node1 is not None else _job(),
+            "node2": node2 if node2 is not None else _job(containers={"worker": "running"})}
+    return {n: {"last_seen": seen, "usable": True,
+                "report": {"engine": "ok", "time": NOW,
+                           "jobs": {JOB: jobs[n]} if jobs[n] else {}}}
+            for n in ("node1", "node2")}
+
+
+def test_a_healthy_running_job_goes_on():
+    assert rules.verdict(_record(), _nodes(), NOW) is None
+
+
+def test_a_cancel_request_ends_any_unfinished_job():
+    for state in ("queued", "starting", "running"):
+        assert rules.verdict(_record(state, cancel_requested="by alice"), _nodes(), NOW) == \
+            ("cancelled", "by alice", {})
+
+
+def test_the_launcher_exit_is_the_programs_verdict():
+    ok = rules.verdict(_record(), _nodes(node1=_job(launcher_exit_code=0)), NOW)
+    assert ok == ("succeeded", None, {"exit_code": 0, "failure": None})
+    failure = {"rank": 1, "exit_code": 3}
+    bad = rules.verdict(_record(), _nodes(node1=_job(launcher_exit_code=3, failure=failure)),
+                        NOW)
+    assert bad == ("failed", "rank 1 exited with code 3", {"exit_code": 3, "failure": failure})
+
+
+@pytest.mark.parametrize("failure, reason", [
+    ({"rank": 2, "signal": 11, "signal_name": "SIGSEGV"}, "rank 2 died of SIGSEGV"),
+    ({"rank": 0, "exit_code": 127}, "rank 0: program 'python3' was not found in the image"),
+    ({"rank": 0, "exit_code": 126}, "rank 0: program 'python3' cannot be executed"),
+    (None, "mpirun exited with code 5"),
+])
+def test_outcomes_are_explained(failure, reason):
+    state, text = rules.outcome(5, failure, ["python3"])
+    assert state == "failed" and text.startswith(reason)
+
+
+def test_a_limit_names_the_reason_even_when_mpirun_reports_the_exit():
+    nodes = _nodes(node1=_job(launcher_exit_code=137),
+                   node2=_job(containers={"worker": "running"}, limits_hit=["memory"]))
+    state, reason, fields = rules.verdict(_record(), nodes, NOW)
+    assert state == "failed" and reason.startswith("memory limit exceeded on node2 (512 MiB")
+    assert fields["exit_code"] == 137
+
+
+def test_a_limit_hit_ends_a_running_job():
+    nodes = _nodes(node2=_job(containers={"worker": "running"}, limits_hit=["pids"]))
+    assert rules.verdict(_record(), nodes, NOW)[1].startswith("process limit reached on node2")
+
+
+def test_walltime():
+    assert rules.verdict(_record(deadline=NOW - 1), _nodes(), NOW)[:2] == \
+        ("timed_out", "walltime of 200 seconds exceeded")
+
+
+def test_a_silent_node_is_lost_after_the_timeout_unless_silence_is_not_judged_yet():
+    nodes = _nodes()
+    nodes["node2"]["last_seen"] = NOW - rules.NODE_TIMEOUT - 0.1
+    assert rules.verdict(_record(), nodes, NOW)[1] == \
+        "node node2 stopped answering (no report for over 5 s)"
+    assert rules.verdict(_record(), nodes, NOW, judge_silence=False) is None
+    nodes["node2"]["last_seen"] = NOW - rules.NODE_TIMEOUT + 0.1
+    assert rules.verdict(_record(), nodes, NOW) is None
+
+
+def test_what_a_report_shows():
+    gone = rules.verdict(_record(), _nodes(node2={}), NOW)
+    assert gone[1] == "the job's containers on node2 are gone"
+    worker = _nodes(node2=_job(containers={"worker": "exited"}))
+    assert rules.verdict(_record(), worker, NOW)[1] == "the worker container on node2 is gone"
+    launcher = _nodes(node1=_job(containers={"worker": "running", "launcher": None}))
+    assert rules.verdict(_record(), launcher, NOW)[1] == \
+        "the launcher container on node1 is gone"
+    cut = _nodes(node1=_job(unreachable_peers=["10.0.1.131"]))
+    assert rules.verdict(_record(), cut, NOW)[1] == \
+        "node1 cannot reach node2 (network partition)"
+    engine = _nodes()
+    engine["node2"]["report"] = {"engine": "connection refused", "time": NOW, "jobs": {}}
+    assert rules.verdict(_record(), engine, NOW)[1].startswith(
+        "the Docker engine on node2 is not answering")
+
+
+def test_a_report_taken_before_the_job_started_says_nothing_about_it():
+    nodes = _nodes(node2={})
+    nodes["node2"]["report"]["time"] = NOW - 100  # = started: containers not up yet
+    assert rules.verdict(_record(), nodes, NOW) is None
+
+
+def test_an_unusable_report_is_not_evidence_but_the_heartbeat_counts():
+    nodes = _nodes(node2={})
+    nodes["node2"]["usable"] = False
+    assert rules.verdict(_record(), nodes, NOW) is None
+
+
+def test_starting_jobs_end_on_a_failed_start_or_the_timeout():
+    assert rules.verdict(_record("starting", start_error="boom"), {}, NOW) == \
+        ("failed", "could not start: boom", {})
+    late = _record("starting", history=[{"state": "starting",
+                                         "at": NOW - rules.START_TIMEOUT - 1}])
+    assert rules.verdict(late, {}, NOW)[1] == "did not start within 90 seconds"
+    assert rules.verdict(_record("starting", history=[{"state": "starting", "at": NOW}]),
+                         {}, NOW) is None
+
+
+def test_final_and_queued_jobs_have_no_verdict():
+    assert rules.verdict(_record("queued"), _nodes(), NOW) is None
+    assert rules.verdict(_record("failed", cancel_requested="x"), _nodes(), NOW) is None
+
+
+@pytest.mark.parametrize("report", [None, {}, {"jobs": None}, {"jobs": []},
+                                    {"jobs": {JOB: "junk"}}, {"jobs": {JOB: {"limits_hit": 7}}}])
+def test_odd_reports_never_raise(report):
+    nodes = {"node1": {"last_seen": NOW, "usable": True, "report": report},
+             "node2": {"last_seen": NOW, "usable": True, "report": report}}
+    rules.verdict(_record(), nodes, NOW)
+
+
+def test_leftovers_are_jobs_over_or_unknown():
+    report = {"jobs": {"a": {}, "b": {}, "c": {}}}
+    records = {"a": {"state": "running"}, "b": {"state": "failed"}, "c": None}
+    assert rules.leftovers(report, records) == ["b", "c"]
+    assert rules.leftovers({"jobs": []}, {}) == []
