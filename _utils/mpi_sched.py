@@ -35,29 +35,30 @@ def place(np, free, count=None, per_node=None, node_slots=None):
 
     Raises :class:`NoFit` (a ValueError) saying why when the job does not fit.
     """
-    if node_slots is not None and per_node is not None and per_node > node_slots:
-        raise NoFit(f"slots_per_node={per_node} exceeds the {node_slots} slots each node has")
-    if count is not None:
-        return _place_on_count(np, free, count, per_node)
-    placement, remaining = {}, np
-    for node, available in free.items():
-        if remaining == 0:
-            break
-        take = min(available, remaining) if per_node is None else min(per_node, remaining)
-        if take <= 0 or take > available:
-            continue
-        placement[node] = take
-        remaining -= take
-    if remaining:
+    shares = _shares(np, len(free), count, per_node, node_slots)
+    placement = _placement(np, free.items(), shares, per_node)
+    if placement is None:
+        if count is not None:
+            raise NoFit(
+                f"np={np} over {count} nodes cannot be placed: free slots per node are {free}"
+            )
         detail = f" with {per_node} ranks per node" if per_node else ""
         raise NoFit(f"np={np} cannot be placed{detail}: free slots per node are {free}")
     return placement
 
 
-def _place_on_count(np, free, count, per_node):
-    """Exactly ``count`` nodes: ``per_node`` each (the last fewer), or an even spread."""
-    if count > len(free):
-        raise NoFit(f"nodes={count} but only {len(free)} nodes are available")
+def _shares(np, nodes_up, count, per_node, node_slots):
+    """
+    Ranks per node of a job on exactly ``count`` nodes, largest first, or None without a
+    count (block distribution). Raises :class:`NoFit` when the job cannot fit however many
+    slots are free on the ``nodes_up`` nodes it may use.
+    """
+    if node_slots is not None and per_node is not None and per_node > node_slots:
+        raise NoFit(f"slots_per_node={per_node} exceeds the {node_slots} slots each node has")
+    if count is None:
+        return None
+    if count > nodes_up:
+        raise NoFit(f"nodes={count} but only {nodes_up} nodes are available")
     if np < count:
         raise NoFit(f"np={np} is fewer than nodes={count}: every node needs a rank")
     if per_node:
@@ -70,10 +71,33 @@ def _place_on_count(np, free, count, per_node):
     else:
         base, extra = divmod(np, count)
         shares = [base + 1] * extra + [base] * (count - extra)
-    # Each node in preference order takes the largest share it has room for.
     shares.sort(reverse=True)
+    return shares
+
+
+def _placement(np, free_items, shares, per_node):
+    """
+    The placement from ``(node, free slots)`` pairs in preference order, or None. Nodes
+    without free slots never get a rank, so leaving them out changes nothing.
+    """
+    if shares is not None:
+        return _spread(shares, free_items)
+    placement, remaining = {}, np
+    for node, available in free_items:
+        if remaining == 0:
+            break
+        take = min(available, remaining) if per_node is None else min(per_node, remaining)
+        if take <= 0 or take > available:
+            continue
+        placement[node] = take
+        remaining -= take
+    return None if remaining else placement
+
+
+def _spread(shares, free_items):
+    """Each node in preference order takes the largest share it has room for."""
     placement = {}
-    for node, available in free.items():
+    for node, available in free_items:
         share = next((s for s in shares if s <= available), None)
         if share is None:
             continue
@@ -81,16 +105,23 @@ def _place_on_count(np, free, count, per_node):
         shares.remove(share)
         if not shares:
             return placement
-    raise NoFit(f"np={np} over {count} nodes cannot be placed: free slots per node are {free}")
+    return None
+
+
+def _try_place(np, free_items, nodes_up, count, per_node, node_slots):
+    """:func:`place` without the reasons (building them costs more than placing)."""
+    try:
+        shares = _shares(np, nodes_up, count, per_node, node_slots)
+    except NoFit:
+        return None
+    return _placement(np, free_items, shares, per_node)
 
 
 def fits(job, free, node_slots):
     """The job's placement on ``free`` (restricted to its candidate nodes), or None."""
     candidates = {n: free[n] for n in job["candidates"] if n in free}
-    try:
-        return place(job["np"], candidates, job.get("count"), job.get("per_node"), node_slots)
-    except NoFit:
-        return None
+    return _try_place(job["np"], candidates.items(), len(candidates), job.get("count"),
+                      job.get("per_node"), node_slots)
 
 
 def _subtract(free, placement):
