@@ -129,16 +129,35 @@ def _subtract(free, placement):
 
 
 def _reserve(head, free, running, node_slots):
-    """(time, placement) at which the head job can first start, or (inf, None)."""
-    capacity = dict(free)
-    for job in sorted(running, key=lambda r: r["end"]):
-        for node, ranks in job["placement"].items():
-            if node in capacity:
-                capacity[node] += ranks
-        placement = fits(head, capacity, node_slots)
-        if placement is not None:
-            return job["end"], placement
-    return math.inf, None
+    """
+    (time, placement) at which the head job can first start, or (inf, None).
+
+    Running jobs end in order of their end times and each end only adds free slots, so
+    once the head fits it keeps fitting: a binary search over how many have ended finds
+    the first end it fits after, placing the head a few times rather than once per job.
+    """
+    ending = sorted(running, key=lambda r: r["end"])
+    nodes = [n for n in dict.fromkeys(head["candidates"]) if n in free]
+
+    def placement_after(ended):
+        capacity = {n: free[n] for n in nodes}
+        for job in ending[:ended]:
+            for node, ranks in job["placement"].items():
+                if node in capacity:
+                    capacity[node] += ranks
+        return _try_place(head["np"], capacity.items(), len(capacity), head.get("count"),
+                          head.get("per_node"), node_slots)
+
+    if not ending or placement_after(len(ending)) is None:
+        return math.inf, None
+    low, high = 1, len(ending)
+    while low < high:
+        middle = (low + high) // 2
+        if placement_after(middle) is None:
+            low = middle + 1
+        else:
+            high = middle
+    return ending[low - 1]["end"], placement_after(low)
 
 
 def _within_limits(job, usage, limits):
