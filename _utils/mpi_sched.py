@@ -160,6 +160,94 @@ def _reserve(head, free, running, node_slots):
     return ending[low - 1]["end"], placement_after(low)
 
 
+class _FreeSlots:
+    """
+    Free slots during one pass of :func:`plan`, for many jobs with few candidate lists.
+
+    A pass only takes slots, never gives any back, so whatever does not fit stays unfit
+    for the rest of the pass: a node that fills up leaves every candidate list for good,
+    and a job shape that did not fit on a candidate list is not placed again. Placing a
+    job then walks about as many nodes as it has ranks rather than every node, after
+    reading its candidate list once if no job before it held that same list object.
+    """
+
+    def __init__(self, free, node_slots):
+        self.free = dict(free)
+        self.total = sum(s for s in self.free.values() if s > 0)
+        self._node_slots = node_slots
+        self._by_content = {}   # tuple(candidates) -> _Candidates
+        # id(candidates) -> (candidates, _Candidates); holding the list keeps its id unique.
+        self._by_object = {}
+        self._lists_with = {}   # node -> the _Candidates where it has room
+
+    def fit(self, job):
+        """The job's placement now, as :func:`fits` would give it, or None."""
+        np, count, per_node = job["np"], job.get("count"), job.get("per_node")
+        if np > self.total:
+            # More ranks than free slots anywhere: no need to read its candidate list.
+            return None
+        candidates = self._candidates(job["candidates"])
+        shape = (np, count, per_node)
+        if shape in candidates.unfit:
+            return None
+        placement = _try_place(np, candidates.items(self.free), candidates.nodes_up, count,
+                               per_node, self._node_slots)
+        if placement is None:
+            candidates.unfit.add(shape)
+        return placement
+
+    def take(self, placement):
+        """Hold the placement's slots for the rest of the pass."""
+        for node, ranks in placement.items():
+            before, after = self.free[node], self.free[node] - ranks
+            self.free[node] = after
+            self.total -= max(before, 0) - max(after, 0)
+            if after <= 0:
+                for candidates in self._lists_with.pop(node, ()):
+                    candidates.drop(node)
+
+    def _candidates(self, nodes):
+        # Jobs mostly share one list object, or hold equal lists (one per job when read
+        # from the store): look up by identity first, by content next.
+        known = self._by_object.get(id(nodes))
+        if known is not None and known[0] is nodes:
+            return known[1]
+        key = tuple(nodes)
+        candidates = self._by_content.get(key)
+        if candidates is None:
+            candidates = self._by_content[key] = _Candidates(key, self.free)
+            for node in candidates.open:
+                self._lists_with.setdefault(node, []).append(candidates)
+        self._by_object[id(nodes)] = (nodes, candidates)
+        return candidates
+
+
+class _Candidates:
+    """One candidate list in a pass: how many of its nodes are up, and which have room."""
+
+    def __init__(self, nodes, free):
+        up = [n for n in dict.fromkeys(nodes) if n in free]
+        self.nodes_up = len(up)
+        # A dict as an ordered set: nodes with free slots, in the list's order.
+        self.open = dict.fromkeys(n for n in up if free[n] > 0)
+        self.unfit = set()   # (np, count, per_node) that did not fit
+        self._dropped = 0
+
+    def items(self, free):
+        """``(node, free slots)`` of the nodes with room, in preference order."""
+        return ((node, free[node]) for node in self.open)
+
+    def drop(self, node):
+        """The node is full for the rest of the pass."""
+        del self.open[node]
+        self._dropped += 1
+        # Iterating a dict still steps over the holes deleted keys leave: rebuild it once
+        # they outnumber the nodes left.
+        if self._dropped > len(self.open):
+            self.open = dict.fromkeys(self.open)
+            self._dropped = 0
+
+
 def _within_limits(job, usage, limits):
     mine = usage.get(job["user"], {"jobs": 0, "slots": 0})
     max_jobs, max_slots = limits.get("max_running_jobs"), limits.get("max_slots")
@@ -197,7 +285,7 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
     """
     limits = limits or {}
     usage = {u: dict(v) for u, v in (usage or {}).items()}
-    free = dict(free)
+    slots = _FreeSlots(free, node_slots)
     # Jobs started by this plan hold their slots until their walltime, like running ones.
     running = list(running)
     starts, blocked = [], {}
@@ -206,15 +294,15 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
         if not _within_limits(job, usage, limits):
             blocked[job["id"]] = "user limit"
             continue
-        placement = fits(job, free, node_slots)
+        placement = slots.fit(job)
         if head is None:
             if placement is None:
                 head = job
-                shadow_time, reserved = _reserve(job, free, running, node_slots)
+                shadow_time, reserved = _reserve(job, slots.free, running, node_slots)
                 # Slots still free at the shadow time once the head has its share.
                 shadow_free = None
                 if reserved is not None:
-                    capacity = dict(free)
+                    capacity = dict(slots.free)
                     for run in running:
                         if run["end"] <= shadow_time:
                             for node, ranks in run["placement"].items():
@@ -234,12 +322,13 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
                     blocked[job["id"]] = f"reserved for {head['id']}"
                     continue
                 else:
-                    shadow_free = _subtract(shadow_free, placement)
+                    for node, ranks in placement.items():
+                        shadow_free[node] -= ranks
         if placement is None:
             blocked[job["id"]] = "resources"
             continue
         starts.append((job["id"], placement))
-        free = _subtract(free, placement)
+        slots.take(placement)
         running.append({"placement": placement, "end": now + job["walltime"]})
         mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
         mine["jobs"] += 1
