@@ -13,12 +13,19 @@ function ``mpi.schedule`` calls once per pass. For each node count (default 100,
   match); 50 users, limits of 200 running jobs and 4096 slots per user; walltimes from a
   minute to a day.
 
-The queue goes through a JSON round trip, as jobs come out of the job store: every job
-has its own candidates list and its own node-name strings.
+Candidate lists come in two kinds (``--candidates``):
 
-Prints the median wall time of one pass per node count (figure ``sched_pass_<n>_nodes_ms``),
-how many jobs start and why the others wait, and a digest of the decisions, so runs of two
-versions of ``mpi_sched.py`` (``--module``) can be checked to decide the same. Run from the
+store
+    The queue goes through a JSON round trip, as ``mpi.schedule`` reads jobs from the job
+    store: every job has its own candidates list and its own node-name strings (about
+    4 GB of memory at 5000 nodes). Figure ``sched_pass_<n>_nodes_ms``.
+shared
+    Jobs that may use the same nodes hold the same list object. Figure
+    ``sched_pass_<n>_nodes_shared_lists_ms``.
+
+Prints the median wall time of one pass per node count and kind, how many jobs start and
+why the others wait, and a digest of the decisions, so runs of two versions of
+``mpi_sched.py`` (``--module``) can be checked to decide the same. Run from the
 repository root::
 
     .venv/bin/python bench/sched_scale.py [--repeat 5] [--nodes 100,1000,5000]
@@ -57,8 +64,9 @@ def load_sched(path):
     return module
 
 
-def build_case(node_count, queued_count, running_count, seed):
-    """(queued, free, running, usage) of one synthetic cluster, the same for a seed."""
+def build_case(node_count, queued_count, running_count, seed, shared):
+    """(queued, free, running, usage) of one synthetic cluster, the same for a seed;
+    ``shared``: jobs on the same nodes hold one list object, else one list each."""
     rng = random.Random(seed)
     nodes = [f"node{i:05d}" for i in range(node_count)]
     free = {n: NODE_SLOTS for n in nodes}
@@ -94,8 +102,9 @@ def build_case(node_count, queued_count, running_count, seed):
             "id": f"job{i:05d}", "user": rng.choice(USERS), "np": np, "candidates": candidates,
             "count": count, "per_node": per_node, "walltime": rng.choice(WALLTIMES),
         })
-    # As the runner reads them from the job store: separate lists and strings per job.
-    queued = json.loads(json.dumps(queued))
+    if not shared:
+        # As the runner reads them from the job store: separate lists and strings per job.
+        queued = json.loads(json.dumps(queued))
     return queued, free, running, usage
 
 
@@ -122,31 +131,41 @@ def main(argv=None):
     parser.add_argument("--queued", type=int, default=10_000, help="queued jobs (default 10000)")
     parser.add_argument("--running", type=int, default=500, help="running jobs (default 500)")
     parser.add_argument("--repeat", type=int, default=5, help="timed passes per node count (default 5)")
+    parser.add_argument("--candidates", default="store,shared",
+                        help="kinds of candidate lists, store and/or shared (default both)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the synthetic data (default 1)")
     parser.add_argument("--module", default=str(REPO / "_utils" / "mpi_sched.py"),
                         help="mpi_sched.py to time (default: this repository's)")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.nodes.split(",")]
+    kinds = args.candidates.split(",")
     if args.repeat < 1 or args.queued < 1 or args.running < 0 or min(counts) < 1:
         parser.error("--repeat and --queued must be >= 1, --running >= 0, node counts >= 1")
+    if not set(kinds) <= {"store", "shared"}:
+        parser.error("--candidates takes store and/or shared")
     sched = load_sched(args.module)
 
     rows = []
     for count in counts:
-        case = build_case(count, args.queued, args.running, args.seed + count)
-        seconds, (starts, blocked) = time_passes(sched, case, args.repeat)
-        log(f"{count} nodes: passes {', '.join(f'{s * 1000:.1f}' for s in seconds)} ms")
-        why = collections.Counter(
-            "reserved" if reason.startswith("reserved for") else reason
-            for reason in blocked.values()
-        )
-        rows.append([f"sched_pass_{count}_nodes_ms", count, len(case[2]), len(case[0]),
-                     median(seconds) * 1000, min(seconds) * 1000, len(starts),
-                     why["resources"], why["reserved"], why["user limit"],
-                     digest(starts, blocked)])
+        for kind in kinds:
+            case = build_case(count, args.queued, args.running, args.seed + count,
+                              shared=kind == "shared")
+            seconds, (starts, blocked) = time_passes(sched, case, args.repeat)
+            log(f"{count} nodes, {kind} lists: passes "
+                f"{', '.join(f'{s * 1000:.1f}' for s in seconds)} ms")
+            why = collections.Counter(
+                "reserved" if reason.startswith("reserved for") else reason
+                for reason in blocked.values()
+            )
+            label = f"sched_pass_{count}_nodes{'_shared_lists' if kind == 'shared' else ''}_ms"
+            rows.append([label, count, kind, len(case[2]), len(case[0]),
+                         median(seconds) * 1000, min(seconds) * 1000, len(starts),
+                         why["resources"], why["reserved"], why["user limit"],
+                         digest(starts, blocked)])
+            del case
     print(f"one pass of mpi_sched.plan ({args.module}): {args.queued} queued jobs, nodes of "
           f"{NODE_SLOTS} slots, seed {args.seed}, {args.repeat} passes each (ms)")
-    print(table(["figure", "nodes", "running", "queued", "median ms", "min ms", "start",
+    print(table(["figure", "nodes", "candidates", "running", "queued", "median ms", "min ms", "start",
                  "resources", "reserved", "user limit", "decisions"], rows))
     return 0
 
