@@ -179,6 +179,7 @@ class _FreeSlots:
         # id(candidates) -> (candidates, _Candidates); holding the list keeps its id unique.
         self._by_object = {}
         self._lists_with = {}   # node -> the _Candidates where it has room
+        self._last = None       # (candidates, _Candidates) looked up last
 
     def fit(self, job):
         """The job's placement now, as :func:`fits` would give it, or None."""
@@ -208,17 +209,21 @@ class _FreeSlots:
 
     def _candidates(self, nodes):
         # Jobs mostly share one list object, or hold equal lists (one per job when read
-        # from the store): look up by identity first, by content next.
+        # from the store): look up by identity, then compare with the list looked up last
+        # (cheaper than hashing a new list of new strings), then by content.
         known = self._by_object.get(id(nodes))
         if known is not None and known[0] is nodes:
             return known[1]
-        key = tuple(nodes)
-        candidates = self._by_content.get(key)
-        if candidates is None:
-            candidates = self._by_content[key] = _Candidates(key, self.free)
-            for node in candidates.open:
-                self._lists_with.setdefault(node, []).append(candidates)
-        self._by_object[id(nodes)] = (nodes, candidates)
+        if self._last is not None and nodes == self._last[0]:
+            candidates = self._last[1]
+        else:
+            key = tuple(nodes)
+            candidates = self._by_content.get(key)
+            if candidates is None:
+                candidates = self._by_content[key] = _Candidates(key, self.free)
+                for node in candidates.open:
+                    self._lists_with.setdefault(node, []).append(candidates)
+        self._by_object[id(nodes)] = self._last = (nodes, candidates)
         return candidates
 
 
