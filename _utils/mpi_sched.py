@@ -35,29 +35,30 @@ def place(np, free, count=None, per_node=None, node_slots=None):
 
     Raises :class:`NoFit` (a ValueError) saying why when the job does not fit.
     """
-    if node_slots is not None and per_node is not None and per_node > node_slots:
-        raise NoFit(f"slots_per_node={per_node} exceeds the {node_slots} slots each node has")
-    if count is not None:
-        return _place_on_count(np, free, count, per_node)
-    placement, remaining = {}, np
-    for node, available in free.items():
-        if remaining == 0:
-            break
-        take = min(available, remaining) if per_node is None else min(per_node, remaining)
-        if take <= 0 or take > available:
-            continue
-        placement[node] = take
-        remaining -= take
-    if remaining:
+    shares = _shares(np, len(free), count, per_node, node_slots)
+    placement = _placement(np, free.items(), shares, per_node)
+    if placement is None:
+        if count is not None:
+            raise NoFit(
+                f"np={np} over {count} nodes cannot be placed: free slots per node are {free}"
+            )
         detail = f" with {per_node} ranks per node" if per_node else ""
         raise NoFit(f"np={np} cannot be placed{detail}: free slots per node are {free}")
     return placement
 
 
-def _place_on_count(np, free, count, per_node):
-    """Exactly ``count`` nodes: ``per_node`` each (the last fewer), or an even spread."""
-    if count > len(free):
-        raise NoFit(f"nodes={count} but only {len(free)} nodes are available")
+def _shares(np, nodes_up, count, per_node, node_slots):
+    """
+    Ranks per node of a job on exactly ``count`` nodes, largest first, or None without a
+    count (block distribution). Raises :class:`NoFit` when the job cannot fit however many
+    slots are free on the ``nodes_up`` nodes it may use.
+    """
+    if node_slots is not None and per_node is not None and per_node > node_slots:
+        raise NoFit(f"slots_per_node={per_node} exceeds the {node_slots} slots each node has")
+    if count is None:
+        return None
+    if count > nodes_up:
+        raise NoFit(f"nodes={count} but only {nodes_up} nodes are available")
     if np < count:
         raise NoFit(f"np={np} is fewer than nodes={count}: every node needs a rank")
     if per_node:
@@ -70,10 +71,33 @@ def _place_on_count(np, free, count, per_node):
     else:
         base, extra = divmod(np, count)
         shares = [base + 1] * extra + [base] * (count - extra)
-    # Each node in preference order takes the largest share it has room for.
     shares.sort(reverse=True)
+    return shares
+
+
+def _placement(np, free_items, shares, per_node):
+    """
+    The placement from ``(node, free slots)`` pairs in preference order, or None. Nodes
+    without free slots never get a rank, so leaving them out changes nothing.
+    """
+    if shares is not None:
+        return _spread(shares, free_items)
+    placement, remaining = {}, np
+    for node, available in free_items:
+        if remaining == 0:
+            break
+        take = min(available, remaining) if per_node is None else min(per_node, remaining)
+        if take <= 0 or take > available:
+            continue
+        placement[node] = take
+        remaining -= take
+    return None if remaining else placement
+
+
+def _spread(shares, free_items):
+    """Each node in preference order takes the largest share it has room for."""
     placement = {}
-    for node, available in free.items():
+    for node, available in free_items:
         share = next((s for s in shares if s <= available), None)
         if share is None:
             continue
@@ -81,16 +105,23 @@ def _place_on_count(np, free, count, per_node):
         shares.remove(share)
         if not shares:
             return placement
-    raise NoFit(f"np={np} over {count} nodes cannot be placed: free slots per node are {free}")
+    return None
+
+
+def _try_place(np, free_items, nodes_up, count, per_node, node_slots):
+    """:func:`place` without the reasons (building them costs more than placing)."""
+    try:
+        shares = _shares(np, nodes_up, count, per_node, node_slots)
+    except NoFit:
+        return None
+    return _placement(np, free_items, shares, per_node)
 
 
 def fits(job, free, node_slots):
     """The job's placement on ``free`` (restricted to its candidate nodes), or None."""
     candidates = {n: free[n] for n in job["candidates"] if n in free}
-    try:
-        return place(job["np"], candidates, job.get("count"), job.get("per_node"), node_slots)
-    except NoFit:
-        return None
+    return _try_place(job["np"], candidates.items(), len(candidates), job.get("count"),
+                      job.get("per_node"), node_slots)
 
 
 def _subtract(free, placement):
@@ -98,16 +129,128 @@ def _subtract(free, placement):
 
 
 def _reserve(head, free, running, node_slots):
-    """(time, placement) at which the head job can first start, or (inf, None)."""
-    capacity = dict(free)
-    for job in sorted(running, key=lambda r: r["end"]):
-        for node, ranks in job["placement"].items():
-            if node in capacity:
-                capacity[node] += ranks
-        placement = fits(head, capacity, node_slots)
-        if placement is not None:
-            return job["end"], placement
-    return math.inf, None
+    """
+    (time, placement) at which the head job can first start, or (inf, None).
+
+    Running jobs end in order of their end times and each end only adds free slots, so
+    once the head fits it keeps fitting: a binary search over how many have ended finds
+    the first end it fits after, placing the head a few times rather than once per job.
+    """
+    ending = sorted(running, key=lambda r: r["end"])
+    nodes = [n for n in dict.fromkeys(head["candidates"]) if n in free]
+
+    def placement_after(ended):
+        capacity = {n: free[n] for n in nodes}
+        for job in ending[:ended]:
+            for node, ranks in job["placement"].items():
+                if node in capacity:
+                    capacity[node] += ranks
+        return _try_place(head["np"], capacity.items(), len(capacity), head.get("count"),
+                          head.get("per_node"), node_slots)
+
+    if not ending or placement_after(len(ending)) is None:
+        return math.inf, None
+    low, high = 1, len(ending)
+    while low < high:
+        middle = (low + high) // 2
+        if placement_after(middle) is None:
+            low = middle + 1
+        else:
+            high = middle
+    return ending[low - 1]["end"], placement_after(low)
+
+
+class _FreeSlots:
+    """
+    Free slots during one pass of :func:`plan`, for many jobs with few candidate lists.
+
+    A pass only takes slots, never gives any back, so whatever does not fit stays unfit
+    for the rest of the pass: a node that fills up leaves every candidate list for good,
+    and a job shape that did not fit on a candidate list is not placed again. Placing a
+    job then walks about as many nodes as it has ranks rather than every node, after
+    reading its candidate list once if no job before it held that same list object.
+    """
+
+    def __init__(self, free, node_slots):
+        self.free = dict(free)
+        self.total = sum(s for s in self.free.values() if s > 0)
+        self._node_slots = node_slots
+        self._by_content = {}   # tuple(candidates) -> _Candidates
+        # id(candidates) -> (candidates, _Candidates); holding the list keeps its id unique.
+        self._by_object = {}
+        self._lists_with = {}   # node -> the _Candidates where it has room
+        self._last = None       # (candidates, _Candidates) looked up last
+
+    def fit(self, job):
+        """The job's placement now, as :func:`fits` would give it, or None."""
+        np, count, per_node = job["np"], job.get("count"), job.get("per_node")
+        if np > self.total:
+            # More ranks than free slots anywhere: no need to read its candidate list.
+            return None
+        candidates = self._candidates(job["candidates"])
+        shape = (np, count, per_node)
+        if shape in candidates.unfit:
+            return None
+        placement = _try_place(np, candidates.items(self.free), candidates.nodes_up, count,
+                               per_node, self._node_slots)
+        if placement is None:
+            candidates.unfit.add(shape)
+        return placement
+
+    def take(self, placement):
+        """Hold the placement's slots for the rest of the pass."""
+        for node, ranks in placement.items():
+            before, after = self.free[node], self.free[node] - ranks
+            self.free[node] = after
+            self.total -= max(before, 0) - max(after, 0)
+            if after <= 0:
+                for candidates in self._lists_with.pop(node, ()):
+                    candidates.drop(node)
+
+    def _candidates(self, nodes):
+        # Jobs mostly share one list object, or hold equal lists (one per job when read
+        # from the store): look up by identity, then compare with the list looked up last
+        # (cheaper than hashing a new list of new strings), then by content.
+        known = self._by_object.get(id(nodes))
+        if known is not None and known[0] is nodes:
+            return known[1]
+        if self._last is not None and nodes == self._last[0]:
+            candidates = self._last[1]
+        else:
+            key = tuple(nodes)
+            candidates = self._by_content.get(key)
+            if candidates is None:
+                candidates = self._by_content[key] = _Candidates(key, self.free)
+                for node in candidates.open:
+                    self._lists_with.setdefault(node, []).append(candidates)
+        self._by_object[id(nodes)] = self._last = (nodes, candidates)
+        return candidates
+
+
+class _Candidates:
+    """One candidate list in a pass: how many of its nodes are up, and which have room."""
+
+    def __init__(self, nodes, free):
+        up = [n for n in dict.fromkeys(nodes) if n in free]
+        self.nodes_up = len(up)
+        # A dict as an ordered set: nodes with free slots, in the list's order.
+        self.open = dict.fromkeys(n for n in up if free[n] > 0)
+        self.unfit = set()   # (np, count, per_node) that did not fit
+        self._dropped = 0
+
+    def items(self, free):
+        """``(node, free slots)`` of the nodes with room, in preference order."""
+        return ((node, free[node]) for node in self.open)
+
+    def drop(self, node):
+        """The node is full for the rest of the pass."""
+        del self.open[node]
+        self._dropped += 1
+        # Iterating a dict still steps over the holes deleted keys leave: rebuild it once
+        # they outnumber the nodes left.
+        if self._dropped > len(self.open):
+            self.open = dict.fromkeys(self.open)
+            self._dropped = 0
 
 
 def _within_limits(job, usage, limits):
@@ -147,7 +290,7 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
     """
     limits = limits or {}
     usage = {u: dict(v) for u, v in (usage or {}).items()}
-    free = dict(free)
+    slots = _FreeSlots(free, node_slots)
     # Jobs started by this plan hold their slots until their walltime, like running ones.
     running = list(running)
     starts, blocked = [], {}
@@ -156,15 +299,15 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
         if not _within_limits(job, usage, limits):
             blocked[job["id"]] = "user limit"
             continue
-        placement = fits(job, free, node_slots)
+        placement = slots.fit(job)
         if head is None:
             if placement is None:
                 head = job
-                shadow_time, reserved = _reserve(job, free, running, node_slots)
+                shadow_time, reserved = _reserve(job, slots.free, running, node_slots)
                 # Slots still free at the shadow time once the head has its share.
                 shadow_free = None
                 if reserved is not None:
-                    capacity = dict(free)
+                    capacity = dict(slots.free)
                     for run in running:
                         if run["end"] <= shadow_time:
                             for node, ranks in run["placement"].items():
@@ -184,12 +327,13 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
                     blocked[job["id"]] = f"reserved for {head['id']}"
                     continue
                 else:
-                    shadow_free = _subtract(shadow_free, placement)
+                    for node, ranks in placement.items():
+                        shadow_free[node] -= ranks
         if placement is None:
             blocked[job["id"]] = "resources"
             continue
         starts.append((job["id"], placement))
-        free = _subtract(free, placement)
+        slots.take(placement)
         running.append({"placement": placement, "end": now + job["walltime"]})
         mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
         mine["jobs"] += 1

@@ -421,3 +421,249 @@ def _check_plan_properties(queued, free, running, limits):
         assert actual <= expected, (
             f"backfill delayed head {head['id']} from {expected - NOW:+} to {actual - NOW:+}"
         )
+
+
+# ------------------------------------------- equivalence with the unoptimised algorithm
+#
+# A verbatim copy of place(), fits() and plan() as they were before plan() was made fast
+# (commit c6984db), kept as the reference: the fast plan() must take exactly the same
+# decisions (same starts, in the same order, with the same placements, and the same
+# reasons to wait) and place() must answer exactly as before, errors included.
+
+
+class _ReferenceNoFit(ValueError):
+    pass
+
+
+def _reference_place(np, free, count=None, per_node=None, node_slots=None):
+    if node_slots is not None and per_node is not None and per_node > node_slots:
+        raise _ReferenceNoFit(f"slots_per_node={per_node} exceeds the {node_slots} slots each node has")
+    if count is not None:
+        return _reference_place_on_count(np, free, count, per_node)
+    placement, remaining = {}, np
+    for node, available in free.items():
+        if remaining == 0:
+            break
+        take = min(available, remaining) if per_node is None else min(per_node, remaining)
+        if take <= 0 or take > available:
+            continue
+        placement[node] = take
+        remaining -= take
+    if remaining:
+        detail = f" with {per_node} ranks per node" if per_node else ""
+        raise _ReferenceNoFit(f"np={np} cannot be placed{detail}: free slots per node are {free}")
+    return placement
+
+
+def _reference_place_on_count(np, free, count, per_node):
+    if count > len(free):
+        raise _ReferenceNoFit(f"nodes={count} but only {len(free)} nodes are available")
+    if np < count:
+        raise _ReferenceNoFit(f"np={np} is fewer than nodes={count}: every node needs a rank")
+    if per_node:
+        last = np - per_node * (count - 1)
+        if last > per_node:
+            raise _ReferenceNoFit(f"np={np} does not fit {count} nodes x {per_node} slots")
+        if last <= 0:
+            raise _ReferenceNoFit(f"np={np} at {per_node} ranks per node needs fewer than {count} nodes")
+        shares = [per_node] * (count - 1) + [last]
+    else:
+        base, extra = divmod(np, count)
+        shares = [base + 1] * extra + [base] * (count - extra)
+    shares.sort(reverse=True)
+    placement = {}
+    for node, available in free.items():
+        share = next((s for s in shares if s <= available), None)
+        if share is None:
+            continue
+        placement[node] = share
+        shares.remove(share)
+        if not shares:
+            return placement
+    raise _ReferenceNoFit(f"np={np} over {count} nodes cannot be placed: free slots per node are {free}")
+
+
+def _reference_fits(job, free, node_slots):
+    candidates = {n: free[n] for n in job["candidates"] if n in free}
+    try:
+        return _reference_place(job["np"], candidates, job.get("count"), job.get("per_node"), node_slots)
+    except _ReferenceNoFit:
+        return None
+
+
+def _reference_subtract(free, placement):
+    return {n: s - placement.get(n, 0) for n, s in free.items()}
+
+
+def _reference_reserve(head, free, running, node_slots):
+    capacity = dict(free)
+    for job in sorted(running, key=lambda r: r["end"]):
+        for node, ranks in job["placement"].items():
+            if node in capacity:
+                capacity[node] += ranks
+        placement = _reference_fits(head, capacity, node_slots)
+        if placement is not None:
+            return job["end"], placement
+    return math.inf, None
+
+
+def _reference_within_limits(job, usage, limits):
+    mine = usage.get(job["user"], {"jobs": 0, "slots": 0})
+    max_jobs, max_slots = limits.get("max_running_jobs"), limits.get("max_slots")
+    if max_jobs and mine["jobs"] + 1 > max_jobs:
+        return False
+    if max_slots and mine["slots"] + job["np"] > max_slots:
+        return False
+    return True
+
+
+def _reference_plan(queued, free, running, now, node_slots, limits=None, usage=None):
+    limits = limits or {}
+    usage = {u: dict(v) for u, v in (usage or {}).items()}
+    free = dict(free)
+    running = list(running)
+    starts, blocked = [], {}
+    head, shadow_time, shadow_free = None, None, None
+    for job in queued:
+        if not _reference_within_limits(job, usage, limits):
+            blocked[job["id"]] = "user limit"
+            continue
+        placement = _reference_fits(job, free, node_slots)
+        if head is None:
+            if placement is None:
+                head = job
+                shadow_time, reserved = _reference_reserve(job, free, running, node_slots)
+                shadow_free = None
+                if reserved is not None:
+                    capacity = dict(free)
+                    for run in running:
+                        if run["end"] <= shadow_time:
+                            for node, ranks in run["placement"].items():
+                                if node in capacity:
+                                    capacity[node] += ranks
+                    shadow_free = _reference_subtract(capacity, reserved)
+                blocked[job["id"]] = "resources"
+                continue
+        elif placement is not None:
+            ends_in_time = now + job["walltime"] <= shadow_time
+            if not ends_in_time:
+                if shadow_free is None:
+                    pass
+                elif any(shadow_free.get(n, 0) < r for n, r in placement.items()):
+                    blocked[job["id"]] = f"reserved for {head['id']}"
+                    continue
+                else:
+                    shadow_free = _reference_subtract(shadow_free, placement)
+        if placement is None:
+            blocked[job["id"]] = "resources"
+            continue
+        starts.append((job["id"], placement))
+        free = _reference_subtract(free, placement)
+        running.append({"placement": placement, "end": now + job["walltime"]})
+        mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
+        mine["jobs"] += 1
+        mine["slots"] += job["np"]
+    return starts, blocked
+
+
+def _outcome(call):
+    """What a call returns, or the type and message of what it raises."""
+    try:
+        return "returns", call()
+    except (ValueError, ZeroDivisionError) as exc:
+        return "raises", "NoFit" if isinstance(exc, ValueError) else type(exc).__name__, str(exc)
+
+
+def _random_free(rng, nodes, node_slots):
+    """Free slots per node, mostly between 0 and node_slots, rarely over-committed."""
+    return {n: rng.choice([0, node_slots, rng.randint(0, node_slots), rng.randint(-2, node_slots)])
+            for n in nodes}
+
+
+def test_place_answers_as_the_reference():
+    for seed in range(3000):
+        rng = random.Random(seed)
+        node_slots = rng.randint(1, 8)
+        nodes = [f"n{i}" for i in range(rng.randint(0, 8))]
+        free = _random_free(rng, nodes, node_slots)
+        np = rng.randint(-1, 3 * node_slots)
+        count = rng.choice([None, None, rng.randint(-1, len(nodes) + 1)])
+        per_node = rng.choice([None, None, rng.randint(0, node_slots + 1)])
+        slots = rng.choice([None, node_slots])
+        expected = _outcome(lambda: _reference_place(np, dict(free), count, per_node, slots))
+        actual = _outcome(lambda: mpi_sched.place(np, dict(free), count, per_node, slots))
+        assert actual == expected, f"seed {seed}: place({np}, {free}, {count}, {per_node}, {slots})"
+
+
+def _random_cluster(rng, size):
+    """(queued, free, running, now, node_slots, limits, usage) of a random cluster."""
+    node_slots = rng.randint(1, 8)
+    nodes = [f"n{i}" for i in range(rng.randint(1, size))]
+    # Some nodes are down: absent from free, yet running jobs or candidates may name them.
+    free = {n: node_slots for n in nodes if rng.random() > 0.1}
+    now = 1000
+    running, usage = [], {}
+    users = ["alice", "bob", "carol"][:rng.randint(1, 3)]
+    for _ in range(rng.randint(0, 2 * len(nodes))):
+        placement = {}
+        for node in rng.sample(nodes, rng.randint(1, min(3, len(nodes)))):
+            room = free.get(node, node_slots)
+            ranks = rng.randint(1, node_slots)
+            if rng.random() < 0.9 and ranks > room:
+                continue
+            placement[node] = ranks
+            if node in free:
+                free[node] -= ranks
+        if placement:
+            # Integer times so ties (ends equal to each other, to the shadow time) happen.
+            running.append({"placement": placement, "end": now + rng.choice([0, 10, 50, 100, 500])})
+            mine = usage.setdefault(rng.choice(users), {"jobs": 0, "slots": 0})
+            mine["jobs"] += 1
+            mine["slots"] += sum(placement.values())
+    everyone = list(nodes)
+    grains = [sorted(rng.sample(nodes, rng.randint(1, len(nodes)))) for _ in range(2)]
+    queued = []
+    for i in range(rng.randint(1, 4 * size)):
+        kind = rng.random()
+        if kind < 0.5:
+            candidates = everyone                         # one shared list object
+        elif kind < 0.7:
+            candidates = list(everyone)                   # an equal list of its own
+        elif kind < 0.8:
+            candidates = list(rng.choice(grains))         # a grain match
+        elif kind < 0.9:
+            candidates = rng.sample(nodes, rng.randint(1, len(nodes)))  # a node list
+        else:
+            # Any order, repeats and unknown nodes.
+            candidates = [rng.choice(nodes + ["gone"]) for _ in range(rng.randint(0, 6))]
+        count = per_node = None
+        shape = rng.random()
+        if shape < 0.2:
+            count = rng.randint(1, len(nodes) + 1)
+        elif shape < 0.35:
+            per_node = rng.randint(1, node_slots + 1)
+        elif shape < 0.45:
+            count, per_node = rng.randint(1, len(nodes)), rng.randint(1, node_slots)
+        np = rng.choice([1, 1, 2, rng.randint(1, node_slots), rng.randint(1, 3 * node_slots),
+                         rng.randint(1, len(nodes) * node_slots)])
+        queued.append({
+            "id": f"j{i}", "user": rng.choice(users), "np": np, "candidates": candidates,
+            "count": count, "per_node": per_node, "walltime": rng.choice([5, 10, 50, 100, 500, 5000, 5000]),
+        })
+    limits = rng.choice([None, {}, {"max_running_jobs": rng.randint(1, 4)},
+                         {"max_slots": rng.randint(1, 4 * node_slots)},
+                         {"max_running_jobs": 0, "max_slots": None}])
+    return queued, free, running, now, node_slots, limits, rng.choice([usage, None])
+
+
+@pytest.mark.parametrize("size, cases", [(4, 1500), (12, 600), (60, 40)])
+def test_plan_decides_as_the_reference(size, cases):
+    for seed in range(cases):
+        queued, free, running, now, node_slots, limits, usage = _random_cluster(
+            random.Random(f"{size}-{seed}"), size
+        )
+        expected = _reference_plan(queued, dict(free), list(running), now, node_slots, limits, usage)
+        actual = mpi_sched.plan(queued, dict(free), list(running), now, node_slots, limits, usage)
+        assert actual == expected, f"size {size}, seed {seed}"
+        # Dicts compare equal in any order; the runner sees placements in this order.
+        assert [list(p) for _, p in actual[0]] == [list(p) for _, p in expected[0]]
