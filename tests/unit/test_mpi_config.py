@@ -1,6 +1,7 @@
 """
 Unit tests for the DockerMPI settings: ``_utils/mpi_config.py`` (the contract constants,
-the merge of the ``mpi`` pillar over defaults.yaml and the check of the result).
+the merge of the ``mpi`` pillar over defaults.yaml and the check of the result), and the
+``mpi_config`` execution and state modules that bring it to the formula.
 
 Every check is held to its exact message: a site admin reads it in the highstate output
 and must know which pillar key to fix and why. The shipped settings (defaults.yaml, the
@@ -15,12 +16,15 @@ import re
 import pytest
 import salt.utils.dictupdate
 import yaml
+from salt.exceptions import SaltInvocationError
 
 from tests.extension import load_extension
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
+mpi_config_module = load_extension("_modules/mpi_config.py", "mpi_config_module")
+mpi_config_state = load_extension("_states/mpi_config.py", "mpi_config_state")
 ConfigError = mpi_config.ConfigError
 
 DEFAULTS = yaml.safe_load((REPO / "salt/dockermpi/defaults.yaml").read_text())["mpi"]
@@ -582,3 +586,67 @@ def test_preshared_storage_needs_no_nfs_server():
     assert config["storage"]["type"] == "preshared"
     # job_root under the NFS export is fine when nothing is exported
     assert _problems(storage={"type": "preshared"}, job_root="/export/dockermpi/jobs") == []
+
+
+# ------------------------------------------------- the execution and state modules
+
+
+@pytest.fixture
+def configure_loader_modules():
+    utils = {
+        "mpi_config.merge": mpi_config.merge,
+        "mpi_config.problems": mpi_config.problems,
+        "mpi_config.validate": mpi_config.validate,
+    }
+    salt_functions = {
+        "mpi_config.problems": mpi_config_module.problems,
+    }
+    return {
+        mpi_config_module: {"__utils__": utils},
+        mpi_config_state: {"__salt__": salt_functions, "__opts__": {"test": False}},
+    }
+
+
+def test_module_merges_and_validates():
+    config = mpi_config_module.merge(DEFAULTS, SITE)
+    assert mpi_config_module.problems(config) == []
+    assert mpi_config_module.validate(config)["cluster_network"] == "10.251.1.0/24"
+    assert mpi_config_module.merge(DEFAULTS) == DEFAULTS
+
+
+def test_module_raises_salt_errors():
+    with pytest.raises(SaltInvocationError, match="^mpi must be a mapping of settings"):
+        mpi_config_module.merge(DEFAULTS, "oops")
+    with pytest.raises(SaltInvocationError) as caught:
+        mpi_config_module.validate(DEFAULTS)
+    assert str(caught.value).splitlines() == REQUIRED_BY_SITE
+
+
+def test_module_virtual_says_why_without_the_utils():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mpi_config_module, "__utils__", {}, raising=False)
+        assert mpi_config_module.__virtual__() == (
+            False, "mpi_config: the mpi_config utils module is not synced "
+            "(saltutil.sync_utils)")
+
+
+@pytest.mark.parametrize("test", [False, True])
+def test_state_passes_valid_settings_and_changes_nothing(test):
+    mpi_config_state.__opts__["test"] = test
+    ret = mpi_config_state.valid("mpi", _site())
+    assert ret == {"name": "mpi", "result": True, "changes": {},
+                   "comment": "The mpi pillar is valid"}
+
+
+@pytest.mark.parametrize("test", [False, True])
+def test_state_fails_with_every_problem_one_per_line(test):
+    mpi_config_state.__opts__["test"] = test
+    ret = mpi_config_state.valid(
+        "mpi", _site(ports={"oob": [20100, 20299], "btl": [20250, 20999]}, slots_per_node=0))
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    assert ret["comment"].splitlines() == [
+        "The mpi pillar is invalid; no DockerMPI state is applied until it is fixed:",
+        "mpi:slots_per_node must be a whole number of at least 1, got 0",
+        "mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999",
+    ]
