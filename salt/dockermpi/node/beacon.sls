@@ -6,6 +6,7 @@
     also the node's heartbeat. Saved to beacons.conf so it survives a minion restart. #}
 
 include:
+  - {{ tplroot }}.config
   - .jobs
 
 mpi-node-beacon-present:
@@ -16,4 +17,5 @@ mpi-node-beacon-present:
     - storage_path: {{ mpi.storage.path | json }}
     - job_root: {{ mpi.job_root | json }}
     - require:
+      - sls: {{ tplroot }}.config
       - file: mpi-node-jobs-root-directory
