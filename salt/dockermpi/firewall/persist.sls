@@ -1,12 +1,11 @@
 {%- set tplroot = tpldir.split('/')[0] %}
-{%- from tplroot ~ "/map.jinja" import mpi with context %}
+{%- from tplroot ~ "/map.jinja" import mpi, mpi_problems with context %}
 {#- The same rules restored at boot: rules files for iptables-restore and
     ip6tables-restore --noflush (each flushes and refills only our chain) and a
     oneshot unit that restores them and puts the jumps back at rule 1 of INPUT.
     The execution module renders the files so live and boot rules cannot drift
     apart. With invalid settings (mpi_problems) it is not asked: the files would not
     be written anyway, every state here requires the settings check (.config). #}
-{%- from tplroot ~ "/map.jinja" import mpi_problems with context %}
 {%- set chain = mpi.firewall.chain %}
 {%- set rules_file = mpi.firewall.rules_file %}
 {%- set rules_file_ipv6 = mpi.firewall.rules_file_ipv6 %}
