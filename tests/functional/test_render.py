@@ -1,9 +1,12 @@
 """
-Render the real state tree (salt/ plus the repo's _modules and _states) with
+Render the real state tree (salt/ plus the repo's _modules, _states and _utils) with
 ``salt-call --local`` and check what a node would be given.
 
 Nothing is applied: ``state.show_highstate`` renders the top file and every SLS,
-with the custom modules synced the way a highstate syncs them.
+with the custom modules synced the way a highstate syncs them. Bad pillars go through
+``state.highstate test=True``: the settings check fails, and every other state reports
+its failed requisite without running (a real run would install Docker on this host if
+that went wrong, so none is made).
 """
 
 import json
@@ -52,6 +55,7 @@ def _minion(tmp_path, roles, mpi_pillar):
         path.mkdir()
     (extra / "_modules").symlink_to(REPO / "_modules")
     (extra / "_states").symlink_to(REPO / "_states")
+    (extra / "_utils").symlink_to(REPO / "_utils")
     (pillar_roots / "top.sls").write_text("base:\n  '*':\n    - mpi\n")
     (pillar_roots / "mpi.sls").write_text(yaml.safe_dump({"mpi": mpi_pillar}))
     config = {
@@ -69,6 +73,16 @@ def _minion(tmp_path, roles, mpi_pillar):
     }
     (tmp_path / "minion").write_text(yaml.safe_dump(config))
     return tmp_path
+
+
+def _dry_run(config_dir):
+    """``state.highstate test=True``: (salt-call's exit code, {state tag: return})."""
+    _run(config_dir, "saltutil.sync_all")
+    proc = _run(config_dir, "state.highstate", "test=True", "--retcode-passthrough",
+                check=False)
+    ret = json.loads(proc.stdout)["local"]
+    assert isinstance(ret, dict), f"rendering failed: {ret}"
+    return proc.returncode, ret
 
 
 def _highstate(config_dir):
@@ -279,7 +293,10 @@ def test_job_network_on_cluster_network_after_docker_service(nfs_high):
     assert (net["subnet"], net["ip_range"]) == (CLUSTER_NETWORK, JOB_ADDRESSES)
     # empty parent: the module picks the interface holding the cluster address
     assert net["parent"] is None
-    assert net["require"] == [{"service": "mpi-docker-service-running"}]
+    assert net["require"] == [
+        {"sls": "dockermpi.config"},
+        {"service": "mpi-docker-service-running"},
+    ]
     assert nfs_high["mpi-docker-network-present"]["__sls__"] == "dockermpi.docker.network"
 
 
@@ -287,17 +304,6 @@ def test_job_network_name_and_parent_from_pillar(preshared_high):
     net = _args(preshared_high, "mpi-docker-network-present", "mpi_network.present")
     assert (net["name"], net["parent"]) == ("mpi-jobs-net", "eth1")
     assert net["ip_range"] == JOB_ADDRESSES
-
-
-def test_job_network_without_addresses_fails_with_clear_message(tmp_path):
-    pillar = dict(PRESHARED_PILLAR, job_network={"addresses": ""})
-    cfg = _minion(tmp_path, ["mpi-node"], pillar)
-    _run(cfg, "saltutil.sync_all")
-    proc = _run(cfg, "state.show_highstate", check=False)
-    assert proc.returncode != 0
-    assert "mpi:job_network:addresses must name the job address pool" in (
-        proc.stdout + proc.stderr
-    )
 
 
 def test_images_rendered_with_digest_reference(nfs_high):
@@ -312,20 +318,137 @@ def test_guest_user(preshared_high):
     assert user["createhome"] is False
 
 
-def test_nfs_without_server_fails_with_clear_message(tmp_path):
+# ---------------------------------------------------------------- the settings check
+
+CONFIG_ID = "mpi-config-settings-valid"
+
+
+@pytest.mark.parametrize("high", ["nfs_high", "preshared_high"])
+def test_settings_check_gets_the_merged_settings(request, high):
+    high = request.getfixturevalue(high)
+    check = _args(high, CONFIG_ID, "mpi_config.valid")
+    assert high[CONFIG_ID]["__sls__"] == "dockermpi.config"
+    assert check["name"] == "mpi"
+    config = check["config"]
+    assert config["cluster_network"] == CLUSTER_NETWORK
+    assert config["job_network"]["addresses"] == JOB_ADDRESSES
+    assert config["ports"] == DEFAULT_PORTS  # defaults under the pillar
+    assert config["guest"]["user"] == "mpiguest"
+
+
+@pytest.mark.parametrize("high", ["nfs_high", "preshared_high"])
+def test_every_state_requires_the_settings_check(request, high):
+    high = request.getfixturevalue(high)
+    assert len(high) > 10
+    for sid, body in high.items():
+        if sid == CONFIG_ID:
+            continue
+        for module, args in body.items():
+            if module.startswith("__"):
+                continue
+            requires = [r for a in args if isinstance(a, dict) for r in a.get("require", [])]
+            assert {"sls": "dockermpi.config"} in requires, sid
+
+
+def _assert_only_the_check_failed(ret, *fragments):
+    """The settings check failed naming every fragment; no other state ran."""
+    (check,) = [r for tag, r in ret.items() if tag.startswith("mpi_config_|-")]
+    assert check["result"] is False
+    assert check["changes"] == {}
+    for fragment in fragments:
+        assert fragment in check["comment"].splitlines(), check["comment"]
+    others = {tag: r for tag, r in ret.items() if not tag.startswith("mpi_config_|-")}
+    assert others
+    for tag, other in others.items():
+        assert other["result"] is False, (tag, other)
+        assert other["changes"] == {}, (tag, other)
+        assert other["comment"].startswith("One or more requisite failed"), (tag, other)
+
+
+OVERLAPPING_PORTS = {"oob": [20100, 20299], "btl": [20250, 20999]}
+
+
+@pytest.mark.parametrize(
+    "roles,pillar",
+    [
+        (["mpi-node", "mpi-nfs-server"], dict(NFS_PILLAR, ports=OVERLAPPING_PORTS)),
+        (["mpi-node"], dict(PRESHARED_PILLAR, ports=OVERLAPPING_PORTS)),
+        (["mpi-nfs-server"], dict(NFS_PILLAR, ports=OVERLAPPING_PORTS)),
+    ],
+    ids=["nfs-node-and-server", "preshared-node", "nfs-server-only"],
+)
+def test_overlapping_ports_fail_the_check_and_nothing_else_runs(tmp_path, roles, pillar):
+    code, ret = _dry_run(_minion(tmp_path, roles, pillar))
+    assert code != 0
+    _assert_only_the_check_failed(
+        ret, "mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999"
+    )
+    states = {r["__id__"] for r in ret.values()}
+    if "mpi-nfs-server" in roles:
+        assert "mpi-storage-nfs-server-exports-file" in states
+    if "mpi-node" in roles:
+        assert {"mpi-docker-service-running", "mpi-firewall-rules-chain-present"} <= states
+
+
+def test_every_problem_reported_at_once(tmp_path):
     pillar = {
+        "job_network": {"addresses": ""},
         "storage": {"type": "nfs", "nfs": {"server": ""}},
-        "job_network": {"addresses": JOB_ADDRESSES},
+        "slots_per_node": 0,
     }
-    cfg = _minion(tmp_path, ["mpi-node"], pillar)
-    _run(cfg, "saltutil.sync_all")
-    proc = _run(cfg, "state.show_highstate", check=False)
-    assert "mpi:storage:nfs:server must name the NFS server" in proc.stdout + proc.stderr
+    code, ret = _dry_run(_minion(tmp_path, ["mpi-node"], pillar))
+    assert code != 0
+    _assert_only_the_check_failed(
+        ret,
+        "mpi:job_network:addresses is required: it must name the job address pool, an "
+        "IPv4 network (CIDR) inside mpi:cluster_network holding no node's address, "
+        "e.g. 10.0.200.0/24",
+        "mpi:storage:nfs:server must name the NFS server when mpi:storage:type is nfs",
+        "mpi:slots_per_node must be a whole number of at least 1, got 0",
+    )
 
 
-def test_unknown_storage_type_fails(tmp_path):
-    pillar = {"storage": {"type": "ceph"}, "job_network": {"addresses": JOB_ADDRESSES}}
-    cfg = _minion(tmp_path, ["mpi-node"], pillar)
+def test_unknown_storage_type_fails_the_check(tmp_path):
+    pillar = dict(PRESHARED_PILLAR, storage={"type": "ceph"})
+    code, ret = _dry_run(_minion(tmp_path, ["mpi-node"], pillar))
+    assert code != 0
+    _assert_only_the_check_failed(
+        ret, "mpi:storage:type must be one of nfs, preshared, got 'ceph'"
+    )
+
+
+def test_bad_firewall_values_still_render_the_check(tmp_path):
+    # restore_payload would refuse these while rendering; persist.sls skips it
+    pillar = dict(PRESHARED_PILLAR, cluster_network="10.0.0.1/8",
+                  ports={"sshd": [20000, 70000]})
+    code, ret = _dry_run(_minion(tmp_path, ["mpi-node"], pillar))
+    assert code != 0
+    _assert_only_the_check_failed(
+        ret,
+        "mpi:cluster_network '10.0.0.1/8' is not an IPv4 network in CIDR form with no "
+        "host bits set (10.0.0.1/8 has host bits set)",
+        "mpi:ports:sshd 20000-70000 must lie within 1024-65535 (jobs listen on them as "
+        "their user's uid)",
+    )
+
+
+def test_pillar_not_a_mapping_fails_rendering_clearly(tmp_path):
+    cfg = _minion(tmp_path, ["mpi-node"], "ports: overlapping")
     _run(cfg, "saltutil.sync_all")
     proc = _run(cfg, "state.show_highstate", check=False)
-    assert "mpi:storage:type must be one of nfs, preshared" in proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "mpi must be a mapping of settings, got 'ports: overlapping'" in (
+        proc.stdout + proc.stderr
+    )
+
+
+def test_states_get_normalised_settings(tmp_path):
+    pillar = dict(PRESHARED_PILLAR, storage={"type": "preshared", "path": "/data//cluster/"},
+                  job_root="/var/local/mpi-jobs/")
+    high = _highstate(_minion(tmp_path, ["mpi-node"], pillar))
+    exists = _args(high, "mpi-storage-preshared-path-exists", "file.exists")
+    assert exists["name"] == "/data/cluster"
+    users = _args(high, "mpi-storage-preshared-users-directory", "file.directory")
+    assert users["name"] == "/data/cluster/users"
+    root = _args(high, "mpi-node-jobs-root-directory", "file.directory")
+    assert root["name"] == "/var/local/mpi-jobs"

@@ -2,6 +2,7 @@
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 
 include:
+  - {{ tplroot }}.config
   - .package
 {#- No `hosts` key: the engine keeps its default unix socket only (a `hosts`
     key would also clash with dockerd's `-H fd://` in Debian's unit). #}
@@ -24,4 +25,5 @@ mpi-docker-config-daemon-json:
     - mode: '0644'
     - makedirs: True
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-docker-package-installed

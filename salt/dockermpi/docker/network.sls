@@ -5,11 +5,9 @@
     allocates from. An empty parent means the interface holding the node's
     cluster address. #}
 {%- set net = mpi.job_network %}
-{%- if not net.addresses %}
-{{- raise("mpi:job_network:addresses must name the job address pool (CIDR inside mpi:cluster_network, e.g. 10.0.200.0/24)") }}
-{%- endif %}
 
 include:
+  - {{ tplroot }}.config
   - .service
 
 mpi-docker-network-present:
@@ -19,4 +17,5 @@ mpi-docker-network-present:
     - ip_range: {{ net.addresses | json }}
     - parent: {{ (net.parent or none) | json }}
     - require:
+      - sls: {{ tplroot }}.config
       - service: mpi-docker-service-running

@@ -1,4 +1,7 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+
 include:
+  - {{ tplroot }}.config
   - .package
   - .config
 
@@ -7,6 +10,7 @@ mpi-docker-service-running:
     - name: docker
     - enable: True
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-docker-package-installed
     - watch:
       - file: mpi-docker-config-daemon-json

@@ -1,17 +1,23 @@
 {%- set tplroot = tpldir.split('/')[0] %}
-{%- from tplroot ~ "/map.jinja" import mpi with context %}
+{%- from tplroot ~ "/map.jinja" import mpi, mpi_problems with context %}
 {#- The same rules restored at boot: rules files for iptables-restore and
     ip6tables-restore --noflush (each flushes and refills only our chain) and a
     oneshot unit that restores them and puts the jumps back at rule 1 of INPUT.
     The execution module renders the files so live and boot rules cannot drift
-    apart. #}
+    apart. With invalid settings (mpi_problems) it is not asked: the files would not
+    be written anyway, every state here requires the settings check (.config). #}
 {%- set chain = mpi.firewall.chain %}
 {%- set rules_file = mpi.firewall.rules_file %}
 {%- set rules_file_ipv6 = mpi.firewall.rules_file_ipv6 %}
+{%- if mpi_problems %}
+{%- set payload, payload_ipv6 = "", "" %}
+{%- else %}
 {%- set payload = salt['mpi_firewall.restore_payload'](mpi.cluster_network, mpi.ports, chain=chain, family='ipv4') %}
 {%- set payload_ipv6 = salt['mpi_firewall.restore_payload'](None, mpi.ports, chain=chain, family='ipv6') %}
+{%- endif %}
 
 include:
+  - {{ tplroot }}.config
   - .package
   - .rules
 
@@ -23,6 +29,8 @@ mpi-firewall-persist-rules-file:
     - group: root
     - mode: '0644'
     - makedirs: True
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-firewall-persist-ipv6-rules-file:
   file.managed:
@@ -32,6 +40,8 @@ mpi-firewall-persist-ipv6-rules-file:
     - group: root
     - mode: '0644'
     - makedirs: True
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-firewall-persist-unit-file:
   file.managed:
@@ -58,12 +68,15 @@ mpi-firewall-persist-unit-file:
 
         [Install]
         WantedBy=multi-user.target
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-firewall-persist-service-running:
   service.running:
     - name: dockermpi-firewall
     - enable: True
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-firewall-package-installed
       - mpi_firewall: mpi-firewall-rules-chain-present
       - mpi_firewall: mpi-firewall-rules-ipv6-chain-present

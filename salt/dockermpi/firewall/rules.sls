@@ -6,6 +6,7 @@
     drops them for anyone but loopback. #}
 
 include:
+  - {{ tplroot }}.config
   - .package
 
 mpi-firewall-rules-chain-present:
@@ -15,6 +16,7 @@ mpi-firewall-rules-chain-present:
     - cluster_network: {{ mpi.cluster_network | json }}
     - ports: {{ mpi.ports | json }}
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-firewall-package-installed
 
 mpi-firewall-rules-ipv6-chain-present:
@@ -23,4 +25,5 @@ mpi-firewall-rules-ipv6-chain-present:
     - family: ipv6
     - ports: {{ mpi.ports | json }}
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-firewall-package-installed

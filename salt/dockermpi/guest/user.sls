@@ -3,10 +3,15 @@
 {#- The unprivileged account job containers run as. It only owns files
     (shared users/ tree, per-job keys): no login shell, no home directory. #}
 
+include:
+  - {{ tplroot }}.config
+
 mpi-guest-user-group-present:
   group.present:
     - name: {{ mpi.guest.group | json }}
     - gid: {{ mpi.guest.gid | json }}
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-guest-user-user-present:
   user.present:
@@ -17,4 +22,5 @@ mpi-guest-user-user-present:
     - createhome: False
     - shell: /usr/sbin/nologin
     - require:
+      - sls: {{ tplroot }}.config
       - group: mpi-guest-user-group-present

@@ -10,6 +10,7 @@
     returns its result. #}
 
 include:
+  - {{ tplroot }}.config
   - .jobs
 
 {#- Releases before the engine sent the same evidence from the mpi_jobs beacon. #}
@@ -17,6 +18,8 @@ mpi-node-beacon-absent:
   beacon.absent:
     - name: mpi_jobs
     - save: True
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-node-engine-config:
   file.serialize:
@@ -29,6 +32,7 @@ mpi-node-engine-config:
               storage_path: {{ mpi.storage.path | json }}
               job_root: {{ mpi.job_root | json }}
     - require:
+      - sls: {{ tplroot }}.config
       - file: mpi-node-jobs-root-directory
 
 mpi-node-engine-minion-restart:
@@ -41,4 +45,5 @@ mpi-node-engine-minion-restart:
         storage_path: {{ mpi.storage.path | json }}
         job_root: {{ mpi.job_root | json }}
     - require:
+      - sls: {{ tplroot }}.config
       - file: mpi-node-engine-config

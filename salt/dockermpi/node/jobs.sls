@@ -6,12 +6,17 @@
     network namespace to all but the job's own containers, and ssh-keyscan
     (openssh-client) to check a job's sshd by its host key, not its banner. #}
 
+include:
+  - {{ tplroot }}.config
+
 mpi-node-jobs-tools-installed:
   pkg.installed:
     - pkgs:
       - util-linux
       - iptables
       - openssh-client
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-node-jobs-root-directory:
   file.directory:
@@ -20,3 +25,5 @@ mpi-node-jobs-root-directory:
     - group: root
     - mode: '0711'
     - makedirs: True
+    - require:
+      - sls: {{ tplroot }}.config

@@ -1,13 +1,15 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 {%- set nfs = mpi.storage.nfs %}
-{%- if not nfs.server %}
-{{- raise("mpi:storage:nfs:server must name the NFS server when mpi:storage:type is nfs") }}
-{%- endif %}
+
+include:
+  - {{ tplroot }}.config
 
 mpi-storage-nfs-client-package-installed:
   pkg.installed:
     - name: nfs-common
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-storage-nfs-client-mount-mounted:
   mount.mounted:
@@ -18,4 +20,5 @@ mpi-storage-nfs-client-mount-mounted:
     - mkmnt: True
     - persist: True
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-storage-nfs-client-package-installed

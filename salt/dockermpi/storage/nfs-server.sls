@@ -7,11 +7,14 @@
 {%- set export_line = export ~ " " ~ mpi.cluster_network ~ "(rw,sync,root_squash,no_subtree_check)" %}
 
 include:
+  - {{ tplroot }}.config
   - {{ tplroot }}.guest
 
 mpi-storage-nfs-server-package-installed:
   pkg.installed:
     - name: nfs-kernel-server
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-storage-nfs-server-export-directory:
   file.directory:
@@ -20,6 +23,8 @@ mpi-storage-nfs-server-export-directory:
     - group: root
     - mode: '0755'
     - makedirs: True
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-storage-nfs-server-users-directory:
   file.directory:
@@ -28,6 +33,7 @@ mpi-storage-nfs-server-users-directory:
     - group: {{ mpi.guest.group | json }}
     - mode: '0711'
     - require:
+      - sls: {{ tplroot }}.config
       - file: mpi-storage-nfs-server-export-directory
       - user: mpi-guest-user-user-present
 
@@ -42,6 +48,7 @@ mpi-storage-nfs-server-exports-file:
       - '# Managed by Salt (dockermpi.storage.nfs-server).'
       - {{ export_line | json }}
     - require:
+      - sls: {{ tplroot }}.config
       - file: mpi-storage-nfs-server-export-directory
 
 mpi-storage-nfs-server-service-running:
@@ -49,6 +56,7 @@ mpi-storage-nfs-server-service-running:
     - name: nfs-kernel-server
     - enable: True
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-storage-nfs-server-package-installed
       - file: mpi-storage-nfs-server-exports-file
 
@@ -60,4 +68,5 @@ mpi-storage-nfs-server-exportfs-reload:
     - onchanges:
       - file: mpi-storage-nfs-server-exports-file
     - require:
+      - sls: {{ tplroot }}.config
       - service: mpi-storage-nfs-server-service-running

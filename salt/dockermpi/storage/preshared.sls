@@ -5,11 +5,14 @@
     in its place would silently split the cluster's data. #}
 
 include:
+  - {{ tplroot }}.config
   - {{ tplroot }}.guest
 
 mpi-storage-preshared-path-exists:
   file.exists:
     - name: {{ mpi.storage.path | json }}
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-storage-preshared-users-directory:
   file.directory:
@@ -19,5 +22,6 @@ mpi-storage-preshared-users-directory:
     - mode: '0711'
     - makedirs: False
     - require:
+      - sls: {{ tplroot }}.config
       - file: mpi-storage-preshared-path-exists
       - user: mpi-guest-user-user-present

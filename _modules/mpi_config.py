@@ -1,0 +1,84 @@
+"""
+The DockerMPI site settings as the formula sees them: the ``mpi`` pillar merged over
+``salt/dockermpi/defaults.yaml`` and checked as a whole.
+
+``salt/dockermpi/map.jinja`` merges through :func:`merge` (the one merge of the formula)
+and the ``mpi_config.valid`` state (``salt/dockermpi/config.sls``), which every other
+state of the formula requires, fails the highstate with :func:`problems`. The checks
+themselves live in the ``mpi_config`` utils module, shared with the ``mpi`` runner.
+
+:depends: the ``mpi_config`` utils module
+"""
+
+from salt.exceptions import SaltInvocationError
+
+__virtualname__ = "mpi_config"
+
+
+def __virtual__():
+    if "mpi_config.validate" not in __utils__:
+        return (False, "mpi_config: the mpi_config utils module is not synced (saltutil.sync_utils)")
+    return __virtualname__
+
+
+def merge(defaults, pillar=None):
+    """
+    Return the ``mpi`` settings: ``pillar`` laid over ``defaults``. Mappings merge key by
+    key; a list or scalar set in pillar replaces the default.
+
+    defaults
+        The ``mpi`` mapping of ``salt/dockermpi/defaults.yaml``.
+
+    pillar
+        The ``mpi`` pillar (default: none, which gives the defaults). Anything but a
+        mapping raises ``SaltInvocationError``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_config.merge '{slots_per_node: 2, ports: {sshd: [20000, 20099]}}' '{slots_per_node: 4}'
+    """
+    try:
+        return __utils__["mpi_config.merge"](defaults, pillar)
+    except ValueError as exc:  # mpi_config.ConfigError
+        raise SaltInvocationError(str(exc)) from None
+
+
+def problems(config):
+    """
+    Return everything wrong with merged ``mpi`` settings, one message per problem, each
+    naming the pillar key (``mpi:ports:oob 20100-20299 overlaps mpi:ports:btl
+    20250-20999``); an empty list when they are valid.
+
+    config
+        The merged settings (:func:`merge`).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_config.problems '{slots_per_node: 0, ports: {sshd: [20000, 20099]}}'
+    """
+    return __utils__["mpi_config.problems"](config)
+
+
+def validate(config):
+    """
+    Return merged ``mpi`` settings checked and normalised (canonical networks and paths,
+    port ranges as integer pairs, ``cpus_per_slot`` a float). Raises
+    ``SaltInvocationError`` listing every problem, one per line.
+
+    config
+        The merged settings (:func:`merge`).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_config.validate "$(cat merged-mpi-settings.json)"
+    """
+    try:
+        return __utils__["mpi_config.validate"](config)
+    except ValueError as exc:  # mpi_config.ConfigError
+        raise SaltInvocationError(str(exc)) from None

@@ -1,0 +1,747 @@
+"""
+The DockerMPI site settings (the ``mpi`` pillar over ``salt/dockermpi/defaults.yaml``) and
+the constants master and nodes must agree on.
+
+One merge, one check, for everyone who reads the settings: ``map.jinja`` (through the
+``mpi_config`` execution module) for the states, the ``mpi_config.valid`` state that every
+other state of the formula requires, and the ``mpi`` runner on the master.
+
+- :func:`merge` lays the pillar over the defaults: mappings merge key by key, anything
+  else (lists included) set in pillar replaces the default, as
+  ``salt.utils.dictupdate.merge(defaults, pillar, merge_lists=False)`` does.
+- :func:`problems` lists everything wrong with merged settings, one line each, naming the
+  pillar key (``mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999``).
+- :func:`validate` returns the settings normalised (canonical networks and paths, port
+  ranges as ``[first, last]`` of ints, ``cpus_per_slot`` a float) or raises
+  :class:`ConfigError` holding every problem, one per line.
+
+Loaded by Salt as ``__utils__["mpi_config.validate"]`` (the constants, which the loader
+does not expose, through :func:`contract`); imported by path in tests. Pure: the standard
+library only, no I/O.
+
+:depends: nothing outside the standard library
+"""
+
+import copy
+import ipaddress
+import math
+import re
+
+__all__ = [
+    "ConfigError",
+    "contract",
+    "container_name",
+    "is_job_id",
+    "is_user",
+    "merge",
+    "problems",
+    "validate",
+]
+
+# ------------------------------------------------------------- the master/node contract
+
+#: A job id, ``YYYYMMDD-HHMMSS-xxxxxx`` (UTC time of submit, 3 random bytes in hex).
+JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
+#: A user name as JupyterHub hands it over; it becomes a directory name on the storage.
+USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+#: A POSIX account or group name (the guest account; users' names inside containers).
+ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
+#: A Docker network (or container) name, as DockerMPI accepts it.
+DOCKER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+#: The short name of an approved image (the key under ``mpi:images``; ``image=`` of a job).
+IMAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
+#: An image reference pinned by digest, no tag: ``[registry[:port]/]repo@sha256:<64 hex>``.
+IMAGE_REFERENCE_RE = re.compile(
+    r"^(?P<repo>(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
+    r"@(?P<digest>sha256:[0-9a-f]{64})\Z"
+)
+
+#: Where the user's directory ``<storage path>/users/<user>`` is mounted in job
+#: containers (also the user's HOME there).
+DATA_MOUNT = "/data"
+#: The directory under the shared storage path that holds one directory per user.
+USERS_SUBDIR = "users"
+#: The directory in a user's directory that holds one directory per job.
+JOBS_SUBDIR = "mpi-jobs"
+#: Where the job's node-local secret directory is mounted (read-only) in its containers.
+RUN_DIR = "/run/dockermpi"
+#: The node-local directory of per-job secrets, unless ``mpi:job_root`` says otherwise.
+DEFAULT_JOB_ROOT = "/var/lib/dockermpi/jobs"
+
+#: Job states: the first, those with containers, and the final ones (a job ends in one).
+QUEUED = "queued"
+ACTIVE = ("starting", "running")
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+STATES = (QUEUED,) + ACTIVE + FINAL
+#: The tag every job transition is fired under on the master's event bus.
+JOB_EVENT_TAG = "mpi/job/{job_id}/{state}"
+
+#: A job's containers on a node: ``dmpi-<job id>-worker`` (sshd, the ranks) everywhere,
+#: ``dmpi-<job id>-launcher`` (mpirun) on the first node.
+CONTAINER_ROLES = ("worker", "launcher")
+CONTAINER_NAME = "dmpi-{job_id}-{role}"
+#: Docker labels on every job container: the job id, its role and whose job it is.
+LABEL_JOB = "io.dockermpi.job"
+LABEL_ROLE = "io.dockermpi.role"
+LABEL_USER = "io.dockermpi.user"
+
+#: Values of the ``roles`` grain: a node that runs jobs, the host exporting NFS storage.
+NODE_ROLE = "mpi-node"
+NFS_SERVER_ROLE = "mpi-nfs-server"
+
+# ------------------------------------------------------------------ limits of settings
+
+#: Ports jobs may use: unprivileged ones (``mpi_launch`` refuses the others).
+PORT_MIN = 1024
+PORT_MAX = 65535
+#: The port ranges under ``mpi:ports``: a job's sshd (its first port), Open MPI's
+#: out-of-band and TCP byte-transfer layer.
+PORT_RANGES = ("sshd", "oob", "btl")
+#: OOB ports a job namespace needs: mpirun and an orted, each listening on IPv4 and IPv6.
+MIN_OOB_PORTS = 4
+#: BTL ports a job namespace needs per slot: each rank listens on IPv4 and IPv6.
+BTL_PORTS_PER_SLOT = 2
+#: Lowest uid (and gid) handed to users: below it are the hosts' system accounts.
+UID_FLOOR = 1000
+#: Highest uid or gid DockerMPI hands out (the kernel's largest minus the overflow id).
+ID_MAX = 2**31 - 2
+#: nobody/nogroup, which NFS maps root to (root_squash): never a user's uid.
+NOBODY_ID = 65534
+#: How every node sees the shared storage (``mpi:storage:type``).
+STORAGE_TYPES = ("nfs", "preshared")
+#: iptables chains owned by the kernel or by Docker; DockerMPI needs one of its own.
+FOREIGN_CHAINS = ("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING", "DOCKER")
+
+_SHOWN_CHARS = 60
+_CHAIN_RE = re.compile(r"^[A-Za-z0-9_-]{1,28}\Z")
+_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+\Z")
+_LOG_SIZE_RE = re.compile(r"^[1-9][0-9]*[kKmMgG]?\Z")
+_HOSTNAME_RE = re.compile(
+    r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z"
+)
+_INTERFACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}\Z")
+_MOUNT_OPTION_RE = re.compile(r"^[^\s,]+\Z")
+_REGISTRY_RE = re.compile(r"^[^\s/]+(?:/[0-9]{1,2})?\Z")
+
+#: Every setting: the keys of each mapping under ``mpi`` (the limits that are not in
+#: defaults.yaml are read by ``mpi_request`` when a site sets them).
+_KEYS = {
+    "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "limits",
+         "storage", "docker", "job_network", "images", "job_root", "firewall"),
+    "users": ("uid_min", "uid_max"),
+    "ports": PORT_RANGES,
+    "guest": ("user", "group", "uid", "gid"),
+    "limits": ("max_walltime", "max_running_jobs_per_user", "max_slots_per_user",
+               "max_queued_jobs_per_user", "max_np", "max_cmd_bytes", "max_cmd_words",
+               "max_env_bytes", "max_env_vars", "memory_per_slot_mb", "pids_per_slot",
+               "cpus_per_slot", "tmp_size_mb"),
+    "storage": ("type", "path", "nfs"),
+    "storage:nfs": ("server", "export", "mount_options"),
+    "docker": ("package", "log_max_size", "log_max_file", "insecure_registries"),
+    "job_network": ("name", "addresses", "parent"),
+    "firewall": ("chain", "rules_file", "rules_file_ipv6"),
+}
+#: Limits a site may leave out (defaults.yaml has them all but these).
+_OPTIONAL = {"limits": ("max_cmd_words", "max_env_vars")}
+#: Limits that must be at least 1, and those where 0 means "no limit".
+_POSITIVE_LIMITS = ("max_walltime", "max_np", "max_cmd_bytes", "max_cmd_words",
+                    "max_env_bytes", "max_env_vars", "memory_per_slot_mb", "pids_per_slot",
+                    "tmp_size_mb")
+_ZERO_MEANS_NONE_LIMITS = ("max_running_jobs_per_user", "max_slots_per_user",
+                           "max_queued_jobs_per_user")
+
+
+class ConfigError(ValueError):
+    """The ``mpi`` settings are wrong; ``problems`` holds one line per problem, and the
+    message is those lines."""
+
+    def __init__(self, problems):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# ------------------------------------------------------------------------ the contract
+
+
+def contract():
+    """
+    The master/node contract as a mapping of constant name to value (the regular
+    expressions as compiled patterns), for code that reaches this module through Salt's
+    loader, which exposes functions only.
+
+    CLI Example (from a runner or module):
+
+    .. code-block:: python
+
+        jobs_subdir = __utils__["mpi_config.contract"]()["JOBS_SUBDIR"]
+    """
+    names = ("JOB_ID_RE", "USER_RE", "ACCOUNT_RE", "DOCKER_NAME_RE", "IMAGE_NAME_RE",
+             "IMAGE_REFERENCE_RE", "DATA_MOUNT", "USERS_SUBDIR", "JOBS_SUBDIR", "RUN_DIR",
+             "DEFAULT_JOB_ROOT", "QUEUED", "ACTIVE", "FINAL", "STATES", "JOB_EVENT_TAG",
+             "CONTAINER_ROLES", "CONTAINER_NAME", "LABEL_JOB", "LABEL_ROLE", "LABEL_USER",
+             "NODE_ROLE", "NFS_SERVER_ROLE", "PORT_MIN", "PORT_MAX", "STORAGE_TYPES")
+    return {name: globals()[name] for name in names}
+
+
+def is_job_id(value):
+    """
+    Whether ``value`` is a job id (``YYYYMMDD-HHMMSS-xxxxxx``).
+
+    CLI Example:
+
+    .. code-block:: python
+
+        __utils__["mpi_config.is_job_id"]("20261130-132321-b26398")  # True
+    """
+    return isinstance(value, str) and bool(JOB_ID_RE.match(value))
+
+
+def is_user(value):
+    """
+    Whether ``value`` is a user name DockerMPI accepts (letters, digits, ``-``, ``_``;
+    at most 64, starting with a letter or digit).
+
+    CLI Example:
+
+    .. code-block:: python
+
+        __utils__["mpi_config.is_user"]("alice")  # True
+    """
+    return isinstance(value, str) and bool(USER_RE.match(value))
+
+
+def container_name(job_id, role):
+    """
+    The name of a job's container: ``dmpi-<job id>-worker`` or ``dmpi-<job id>-launcher``.
+    Raises ``ValueError`` for anything but a job id and one of :data:`CONTAINER_ROLES`.
+
+    CLI Example:
+
+    .. code-block:: python
+
+        __utils__["mpi_config.container_name"]("20261130-132321-b26398", "worker")
+    """
+    if not is_job_id(job_id):
+        raise ValueError(f"{_shown(job_id)} is not a job id")
+    if role not in CONTAINER_ROLES:
+        raise ValueError(f"role must be one of {', '.join(CONTAINER_ROLES)}, got {_shown(role)}")
+    return CONTAINER_NAME.format(job_id=job_id, role=role)
+
+
+# ----------------------------------------------------------------------------- merge
+
+
+def merge(defaults, pillar_mpi):
+    """
+    The ``mpi`` settings: ``pillar_mpi`` laid over ``defaults``, neither changed.
+
+    Where both hold a mapping under a key, the mappings merge key by key; anything else
+    set in pillar (a list, a scalar, ``None``) replaces the default. A missing or empty
+    pillar (``None``) gives the defaults.
+
+    defaults
+        The ``mpi`` mapping of ``salt/dockermpi/defaults.yaml``.
+    pillar_mpi
+        The site's ``mpi`` pillar. Raises :class:`ConfigError` when it is not a mapping.
+
+    CLI Example:
+
+    .. code-block:: python
+
+        config = __utils__["mpi_config.merge"](defaults["mpi"], pillar.get("mpi"))
+    """
+    if pillar_mpi is None:
+        pillar_mpi = {}
+    if not isinstance(defaults, dict):
+        raise ConfigError([f"the defaults of mpi must be a mapping, got {_shown(defaults)}"])
+    if not isinstance(pillar_mpi, dict):
+        raise ConfigError([f"mpi must be a mapping of settings, got {_shown(pillar_mpi)}"])
+    return _merged(defaults, pillar_mpi)
+
+
+def _merged(base, over):
+    result = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(result.get(key), dict) and isinstance(value, dict):
+            result[key] = _merged(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+# -------------------------------------------------------------------------- validate
+
+
+def problems(config):
+    """
+    Everything wrong with merged ``mpi`` settings: a list of one-line messages, each
+    naming the pillar key (``mpi:slots_per_node must be a whole number of at least 1,
+    got 0``); empty when the settings are valid.
+
+    config
+        The merged settings (:func:`merge`).
+
+    CLI Example:
+
+    .. code-block:: python
+
+        for line in __utils__["mpi_config.problems"](config):
+            log.error("%s", line)
+    """
+    return _Checker(config).run()[1]
+
+
+def validate(config):
+    """
+    The ``mpi`` settings, checked and normalised; raises :class:`ConfigError` with every
+    problem, one per line, when anything is wrong.
+
+    Normalised: networks in canonical CIDR form, absolute paths without trailing or
+    doubled slashes, port ranges as ``[first, last]`` lists of ints, ``cpus_per_slot``
+    a float. Everything else is returned as given, in a copy.
+
+    config
+        The merged settings (:func:`merge`).
+
+    CLI Example:
+
+    .. code-block:: python
+
+        config = __utils__["mpi_config.validate"](__utils__["mpi_config.merge"](defaults, pillar))
+    """
+    normalised, found = _Checker(config).run()
+    if found:
+        raise ConfigError(found)
+    return normalised
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _shown(value):
+    """``value`` for a message: one line of at most about 60 characters."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _key(*parts):
+    return ":".join(("mpi",) + tuple(p for p in parts if p))
+
+
+class _Checker:
+    """One pass over the settings: ``run()`` returns (normalised copy, problems)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.found = []
+        self.out = None
+
+    def problem(self, message):
+        self.found.append(message)
+
+    def run(self):
+        if not isinstance(self.config, dict):
+            self.problem(f"mpi must be a mapping of settings, got {_shown(self.config)}")
+            return self.config, self.found
+        self.out = copy.deepcopy(self.config)
+        sections = {}
+        for section in ("users", "guest", "ports", "limits", "storage", "docker",
+                        "job_network", "firewall"):
+            sections[section] = self.mapping(section)
+        self.keys("", self.out)
+        for section, value in sections.items():
+            if value is not None:
+                self.keys(section, value)
+        nfs = None
+        if sections["storage"] is not None and "nfs" in sections["storage"]:
+            nfs = self.mapping("storage", "nfs")
+            if nfs is not None:
+                self.keys("storage:nfs", nfs)
+
+        self.check_ids(sections["users"], sections["guest"])
+        cluster = self.check_cluster_network()
+        slots = self.whole("slots_per_node", minimum=1)
+        self.check_ports(sections["ports"], slots)
+        self.check_limits(sections["limits"])
+        self.check_storage(sections["storage"], nfs)
+        self.check_docker(sections["docker"])
+        self.check_job_network(sections["job_network"], cluster)
+        self.check_images()
+        self.check_firewall(sections["firewall"])
+        return self.out, self.found
+
+    # ------------------------------------------------------------------- structure
+
+    def mapping(self, *path):
+        """The mapping at ``path`` (in the copy), or None after saying why."""
+        parent = self.out
+        for part in path[:-1]:
+            parent = parent[part]
+        if path[-1] not in parent:
+            return None  # reported by keys() as missing
+        value = parent[path[-1]]
+        if not isinstance(value, dict):
+            self.problem(f"{_key(*path)} must be a mapping, got {_shown(value)}")
+            return None
+        return value
+
+    def keys(self, section, value):
+        """Unknown keys (a typo leaves the default in force unnoticed) and missing ones."""
+        known = _KEYS[section]
+        optional = _OPTIONAL.get(section, ())
+        for key in value:
+            if key not in known:
+                self.problem(
+                    f"{_key(section, str(key))} is not a DockerMPI setting "
+                    f"(the keys of {_key(section)} are: {', '.join(known)})"
+                )
+        for key in known:
+            if key not in value and key not in optional:
+                self.problem(f"{_key(section, key)} is required")
+
+    def get(self, *path):
+        """The value at ``path``, or a _Missing marker when a parent is unusable."""
+        value = self.out
+        for part in path:
+            if not isinstance(value, dict) or part not in value:
+                return _MISSING
+            value = value[part]
+        return value
+
+    def put(self, path, value):
+        parent = self.out
+        for part in path[:-1]:
+            parent = parent[part]
+        parent[path[-1]] = value
+
+    # ----------------------------------------------------------------- value checks
+
+    def whole(self, *path, minimum=None, maximum=None, note=""):
+        """A whole number at ``path`` within [minimum, maximum], or None after a problem."""
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        bounds = ""
+        if minimum is not None and maximum is not None:
+            bounds = f" from {minimum} to {maximum}"
+        elif minimum is not None:
+            bounds = f" of at least {minimum}"
+        if not _is_int(value) or (minimum is not None and value < minimum) or (
+                maximum is not None and value > maximum):
+            self.problem(f"{_key(*path)} must be a whole number{bounds}{note}, "
+                         f"got {_shown(value)}")
+            return None
+        return value
+
+    def text(self, *path, pattern, what, allow_empty=False):
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        if allow_empty and value in ("", None):
+            return value
+        if not isinstance(value, str) or not pattern.match(value):
+            self.problem(f"{_key(*path)} {_shown(value)} is not {what}")
+            return None
+        return value
+
+    def path(self, *path):
+        """An absolute path, normalised in the copy; None after a problem."""
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, str) or not value.startswith("/"):
+            self.problem(f"{_key(*path)} must be an absolute path, got {_shown(value)}")
+            return None
+        if any(c.isspace() or not c.isprintable() for c in value):
+            self.problem(f"{_key(*path)} {_shown(value)} must not contain white space "
+                         "or control characters")
+            return None
+        parts = [p for p in value.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            self.problem(f"{_key(*path)} {_shown(value)} must not contain '..'")
+            return None
+        if not parts:
+            self.problem(f"{_key(*path)} must not be the root directory /")
+            return None
+        normalised = "/" + "/".join(parts)
+        self.put(path, normalised)
+        return normalised
+
+    def network(self, *path):
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        try:
+            if not isinstance(value, str):
+                raise ValueError("not text")
+            net = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as exc:
+            self.problem(f"{_key(*path)} {_shown(value)} is not an IPv4 network in CIDR "
+                         f"form with no host bits set ({exc})")
+            return None
+        self.put(path, str(net))
+        return net
+
+    # ----------------------------------------------------------------------- checks
+
+    def check_ids(self, users, guest):
+        uid_min = uid_max = None
+        if users is not None:
+            uid_min = self.whole("users", "uid_min", minimum=UID_FLOOR, maximum=ID_MAX,
+                                 note=" (below it are the hosts' system accounts)")
+            uid_max = self.whole("users", "uid_max", minimum=UID_FLOOR, maximum=ID_MAX)
+            if uid_min is not None and uid_max is not None:
+                if uid_min >= uid_max:
+                    self.problem(f"mpi:users:uid_min {uid_min} must be below "
+                                 f"mpi:users:uid_max {uid_max}")
+                    uid_min = uid_max = None
+                elif uid_min <= NOBODY_ID <= uid_max:
+                    self.problem(f"mpi:users {uid_min}-{uid_max} includes {NOBODY_ID} "
+                                 "(nobody, which NFS maps root to): move the range")
+        if guest is None:
+            return
+        self.text("guest", "user", pattern=ACCOUNT_RE,
+                  what="a POSIX account name (a-z, 0-9, '_', '-', at most 32)")
+        self.text("guest", "group", pattern=ACCOUNT_RE,
+                  what="a POSIX group name (a-z, 0-9, '_', '-', at most 32)")
+        for key, why in (("uid", "a user's uid must differ from the guest account's"),
+                         ("gid", "a user's private group (gid = uid) must differ from the "
+                                 "guest group")):
+            value = self.whole("guest", key, minimum=1, maximum=ID_MAX, note=" (not root)")
+            if None not in (value, uid_min, uid_max) and uid_min <= value <= uid_max:
+                self.problem(f"mpi:guest:{key} {value} lies inside mpi:users "
+                             f"{uid_min}-{uid_max}: {why}")
+
+    def check_cluster_network(self):
+        net = self.network("cluster_network")
+        if net is not None and net.prefixlen > 30:
+            self.problem(f"mpi:cluster_network {net} is too small: it must hold the nodes, "
+                         "a gateway and the job address pool")
+            return None
+        return net
+
+    def check_ports(self, ports, slots):
+        if ports is None:
+            return
+        ranges = {}
+        for name in (n for n in PORT_RANGES if n in ports):
+            value = ports[name]
+            if not isinstance(value, (list, tuple)) or len(value) != 2 or \
+                    not all(_is_int(p) for p in value):
+                self.problem(f"mpi:ports:{name} must be a list of two whole numbers "
+                             f"[first, last], got {_shown(value)}")
+                continue
+            first, last = value
+            if not (PORT_MIN <= first <= PORT_MAX and PORT_MIN <= last <= PORT_MAX):
+                self.problem(f"mpi:ports:{name} {first}-{last} must lie within "
+                             f"{PORT_MIN}-{PORT_MAX} (jobs listen on them as their "
+                             "user's uid)")
+                continue
+            if first > last:
+                self.problem(f"mpi:ports:{name} {first}-{last} is empty: the first port "
+                             "is above the last")
+                continue
+            ranges[name] = (first, last)
+            self.put(("ports", name), [first, last])
+        checked = list(ranges.items())
+        for i, (name, (first, last)) in enumerate(checked):
+            for other, (ofirst, olast) in checked[i + 1:]:
+                if first <= olast and ofirst <= last:
+                    self.problem(f"mpi:ports:{name} {first}-{last} overlaps "
+                                 f"mpi:ports:{other} {ofirst}-{olast}")
+        if "oob" in ranges:
+            first, last = ranges["oob"]
+            if last - first + 1 < MIN_OOB_PORTS:
+                self.problem(f"mpi:ports:oob {first}-{last} has {last - first + 1} port(s); "
+                             f"a job needs at least {MIN_OOB_PORTS} (mpirun and an orted, "
+                             "each on IPv4 and IPv6)")
+        if "btl" in ranges and slots is not None:
+            first, last = ranges["btl"]
+            needed = BTL_PORTS_PER_SLOT * slots
+            if last - first + 1 < needed:
+                self.problem(f"mpi:ports:btl {first}-{last} has {last - first + 1} port(s); "
+                             f"mpi:slots_per_node {slots} needs at least {needed} (each "
+                             "rank listens on IPv4 and IPv6)")
+
+    def check_limits(self, limits):
+        if limits is None:
+            return
+        for name in _POSITIVE_LIMITS:
+            if name in limits:
+                self.whole("limits", name, minimum=1)
+        for name in _ZERO_MEANS_NONE_LIMITS:
+            self.whole("limits", name, minimum=0, note=" (0: no limit)")
+        if "cpus_per_slot" in limits:
+            value = limits["cpus_per_slot"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not math.isfinite(value) or value <= 0:
+                self.problem("mpi:limits:cpus_per_slot must be a number above 0 (CPUs per "
+                             f"rank), got {_shown(value)}")
+            else:
+                self.put(("limits", "cpus_per_slot"), float(value))
+
+    def check_storage(self, storage, nfs):
+        if storage is None:
+            return
+        kind = storage.get("type", _MISSING)
+        if kind is not _MISSING and kind not in STORAGE_TYPES:
+            self.problem(f"mpi:storage:type must be one of {', '.join(STORAGE_TYPES)}, "
+                         f"got {_shown(kind)}")
+        path = self.path("storage", "path")
+        export = None
+        if nfs is not None:
+            server = nfs.get("server", _MISSING)
+            if kind == "nfs" and server in ("", None):
+                self.problem("mpi:storage:nfs:server must name the NFS server when "
+                             "mpi:storage:type is nfs")
+            elif server not in ("", None, _MISSING) and not _is_host(server):
+                self.problem(f"mpi:storage:nfs:server {_shown(server)} is not a host name "
+                             "or IPv4 address")
+            export = self.path("storage", "nfs", "export")
+            options = nfs.get("mount_options", _MISSING)
+            if options is not _MISSING and (
+                    not isinstance(options, list)
+                    or not all(isinstance(o, str) and _MOUNT_OPTION_RE.match(o)
+                               for o in options)):
+                self.problem("mpi:storage:nfs:mount_options must be a list of mount "
+                             f"options (one per item, no commas), got {_shown(options)}")
+        job_root = self.path("job_root")
+        if job_root is None:
+            return
+        shared = [("mpi:storage:path", path)]
+        if kind == "nfs":
+            shared.append(("mpi:storage:nfs:export", export))
+        for key, where in shared:
+            if where is not None and _inside(job_root, where):
+                self.problem(f"mpi:job_root {job_root} lies inside {key} {where}: per-job "
+                             "secrets must stay on node-local disk")
+
+    def check_docker(self, docker):
+        if docker is None:
+            return
+        self.text("docker", "package", pattern=_PACKAGE_RE, what="a Debian package name")
+        size = docker.get("log_max_size", _MISSING)
+        if size is not _MISSING and not (
+                (_is_int(size) and size >= 1)
+                or (isinstance(size, str) and _LOG_SIZE_RE.match(size))):
+            self.problem("mpi:docker:log_max_size must be a size such as 10m (a whole "
+                         f"number, optionally with k, m or g), got {_shown(size)}")
+        self.whole("docker", "log_max_file", minimum=1)
+        registries = docker.get("insecure_registries", _MISSING)
+        if registries is _MISSING:
+            return
+        if registries is None:  # `insecure_registries:` with every entry commented out
+            registries = []
+            self.put(("docker", "insecure_registries"), registries)
+        if not isinstance(registries, list):
+            self.problem("mpi:docker:insecure_registries must be a list of host:port "
+                         f"entries, got {_shown(registries)}")
+            return
+        for entry in registries:
+            if not isinstance(entry, str) or not _REGISTRY_RE.match(entry):
+                self.problem(f"mpi:docker:insecure_registries entry {_shown(entry)} must be "
+                             "host:port (or a CIDR), without a scheme or path")
+
+    def check_job_network(self, job_network, cluster):
+        if job_network is None:
+            return
+        self.text("job_network", "name", pattern=DOCKER_NAME_RE,
+                  what="a Docker network name (letters, digits, '_', '.', '-', starting "
+                       "with a letter or digit, at most 64)")
+        self.text("job_network", "parent", pattern=_INTERFACE_RE, allow_empty=True,
+                  what="an interface name (at most 15 letters, digits, '_', '.', '-'; "
+                       "'' for the one holding the node's cluster address)")
+        addresses = job_network.get("addresses", _MISSING)
+        if addresses is _MISSING:
+            return
+        if addresses in ("", None):
+            self.problem("mpi:job_network:addresses is required: it must name the job "
+                         "address pool, an IPv4 network (CIDR) inside mpi:cluster_network "
+                         "holding no node's address, e.g. 10.0.200.0/24")
+            return
+        pool = self.network("job_network", "addresses")
+        if pool is None:
+            return
+        hosts = pool.num_addresses if pool.prefixlen >= 31 else pool.num_addresses - 2
+        if hosts < 2:
+            self.problem(f"mpi:job_network:addresses {pool} has {hosts} host address; "
+                         "a job on two nodes needs at least 2")
+        if cluster is None:
+            return
+        if not pool.subnet_of(cluster):
+            self.problem(f"mpi:job_network:addresses {pool} is not inside "
+                         f"mpi:cluster_network {cluster}")
+        elif pool == cluster:
+            self.problem(f"mpi:job_network:addresses {pool} is the whole of "
+                         "mpi:cluster_network: the pool must leave room for the nodes "
+                         "and the gateway")
+
+    def check_images(self):
+        images = self.get("images")
+        if images is _MISSING:
+            return
+        if images is None:  # `images:` with every entry commented out
+            images = {}
+            self.put(("images",), images)
+        if not isinstance(images, dict):
+            self.problem("mpi:images must be a mapping of short names to image references "
+                         f"pinned by digest, got {_shown(images)}")
+            return
+        for name, reference in images.items():
+            if not isinstance(name, str) or not IMAGE_NAME_RE.match(name):
+                self.problem(f"mpi:images: {_shown(name)} is not an image short name "
+                             "(letters, digits, '.', '_', '-', at most 128)")
+                continue
+            if not isinstance(reference, str) or not IMAGE_REFERENCE_RE.match(reference):
+                self.problem(f"mpi:images:{name} {_shown(reference)} is not pinned by digest: "
+                             "expected registry/repo@sha256:<64 lower-case hex digits>, "
+                             "with no tag")
+
+    def check_firewall(self, firewall):
+        if firewall is None:
+            return
+        chain = self.text("firewall", "chain", pattern=_CHAIN_RE,
+                          what="an iptables chain name (1-28 letters, digits, '-', '_')")
+        if chain is not None and (chain.upper() in FOREIGN_CHAINS
+                                  or chain.upper().startswith("DOCKER-")):
+            self.problem(f"mpi:firewall:chain {chain} belongs to iptables or Docker: "
+                         "DockerMPI needs a chain of its own")
+        rules = self.path("firewall", "rules_file")
+        rules6 = self.path("firewall", "rules_file_ipv6")
+        if rules is not None and rules == rules6:
+            self.problem(f"mpi:firewall:rules_file_ipv6 {rules6} is the same file as "
+                         "mpi:firewall:rules_file")
+
+
+class _Missing:
+    """A key absent from the settings (reported once, by ``keys``)."""
+
+    def __repr__(self):
+        return "<missing>"
+
+
+_MISSING = _Missing()
+
+
+def _inside(path, directory):
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _is_host(value):
+    if not isinstance(value, str):
+        return False
+    try:
+        ipaddress.IPv4Address(value)
+        return True
+    except ValueError:
+        pass
+    # a dotted quad that is not an address (10.0.0.300) is no host name either
+    if re.match(r"^[0-9.]+\Z", value):
+        return False
+    return bool(_HOSTNAME_RE.match(value)) and len(value) <= 253

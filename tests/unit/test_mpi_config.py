@@ -1,0 +1,660 @@
+"""
+Unit tests for the DockerMPI settings: ``_utils/mpi_config.py`` (the contract constants,
+the merge of the ``mpi`` pillar over defaults.yaml and the check of the result), and the
+``mpi_config`` execution and state modules that bring it to the formula.
+
+Every check is held to its exact message: a site admin reads it in the highstate output
+and must know which pillar key to fix and why. The shipped settings (defaults.yaml, the
+test cluster's pillar, pillar.example) must pass.
+"""
+
+import copy
+import math
+import pathlib
+import re
+
+import pytest
+import salt.utils.dictupdate
+import yaml
+from salt.exceptions import SaltInvocationError
+
+from tests.extension import load_extension
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
+mpi_config_module = load_extension("_modules/mpi_config.py", "mpi_config_module")
+mpi_config_state = load_extension("_states/mpi_config.py", "mpi_config_state")
+ConfigError = mpi_config.ConfigError
+
+DEFAULTS = yaml.safe_load((REPO / "salt/dockermpi/defaults.yaml").read_text())["mpi"]
+TESTCLUSTER = yaml.safe_load((REPO / "pillar/testcluster.sls").read_text())["mpi"]
+EXAMPLE = yaml.safe_load((REPO / "pillar/pillar.example").read_text())["mpi"]
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+IMAGE = f"10.251.1.2:5000/dockermpi/mpi@{DIGEST}"
+#: A site as the test cluster's, on NFS, with an approved image: valid.
+SITE = {
+    "cluster_network": "10.251.1.0/24",
+    "job_network": {"addresses": "10.251.1.128/25"},
+    "storage": {"type": "nfs", "nfs": {"server": "10.251.1.10"}},
+    "images": {"mpi": IMAGE},
+}
+#: The two settings defaults.yaml leaves for every site to make (both required).
+REQUIRED_BY_SITE = [
+    "mpi:storage:nfs:server must name the NFS server when mpi:storage:type is nfs",
+    "mpi:job_network:addresses is required: it must name the job address pool, an IPv4 "
+    "network (CIDR) inside mpi:cluster_network holding no node's address, e.g. "
+    "10.0.200.0/24",
+]
+
+
+def _site(**overrides):
+    """Merged settings of SITE with ``overrides`` laid over it (as pillar would be)."""
+    return mpi_config.merge(DEFAULTS, mpi_config.merge(SITE, overrides))
+
+
+def _problems(**overrides):
+    return mpi_config.problems(_site(**overrides))
+
+
+def _leaves(mapping, prefix=()):
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, prefix + (key,))
+        else:
+            yield prefix + (key,)
+
+
+# ------------------------------------------------------------------------- contract
+
+
+def test_contract_constants():
+    assert mpi_config.DATA_MOUNT == "/data"
+    assert mpi_config.JOBS_SUBDIR == "mpi-jobs"
+    assert mpi_config.STATES == (
+        "queued", "starting", "running", "succeeded", "failed", "cancelled", "timed_out"
+    )
+    assert mpi_config.DEFAULT_JOB_ROOT == DEFAULTS["job_root"]
+    assert mpi_config.JOB_EVENT_TAG.format(job_id="J", state="queued") == "mpi/job/J/queued"
+    contract = mpi_config.contract()
+    assert contract["JOBS_SUBDIR"] == "mpi-jobs"
+    assert contract["JOB_ID_RE"] is mpi_config.JOB_ID_RE
+    assert all(name.isupper() for name in contract)
+
+
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        ("20261130-132321-b26398", True),
+        ("20261130-132321-B26398", False),
+        ("20261130-132321-b26398\n", False),
+        ("2026113-132321-b26398", False),
+        ("../20261130-132321-b26398", False),
+        (20261130, False),
+        (None, False),
+    ],
+)
+def test_is_job_id(value, ok):
+    assert mpi_config.is_job_id(value) is ok
+
+
+@pytest.mark.parametrize(
+    "value,ok",
+    [("alice", True), ("Bob_2-x", True), ("a" * 64, True), ("a" * 65, False),
+     ("-alice", False), ("al ice", False), ("alice\n", False), ("../x", False),
+     ("", False), (7, False)],
+)
+def test_is_user(value, ok):
+    assert mpi_config.is_user(value) is ok
+
+
+def test_container_name():
+    job = "20261130-132321-b26398"
+    assert mpi_config.container_name(job, "worker") == f"dmpi-{job}-worker"
+    assert mpi_config.container_name(job, "launcher") == f"dmpi-{job}-launcher"
+    with pytest.raises(ValueError, match="is not a job id"):
+        mpi_config.container_name("x; rm -rf /", "worker")
+    with pytest.raises(ValueError, match="role must be one of worker, launcher"):
+        mpi_config.container_name(job, "sidecar")
+
+
+def _copies():
+    """(module, its name for a contract value, the contract's name) for each copy still
+    written out elsewhere; the runner is left out where it has moved on."""
+    mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_for_contract")
+    mpi_request = load_extension("_utils/mpi_request.py", "mpi_request_for_contract")
+    mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch_for_contract")
+    mpi_store = load_extension("_utils/mpi_store.py", "mpi_store_for_contract")
+    mpi_image = load_extension("_modules/mpi_image.py", "mpi_image_for_contract")
+    node_engine = load_extension("_engines/mpi_node.py", "mpi_node_for_contract")
+    rules = load_extension("_utils/mpi_rules.py", "mpi_rules_for_contract")
+    engine = load_extension("_utils/mpi_engine.py", "mpi_engine_for_contract")
+    runner = load_extension("_runners/mpi.py", "mpi_runner_for_contract")
+    return [
+        (mpi_job, "LABEL_JOB", "LABEL_JOB"),
+        (mpi_job, "LABEL_ROLE", "LABEL_ROLE"),
+        (mpi_job, "LABEL_USER", "LABEL_USER"),
+        (mpi_job, "RUN_DIR", "RUN_DIR"),
+        (mpi_job, "DATA_MOUNT", "DATA_MOUNT"),
+        (mpi_job, "JOBS_SUBDIR", "JOBS_SUBDIR"),
+        (mpi_job, "_JOB_ID_RE", "JOB_ID_RE"),
+        (mpi_job, "_USER_RE", "USER_RE"),
+        (mpi_job, "_NETWORK_RE", "DOCKER_NAME_RE"),
+        (mpi_request, "DATA_MOUNT", "DATA_MOUNT"),
+        (mpi_request, "USER_RE", "USER_RE"),
+        (mpi_launch, "DEFAULT_RUN_DIR", "RUN_DIR"),
+        (mpi_launch, "_NAME_RE", "ACCOUNT_RE"),
+        (mpi_store, "ACTIVE", "ACTIVE"),
+        (mpi_store, "FINAL", "FINAL"),
+        (mpi_store, "STATES", "STATES"),
+        (mpi_image, "_REFERENCE_RE", "IMAGE_REFERENCE_RE"),
+        (runner, "ACTIVE", "ACTIVE"),
+        (runner, "FINAL", "FINAL"),
+        (runner, "DATA_MOUNT", "DATA_MOUNT"),
+        (runner, "JOBS_SUBDIR", "JOBS_SUBDIR"),
+        (runner, "_JOB_ID_RE", "JOB_ID_RE"),
+        (runner, "_ACCOUNT_RE", "ACCOUNT_RE"),
+        (node_engine.DEFAULTS, "job_root", "DEFAULT_JOB_ROOT"),
+        (node_engine, "JOB_LABEL", "LABEL_JOB"),
+        (rules, "ACTIVE", "ACTIVE"),
+        (rules, "FINAL", "FINAL"),
+        (engine, "DATA_MOUNT", "DATA_MOUNT"),
+        (engine, "JOBS_SUBDIR", "JOBS_SUBDIR"),
+        (engine, "ACCOUNT_RE", "ACCOUNT_RE"),
+    ]
+
+
+def test_copies_of_the_contract_agree_with_it():
+    """Until every module reads the contract from mpi_config, their own copies must say
+    the same (a regular expression may be anchored with $ or \\Z: same strings match)."""
+    samples = ["20261130-132321-b26398", "alice", "Alice-2", "a" * 64, "dmpi-jobs",
+               "a.b_c-d", "mpiuser", "_x", IMAGE, IMAGE.replace(DIGEST, "latest"), "x\n"]
+    for owner, name, contract_name in _copies():
+        if isinstance(owner, dict):
+            value = owner[name]
+        elif not hasattr(owner, name):
+            continue  # that module has moved to the contract
+        else:
+            value = getattr(owner, name)
+        expected = getattr(mpi_config, contract_name)
+        if isinstance(expected, re.Pattern):
+            for sample in samples:
+                assert bool(value.match(sample)) == bool(expected.match(sample)), (
+                    owner, name, sample)
+        else:
+            assert value == expected, (owner, name)
+
+
+# ---------------------------------------------------------------------------- merge
+
+
+def test_merge_is_salts_recursive_merge_without_list_merging():
+    for pillar in (TESTCLUSTER, EXAMPLE, SITE, {}):
+        assert mpi_config.merge(DEFAULTS, pillar) == salt.utils.dictupdate.merge(
+            copy.deepcopy(DEFAULTS), copy.deepcopy(pillar), strategy="recurse",
+            merge_lists=False)
+
+
+def test_merge_mappings_key_by_key_lists_and_scalars_replace():
+    merged = mpi_config.merge(
+        {"a": {"x": 1, "y": [1, 2]}, "b": [1], "c": {"d": 1}},
+        {"a": {"y": [3]}, "b": [2], "c": None, "e": 5},
+    )
+    assert merged == {"a": {"x": 1, "y": [3]}, "b": [2], "c": None, "e": 5}
+
+
+def test_merge_changes_neither_input_and_shares_nothing():
+    defaults = copy.deepcopy(DEFAULTS)
+    pillar = copy.deepcopy(TESTCLUSTER)
+    merged = mpi_config.merge(defaults, pillar)
+    assert defaults == DEFAULTS and pillar == TESTCLUSTER
+    merged["storage"]["nfs"]["mount_options"].append("x")
+    merged["docker"]["insecure_registries"].append("y")
+    assert defaults == DEFAULTS and pillar == TESTCLUSTER
+
+
+def test_merge_without_pillar_gives_the_defaults():
+    assert mpi_config.merge(DEFAULTS, None) == DEFAULTS
+    assert mpi_config.merge(DEFAULTS, {}) == DEFAULTS
+
+
+@pytest.mark.parametrize("pillar", ["ports: 1", ["a"], 3])
+def test_merge_refuses_a_pillar_that_is_not_a_mapping(pillar):
+    with pytest.raises(ConfigError, match=r"^mpi must be a mapping of settings, got "):
+        mpi_config.merge(DEFAULTS, pillar)
+
+
+# ------------------------------------------------------------- shipped settings pass
+
+
+def test_test_cluster_pillar_is_valid():
+    config = mpi_config.validate(mpi_config.merge(DEFAULTS, TESTCLUSTER))
+    assert config["job_network"]["addresses"] == "10.251.1.128/25"
+
+
+def test_defaults_and_example_leave_exactly_the_required_settings_to_the_site():
+    assert mpi_config.problems(DEFAULTS) == REQUIRED_BY_SITE
+    assert mpi_config.problems(mpi_config.merge(DEFAULTS, EXAMPLE)) == REQUIRED_BY_SITE
+
+
+def test_pillar_example_is_valid_with_its_documented_examples():
+    example = copy.deepcopy(EXAMPLE)
+    # the values pillar.example gives as "e.g." for its two required settings
+    example["storage"]["nfs"]["server"] = "10.0.0.10"
+    example["job_network"]["addresses"] = "10.0.200.0/24"
+    example["job_network"]["parent"] = "eth1"
+    example["docker"]["insecure_registries"] = ["10.0.0.10:5000"]
+    example["images"] = {"openmpi": f"10.0.0.10:5000/dockermpi/openmpi@{DIGEST}"}
+    mpi_config.validate(mpi_config.merge(DEFAULTS, example))
+
+
+def test_pillar_example_documents_every_default():
+    assert sorted(_leaves(EXAMPLE)) == sorted(_leaves(DEFAULTS))
+
+
+def test_every_setting_of_the_defaults_is_checked():
+    """A key missing from the settings is reported by name: the check knows every key."""
+    for path in _leaves(DEFAULTS):
+        config = _site()
+        parent = config
+        for key in path[:-1]:
+            parent = parent[key]
+        del parent[path[-1]]
+        assert mpi_config.problems(config) == [f"mpi:{':'.join(path)} is required"], path
+
+
+# ------------------------------------------------------------------ every check
+
+
+CASES = [
+    # structure
+    ({"slot_per_node": 4},
+     "mpi:slot_per_node is not a DockerMPI setting (the keys of mpi are: users, guest, "
+     "cluster_network, ports, slots_per_node, limits, storage, docker, job_network, "
+     "images, job_root, firewall)"),
+    ({"storage": {"nfs": {"servr": "x"}}},
+     "mpi:storage:nfs:servr is not a DockerMPI setting (the keys of mpi:storage:nfs are: "
+     "server, export, mount_options)"),
+    ({"ports": {"ssh": [30000, 30001]}},
+     "mpi:ports:ssh is not a DockerMPI setting (the keys of mpi:ports are: sshd, oob, btl)"),
+    ({"limits": None}, "mpi:limits must be a mapping, got None"),
+    ({"storage": {"nfs": "10.0.0.1:/export"}},
+     "mpi:storage:nfs must be a mapping, got '10.0.0.1:/export'"),
+    # users and the guest account
+    ({"users": {"uid_min": 500}},
+     "mpi:users:uid_min must be a whole number from 1000 to 2147483646 (below it are the "
+     "hosts' system accounts), got 500"),
+    ({"users": {"uid_max": "199999"}},
+     "mpi:users:uid_max must be a whole number from 1000 to 2147483646, got '199999'"),
+    ({"users": {"uid_max": 2**31}},
+     "mpi:users:uid_max must be a whole number from 1000 to 2147483646, got 2147483648"),
+    ({"users": {"uid_min": 200000, "uid_max": 100000}},
+     "mpi:users:uid_min 200000 must be below mpi:users:uid_max 100000"),
+    ({"users": {"uid_min": 100000, "uid_max": 100000}},
+     "mpi:users:uid_min 100000 must be below mpi:users:uid_max 100000"),
+    ({"users": {"uid_min": 60000, "uid_max": 70000}},
+     "mpi:users 60000-70000 includes 65534 (nobody, which NFS maps root to): move the range"),
+    ({"guest": {"uid": 150000}},
+     "mpi:guest:uid 150000 lies inside mpi:users 100000-199999: a user's uid must differ "
+     "from the guest account's"),
+    ({"guest": {"gid": 100000}},
+     "mpi:guest:gid 100000 lies inside mpi:users 100000-199999: a user's private group "
+     "(gid = uid) must differ from the guest group"),
+    ({"guest": {"uid": 0}},
+     "mpi:guest:uid must be a whole number from 1 to 2147483646 (not root), got 0"),
+    ({"guest": {"gid": True}},
+     "mpi:guest:gid must be a whole number from 1 to 2147483646 (not root), got True"),
+    ({"guest": {"user": "Mpi Guest"}},
+     "mpi:guest:user 'Mpi Guest' is not a POSIX account name (a-z, 0-9, '_', '-', at "
+     "most 32)"),
+    ({"guest": {"group": ""}},
+     "mpi:guest:group '' is not a POSIX group name (a-z, 0-9, '_', '-', at most 32)"),
+    # the cluster network
+    ({"cluster_network": "10.251.1.1/24"},
+     "mpi:cluster_network '10.251.1.1/24' is not an IPv4 network in CIDR form with no host "
+     "bits set (10.251.1.1/24 has host bits set)"),
+    ({"cluster_network": "fd00::/64"},
+     "mpi:cluster_network 'fd00::/64' is not an IPv4 network in CIDR form with no host bits "
+     "set (Expected 4 octets in 'fd00::')"),
+    ({"cluster_network": 167772160},
+     "mpi:cluster_network 167772160 is not an IPv4 network in CIDR form with no host bits "
+     "set (not text)"),
+    ({"cluster_network": "10.251.1.0/31"},
+     "mpi:cluster_network 10.251.1.0/31 is too small: it must hold the nodes, a gateway "
+     "and the job address pool"),
+    # ports
+    ({"ports": {"oob": [20100, 20299], "btl": [20250, 20999]}},
+     "mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999"),
+    ({"ports": {"sshd": [20000, 20100]}},
+     "mpi:ports:sshd 20000-20100 overlaps mpi:ports:oob 20100-20299"),
+    ({"ports": {"sshd": [20500, 20500]}},
+     "mpi:ports:sshd 20500-20500 overlaps mpi:ports:btl 20300-20999"),
+    ({"ports": {"sshd": [22, 99]}},
+     "mpi:ports:sshd 22-99 must lie within 1024-65535 (jobs listen on them as their "
+     "user's uid)"),
+    ({"ports": {"btl": [60000, 65536]}},
+     "mpi:ports:btl 60000-65536 must lie within 1024-65535 (jobs listen on them as their "
+     "user's uid)"),
+    ({"ports": {"btl": [20999, 20300]}},
+     "mpi:ports:btl 20999-20300 is empty: the first port is above the last"),
+    ({"ports": {"sshd": "20000-20099"}},
+     "mpi:ports:sshd must be a list of two whole numbers [first, last], got '20000-20099'"),
+    ({"ports": {"sshd": [20000]}},
+     "mpi:ports:sshd must be a list of two whole numbers [first, last], got [20000]"),
+    ({"ports": {"oob": [True, 20299]}},
+     "mpi:ports:oob must be a list of two whole numbers [first, last], got [True, 20299]"),
+    ({"ports": {"oob": [20100, 20102]}},
+     "mpi:ports:oob 20100-20102 has 3 port(s); a job needs at least 4 (mpirun and an "
+     "orted, each on IPv4 and IPv6)"),
+    ({"slots_per_node": 8, "ports": {"btl": [20300, 20310]}},
+     "mpi:ports:btl 20300-20310 has 11 port(s); mpi:slots_per_node 8 needs at least 16 "
+     "(each rank listens on IPv4 and IPv6)"),
+    # slots
+    ({"slots_per_node": 0}, "mpi:slots_per_node must be a whole number of at least 1, got 0"),
+    ({"slots_per_node": "2"},
+     "mpi:slots_per_node must be a whole number of at least 1, got '2'"),
+    ({"slots_per_node": 1.5},
+     "mpi:slots_per_node must be a whole number of at least 1, got 1.5"),
+    # limits
+    ({"limits": {"max_np": 0}}, "mpi:limits:max_np must be a whole number of at least 1, got 0"),
+    ({"limits": {"max_walltime": "1h"}},
+     "mpi:limits:max_walltime must be a whole number of at least 1, got '1h'"),
+    ({"limits": {"max_cmd_bytes": -1}},
+     "mpi:limits:max_cmd_bytes must be a whole number of at least 1, got -1"),
+    ({"limits": {"max_env_bytes": None}},
+     "mpi:limits:max_env_bytes must be a whole number of at least 1, got None"),
+    ({"limits": {"max_cmd_words": 0}},
+     "mpi:limits:max_cmd_words must be a whole number of at least 1, got 0"),
+    ({"limits": {"max_env_vars": 2.0}},
+     "mpi:limits:max_env_vars must be a whole number of at least 1, got 2.0"),
+    ({"limits": {"max_running_jobs_per_user": -1}},
+     "mpi:limits:max_running_jobs_per_user must be a whole number of at least 0 (0: no "
+     "limit), got -1"),
+    ({"limits": {"max_slots_per_user": "none"}},
+     "mpi:limits:max_slots_per_user must be a whole number of at least 0 (0: no limit), "
+     "got 'none'"),
+    ({"limits": {"max_queued_jobs_per_user": False}},
+     "mpi:limits:max_queued_jobs_per_user must be a whole number of at least 0 (0: no "
+     "limit), got False"),
+    ({"limits": {"memory_per_slot_mb": 0}},
+     "mpi:limits:memory_per_slot_mb must be a whole number of at least 1, got 0"),
+    ({"limits": {"pids_per_slot": 0.5}},
+     "mpi:limits:pids_per_slot must be a whole number of at least 1, got 0.5"),
+    ({"limits": {"tmp_size_mb": "1G"}},
+     "mpi:limits:tmp_size_mb must be a whole number of at least 1, got '1G'"),
+    ({"limits": {"cpus_per_slot": 0}},
+     "mpi:limits:cpus_per_slot must be a number above 0 (CPUs per rank), got 0"),
+    ({"limits": {"cpus_per_slot": "1"}},
+     "mpi:limits:cpus_per_slot must be a number above 0 (CPUs per rank), got '1'"),
+    ({"limits": {"cpus_per_slot": math.inf}},
+     "mpi:limits:cpus_per_slot must be a number above 0 (CPUs per rank), got inf"),
+    # storage and job_root
+    ({"storage": {"type": "ceph"}}, "mpi:storage:type must be one of nfs, preshared, got 'ceph'"),
+    ({"storage": {"path": "srv/dockermpi"}},
+     "mpi:storage:path must be an absolute path, got 'srv/dockermpi'"),
+    ({"storage": {"path": "/srv/../etc"}}, "mpi:storage:path '/srv/../etc' must not contain '..'"),
+    ({"storage": {"path": "/srv/my data"}},
+     "mpi:storage:path '/srv/my data' must not contain white space or control characters"),
+    ({"storage": {"path": "//"}}, "mpi:storage:path must not be the root directory /"),
+    ({"storage": {"nfs": {"server": ""}}},
+     "mpi:storage:nfs:server must name the NFS server when mpi:storage:type is nfs"),
+    ({"storage": {"nfs": {"server": None}}},
+     "mpi:storage:nfs:server must name the NFS server when mpi:storage:type is nfs"),
+    ({"storage": {"nfs": {"server": "nfs server"}}},
+     "mpi:storage:nfs:server 'nfs server' is not a host name or IPv4 address"),
+    ({"storage": {"nfs": {"server": "10.0.0.300"}}},
+     "mpi:storage:nfs:server '10.0.0.300' is not a host name or IPv4 address"),
+    ({"storage": {"nfs": {"server": "nfs:/export"}}},
+     "mpi:storage:nfs:server 'nfs:/export' is not a host name or IPv4 address"),
+    ({"storage": {"nfs": {"export": "export/mpi"}}},
+     "mpi:storage:nfs:export must be an absolute path, got 'export/mpi'"),
+    ({"storage": {"nfs": {"mount_options": "rw,hard"}}},
+     "mpi:storage:nfs:mount_options must be a list of mount options (one per item, no "
+     "commas), got 'rw,hard'"),
+    ({"storage": {"nfs": {"mount_options": ["rw,hard"]}}},
+     "mpi:storage:nfs:mount_options must be a list of mount options (one per item, no "
+     "commas), got ['rw,hard']"),
+    ({"job_root": "var/lib/dockermpi/jobs"},
+     "mpi:job_root must be an absolute path, got 'var/lib/dockermpi/jobs'"),
+    ({"job_root": "/"}, "mpi:job_root must not be the root directory /"),
+    ({"job_root": "/srv/dockermpi/keys"},
+     "mpi:job_root /srv/dockermpi/keys lies inside mpi:storage:path /srv/dockermpi: "
+     "per-job secrets must stay on node-local disk"),
+    ({"job_root": "/srv/dockermpi"},
+     "mpi:job_root /srv/dockermpi lies inside mpi:storage:path /srv/dockermpi: per-job "
+     "secrets must stay on node-local disk"),
+    ({"job_root": "/export/dockermpi/jobs"},
+     "mpi:job_root /export/dockermpi/jobs lies inside mpi:storage:nfs:export "
+     "/export/dockermpi: per-job secrets must stay on node-local disk"),
+    # docker
+    ({"docker": {"package": "Docker IO"}},
+     "mpi:docker:package 'Docker IO' is not a Debian package name"),
+    ({"docker": {"log_max_size": "10 MB"}},
+     "mpi:docker:log_max_size must be a size such as 10m (a whole number, optionally with "
+     "k, m or g), got '10 MB'"),
+    ({"docker": {"log_max_size": 0}},
+     "mpi:docker:log_max_size must be a size such as 10m (a whole number, optionally with "
+     "k, m or g), got 0"),
+    ({"docker": {"log_max_file": 0}},
+     "mpi:docker:log_max_file must be a whole number of at least 1, got 0"),
+    ({"docker": {"insecure_registries": "10.251.1.2:5000"}},
+     "mpi:docker:insecure_registries must be a list of host:port entries, got "
+     "'10.251.1.2:5000'"),
+    ({"docker": {"insecure_registries": ["http://10.251.1.2:5000"]}},
+     "mpi:docker:insecure_registries entry 'http://10.251.1.2:5000' must be host:port (or a "
+     "CIDR), without a scheme or path"),
+    # the job network
+    ({"job_network": {"addresses": ""}}, REQUIRED_BY_SITE[1]),
+    ({"job_network": {"addresses": None}}, REQUIRED_BY_SITE[1]),
+    ({"job_network": {"addresses": "10.251.1.129/25"}},
+     "mpi:job_network:addresses '10.251.1.129/25' is not an IPv4 network in CIDR form with "
+     "no host bits set (10.251.1.129/25 has host bits set)"),
+    ({"job_network": {"addresses": "10.251.2.0/25"}},
+     "mpi:job_network:addresses 10.251.2.0/25 is not inside mpi:cluster_network "
+     "10.251.1.0/24"),
+    ({"job_network": {"addresses": "10.251.0.0/16"}},
+     "mpi:job_network:addresses 10.251.0.0/16 is not inside mpi:cluster_network "
+     "10.251.1.0/24"),
+    ({"job_network": {"addresses": "10.251.1.0/24"}},
+     "mpi:job_network:addresses 10.251.1.0/24 is the whole of mpi:cluster_network: the "
+     "pool must leave room for the nodes and the gateway"),
+    ({"job_network": {"addresses": "10.251.1.200/32"}},
+     "mpi:job_network:addresses 10.251.1.200/32 has 1 host address; a job on two nodes "
+     "needs at least 2"),
+    ({"job_network": {"name": "dmpi jobs"}},
+     "mpi:job_network:name 'dmpi jobs' is not a Docker network name (letters, digits, '_', "
+     "'.', '-', starting with a letter or digit, at most 64)"),
+    ({"job_network": {"name": "-jobs"}},
+     "mpi:job_network:name '-jobs' is not a Docker network name (letters, digits, '_', "
+     "'.', '-', starting with a letter or digit, at most 64)"),
+    ({"job_network": {"parent": "eth0/1"}},
+     "mpi:job_network:parent 'eth0/1' is not an interface name (at most 15 letters, "
+     "digits, '_', '.', '-'; '' for the one holding the node's cluster address)"),
+    ({"job_network": {"parent": "enp0s31f6-longer"}},
+     "mpi:job_network:parent 'enp0s31f6-longer' is not an interface name (at most 15 "
+     "letters, digits, '_', '.', '-'; '' for the one holding the node's cluster address)"),
+    # images
+    ({"images": ["mpi"]},
+     "mpi:images must be a mapping of short names to image references pinned by digest, "
+     "got ['mpi']"),
+    ({"images": {"mpi": "10.251.1.2:5000/dockermpi/mpi:latest"}},
+     "mpi:images:mpi '10.251.1.2:5000/dockermpi/mpi:latest' is not pinned by digest: "
+     "expected registry/repo@sha256:<64 lower-case hex digits>, with no tag"),
+    ({"images": {"mpi": f"registry/mpi:1.0@{DIGEST}"}},
+     "mpi:images:mpi 'registry/mpi:1.0@sha256:0123456789abcdef0123456789abcdef... is not "
+     "pinned by digest: "
+     "expected registry/repo@sha256:<64 lower-case hex digits>, with no tag"),
+    ({"images": {"mpi": f"registry/mpi@{DIGEST.upper()}"}},
+     "mpi:images:mpi 'registry/mpi@SHA256:0123456789ABCDEF0123456789ABCDEF0123... is not "
+     "pinned by digest: expected registry/repo@sha256:<64 lower-case hex digits>, with no tag"),
+    ({"images": {"my image": IMAGE}},
+     "mpi:images: 'my image' is not an image short name (letters, digits, '.', '_', '-', "
+     "at most 128)"),
+    # firewall
+    ({"firewall": {"chain": "INPUT"}},
+     "mpi:firewall:chain INPUT belongs to iptables or Docker: DockerMPI needs a chain of "
+     "its own"),
+    ({"firewall": {"chain": "DOCKER-USER"}},
+     "mpi:firewall:chain DOCKER-USER belongs to iptables or Docker: DockerMPI needs a chain "
+     "of its own"),
+    ({"firewall": {"chain": "MPI INPUT"}},
+     "mpi:firewall:chain 'MPI INPUT' is not an iptables chain name (1-28 letters, digits, "
+     "'-', '_')"),
+    ({"firewall": {"chain": "X" * 29}},
+     f"mpi:firewall:chain '{'X' * 29}' is not an iptables chain name (1-28 letters, "
+     "digits, '-', '_')"),
+    ({"firewall": {"rules_file": "firewall.rules"}},
+     "mpi:firewall:rules_file must be an absolute path, got 'firewall.rules'"),
+    ({"firewall": {"rules_file_ipv6": "/etc/dockermpi//firewall.rules"}},
+     "mpi:firewall:rules_file_ipv6 /etc/dockermpi/firewall.rules is the same file as "
+     "mpi:firewall:rules_file"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CASES, ids=[m[:60] for _, m in CASES])
+def test_each_check_names_the_key_and_the_problem(overrides, message):
+    found = _problems(**overrides)
+    assert found == [message]
+    with pytest.raises(ConfigError) as caught:
+        mpi_config.validate(_site(**overrides))
+    assert str(caught.value) == message
+    assert caught.value.problems == [message]
+    assert isinstance(caught.value, ValueError)
+
+
+def test_the_site_settings_are_valid():
+    assert _problems() == []
+
+
+def test_every_problem_is_reported_at_once_one_per_line():
+    overrides = {
+        "slots_per_node": 0,
+        "ports": {"oob": [20100, 20299], "btl": [20250, 20999]},
+        "job_network": {"addresses": "10.9.0.0/24"},
+        "images": {"mpi": "mpi:latest"},
+    }
+    with pytest.raises(ConfigError) as caught:
+        mpi_config.validate(_site(**overrides))
+    assert str(caught.value).splitlines() == [
+        "mpi:slots_per_node must be a whole number of at least 1, got 0",
+        "mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999",
+        "mpi:job_network:addresses 10.9.0.0/24 is not inside mpi:cluster_network "
+        "10.251.1.0/24",
+        "mpi:images:mpi 'mpi:latest' is not pinned by digest: expected "
+        "registry/repo@sha256:<64 lower-case hex digits>, with no tag",
+    ]
+
+
+def test_settings_that_are_not_a_mapping():
+    assert mpi_config.problems(["mpi"]) == ["mpi must be a mapping of settings, got ['mpi']"]
+
+
+def test_long_values_are_shortened_in_messages():
+    (message,) = _problems(job_network={"name": "x y" * 1000})
+    assert len(message) < 250
+    assert "..." in message
+
+
+# -------------------------------------------------------------------- normalisation
+
+
+def test_validate_normalises_a_copy():
+    pillar = {
+        "cluster_network": "10.251.1.0/255.255.255.0",
+        "ports": {"sshd": (20000, 20099)},
+        "limits": {"cpus_per_slot": 2},
+        "storage": {"path": "/srv//dockermpi/", "nfs": {"export": "/export/./mpi/"}},
+        "job_root": "/var/lib/dockermpi/jobs/",
+        "job_network": {"parent": None},
+        "images": None,
+        "docker": {"insecure_registries": None},
+        "firewall": {"rules_file": "/etc/dockermpi/firewall.rules/"},
+    }
+    given = _site(**pillar)
+    before = copy.deepcopy(given)
+    config = mpi_config.validate(given)
+    assert given == before
+    assert config["cluster_network"] == "10.251.1.0/24"
+    assert config["job_network"]["addresses"] == "10.251.1.128/25"
+    assert config["ports"]["sshd"] == [20000, 20099]
+    assert config["limits"]["cpus_per_slot"] == 2.0
+    assert isinstance(config["limits"]["cpus_per_slot"], float)
+    assert config["storage"]["path"] == "/srv/dockermpi"
+    assert config["storage"]["nfs"]["export"] == "/export/mpi"
+    assert config["job_root"] == "/var/lib/dockermpi/jobs"
+    assert config["images"] == {}
+    assert config["docker"]["insecure_registries"] == []
+    assert config["firewall"]["rules_file"] == "/etc/dockermpi/firewall.rules"
+    assert mpi_config.validate(config) == config
+
+
+def test_preshared_storage_needs_no_nfs_server():
+    config = mpi_config.validate(_site(storage={"type": "preshared", "nfs": {"server": ""},
+                                                 "path": "/srv/cluster"}))
+    assert config["storage"]["type"] == "preshared"
+    # job_root under the NFS export is fine when nothing is exported
+    assert _problems(storage={"type": "preshared"}, job_root="/export/dockermpi/jobs") == []
+
+
+# ------------------------------------------------- the execution and state modules
+
+
+@pytest.fixture
+def configure_loader_modules():
+    utils = {
+        "mpi_config.merge": mpi_config.merge,
+        "mpi_config.problems": mpi_config.problems,
+        "mpi_config.validate": mpi_config.validate,
+    }
+    salt_functions = {
+        "mpi_config.problems": mpi_config_module.problems,
+    }
+    return {
+        mpi_config_module: {"__utils__": utils},
+        mpi_config_state: {"__salt__": salt_functions, "__opts__": {"test": False}},
+    }
+
+
+def test_module_merges_and_validates():
+    config = mpi_config_module.merge(DEFAULTS, SITE)
+    assert mpi_config_module.problems(config) == []
+    assert mpi_config_module.validate(config)["cluster_network"] == "10.251.1.0/24"
+    assert mpi_config_module.merge(DEFAULTS) == DEFAULTS
+
+
+def test_module_raises_salt_errors():
+    with pytest.raises(SaltInvocationError, match="^mpi must be a mapping of settings"):
+        mpi_config_module.merge(DEFAULTS, "oops")
+    with pytest.raises(SaltInvocationError) as caught:
+        mpi_config_module.validate(DEFAULTS)
+    assert str(caught.value).splitlines() == REQUIRED_BY_SITE
+
+
+def test_module_virtual_says_why_without_the_utils():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mpi_config_module, "__utils__", {}, raising=False)
+        assert mpi_config_module.__virtual__() == (
+            False, "mpi_config: the mpi_config utils module is not synced "
+            "(saltutil.sync_utils)")
+
+
+@pytest.mark.parametrize("test", [False, True])
+def test_state_passes_valid_settings_and_changes_nothing(test):
+    mpi_config_state.__opts__["test"] = test
+    ret = mpi_config_state.valid("mpi", _site())
+    assert ret == {"name": "mpi", "result": True, "changes": {},
+                   "comment": "The mpi pillar is valid"}
+
+
+@pytest.mark.parametrize("test", [False, True])
+def test_state_fails_with_every_problem_one_per_line(test):
+    mpi_config_state.__opts__["test"] = test
+    ret = mpi_config_state.valid(
+        "mpi", _site(ports={"oob": [20100, 20299], "btl": [20250, 20999]}, slots_per_node=0))
+    assert ret["result"] is False
+    assert ret["changes"] == {}
+    assert ret["comment"].splitlines() == [
+        "The mpi pillar is invalid; no DockerMPI state is applied until it is fixed:",
+        "mpi:slots_per_node must be a whole number of at least 1, got 0",
+        "mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999",
+    ]
