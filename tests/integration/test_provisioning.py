@@ -422,13 +422,17 @@ def _local_images(cluster, node):
 
 
 @pytest.mark.parametrize(
-    "kind,phrase",
+    "kind,phrase,failing_state",
     [
-        ("wrong-digest", "does not have this digest"),
-        ("tag-only", "not pinned by digest"),
+        # a well-formed reference to a digest the registry does not have: only pulling can tell
+        ("wrong-digest", "does not have this digest", "mpi-images-present-broken"),
+        # a tag is refused by the settings check before any image state runs
+        ("tag-only", "not pinned by digest", "mpi-config-settings-valid"),
     ],
 )
-def test_unapproved_reference_fails_clearly_and_changes_nothing(cluster, formula, kind, phrase):
+def test_unapproved_reference_fails_clearly_and_changes_nothing(
+    cluster, formula, kind, phrase, failing_state
+):
     node = cluster.nodes[0]
     reference = _broken_reference(kind, formula[node]["images"]["mpi"])
     images_before = _local_images(cluster, node)
@@ -441,15 +445,22 @@ def test_unapproved_reference_fails_clearly_and_changes_nothing(cluster, formula
     states = results.get(node)
     assert isinstance(states, dict), f"state.apply did not run states: {states}"
     by_id = {v["__id__"]: v for v in states.values()}
-    broken = by_id["mpi-images-present-broken"]
+    broken = by_id[failing_state]
     assert broken["result"] is False
     assert broken["changes"] == {}
     comment = broken["comment"]
     assert "broken" in comment and reference in comment, comment
     assert phrase in comment, comment
-    others = {sid: (v["result"], v["changes"]) for sid, v in by_id.items() if sid != broken["__id__"]}
-    assert "mpi-images-present-mpi" in others
-    assert all(v == (True, {}) for v in others.values()), others
+    assert "mpi-images-present-mpi" in by_id
+    if failing_state == "mpi-images-present-broken":
+        others = {sid: (v["result"], v["changes"]) for sid, v in by_id.items()
+                  if sid != failing_state}
+        assert all(v == (True, {}) for v in others.values()), others
+    else:
+        # every image state was held back by the failed check, none ran
+        images = {sid: v["comment"] for sid, v in by_id.items() if sid.startswith("mpi-images-")}
+        assert all("requisite failed" in c for c in images.values()), images
+    assert all(v["changes"] == {} for v in by_id.values())
     assert _local_images(cluster, node) == images_before
 
 
