@@ -404,16 +404,43 @@ def _host_key_blob(known_hosts):
     return words[2]
 
 
-def _answers_with_host_key(pid, address, port, blob):
-    """Whether the sshd at address:port, seen from the job's own namespace, proves it
-    holds the job's host key (a banner alone proves nothing)."""
-    code, out, _ = _run(_netns(pid) + ["ssh-keyscan", "-T", "1", "-t", "ed25519", "-p",
-                                       str(int(port)), address], timeout=5)
-    return code == 0 and any(line.split()[2:3] == [blob] for line in out.splitlines())
+def _answering_with_host_key(pid, addresses, port, blob):
+    """Which of the sshds at addresses:port, seen from the job's own namespace, prove
+    they hold the job's host key (a banner alone proves nothing)."""
+    _, out, _ = _run(_netns(pid) + ["ssh-keyscan", "-T", "1", "-t", "ed25519", "-p",
+                                    str(int(port))] + list(addresses), timeout=5)
+    proven = set()
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[2] == blob:
+            host = words[0].split(",")[0]
+            # With a port other than 22, ssh-keyscan names the host "[address]:port".
+            proven.add(host[1:].split("]")[0] if host.startswith("[") else host)
+    return proven & set(addresses)
+
+
+def _wait_for_sshd(job_id, container, pid, addresses, port, blob, deadline):
+    """Wait until every address answers with the job's host key; raise when the worker
+    exits or time runs out."""
+    waiting = set(addresses)
+    while waiting:
+        waiting -= _answering_with_host_key(pid, sorted(waiting), port, blob)
+        if not waiting:
+            return
+        container.reload()
+        if container.status != "running":
+            logs = container.logs(tail=20).decode(errors="replace")
+            raise CommandExecutionError(f"worker sshd of job {job_id} exited: {logs.strip()}")
+        if time.monotonic() > deadline:
+            raise CommandExecutionError(
+                f"the sshd of job {job_id} at {', '.join(sorted(waiting))} did not answer "
+                f"with the job's host key on port {port} in time")
+        time.sleep(0.05)
 
 
 def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network, addresses,
-                 allowed_sources, sshd_port, files, limits=None, ready_timeout=30):
+                 allowed_sources, sshd_port, files, limits=None, ready_timeout=30,
+                 launcher=None):
     """
     Write a job's secrets, start its worker container and wait until its sshd answers
     with the job's host key.
@@ -448,8 +475,14 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         a node not named gets small limits (a worker that runs no ranks).
     ready_timeout
         Seconds to wait for sshd.
+    launcher
+        Optional ``{"node": id, "argv": [...], "environment": {...}, "limits": {...},
+        "status": {...}}``: the node with that id, once its own sshd and every other
+        address in ``addresses`` answer with the job's host key, starts the launcher
+        (:func:`start_launcher`) before it returns.
 
-    Returns ``{"container": name, "sshd_ready_seconds": float}``.
+    Returns ``{"container": name, "sshd_ready_seconds": float}``, and on the launcher's
+    node also ``launcher`` (its container name) and ``peers_ready_seconds``.
 
     CLI Example:
 
@@ -496,18 +529,19 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     pid = container.attrs["State"]["Pid"]
     _close_namespace(job_id, pid, allowed_sources, sshd_port)
     deadline = time.monotonic() + ready_timeout
-    while not _answers_with_host_key(pid, address, sshd_port, blob):
-        container.reload()
-        if container.status != "running":
-            logs = container.logs(tail=20).decode(errors="replace")
-            raise CommandExecutionError(f"worker sshd of job {job_id} exited: {logs.strip()}")
-        if time.monotonic() > deadline:
-            raise CommandExecutionError(
-                f"worker sshd of job {job_id} did not answer with the job's host key on "
-                f"{address}:{sshd_port} within {ready_timeout}s"
-            )
-        time.sleep(0.05)
-    return {"container": options["name"], "sshd_ready_seconds": time.monotonic() - started}
+    _wait_for_sshd(job_id, container, pid, [address], sshd_port, blob, deadline)
+    result = {"container": options["name"], "sshd_ready_seconds": time.monotonic() - started}
+    if launcher and launcher.get("node") == __opts__["id"]:
+        # The launcher's node starts mpirun itself once every peer's sshd proves it is
+        # the job's: one publish starts the whole job.
+        peers = [a for a in addresses.values() if a != address]
+        _wait_for_sshd(job_id, container, pid, peers, sshd_port, blob, deadline)
+        result["launcher"] = start_launcher(
+            job_id, image, user, uid, gid, storage_path, job_root, launcher["argv"],
+            environment=launcher.get("environment"), status=launcher.get("status"),
+            limits=launcher.get("limits"))["container"]
+        result["peers_ready_seconds"] = time.monotonic() - started
+    return result
 
 
 def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,

@@ -22,7 +22,6 @@ when not.
     ``mpi_sched`` and ``mpi_store`` utils modules
 """
 
-import ipaddress
 import logging
 import os
 import posixpath
@@ -33,7 +32,6 @@ import time
 
 import salt.client
 import salt.fileclient
-import salt.utils.dictupdate
 import salt.utils.event
 import salt.utils.minions
 import salt.utils.yaml
@@ -119,13 +117,20 @@ def _defaults():
 
 
 def _site_config(minion):
-    """The ``mpi`` settings as the nodes see them: pillar merged over the defaults."""
+    """The ``mpi`` settings as the nodes see them: pillar merged over the defaults and
+    checked (``mpi_config``); CommandExecutionError naming every problem of a bad pillar."""
     pillar = __salt__["pillar.show_pillar"](minion) or {}
-    return salt.utils.dictupdate.merge(_defaults(), pillar.get("mpi", {}), merge_lists=False)
+    try:
+        return __utils__["mpi_config.validate"](
+            __utils__["mpi_config.merge"](_defaults(), pillar.get("mpi")))
+    except ValueError as exc:  # mpi_config.ConfigError: one line per problem
+        raise CommandExecutionError(
+            f"the site's mpi pillar is invalid, so no job can be accepted:\n{exc}") from None
 
 
-def _public(record):
-    return __utils__["mpi_engine.public"](record)
+def _public(record, store=None):
+    waiting = store.get_meta("waiting", {}) if store and record["state"] == "queued" else None
+    return __utils__["mpi_engine.public"](record, waiting)
 
 
 def _alive(store, now):
@@ -266,7 +271,6 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         _check_engine(store)
         config = _refresh_site(store, all_nodes[0])
         limits = config["limits"]
-        _check_job_network(config)
         request = _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime,
                                     env, workdir, limits)
         images = config.get("images") or {}
@@ -318,7 +322,9 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         "timings": {},
         "spec": {
             "image_ref": images[request["image"]],
-            "candidates": candidates,
+            # None: any MPI node, as the queue finds them (not a copy of today's list).
+            "candidates": None if request["nodes"] is None or "count" in request["nodes"]
+            else candidates,
             "count": count,
             "per_node": request["slots_per_node"],
             "env": request["env"],
@@ -448,7 +454,7 @@ def wait(job_id, timeout=None):
             # The result is known once the state is final; the clean-up (containers,
             # status.json) follows and is not waited for (``closed`` says it is done).
             if record["state"] in FINAL or (deadline and time.monotonic() > deadline):
-                view = _public(record)
+                view = _public(record, store)
                 __context__["retcode"] = view["retcode"]
                 return view
             # Events make this prompt; reading the store each second makes it certain.
@@ -466,7 +472,8 @@ def status(job_id):
         salt-run mpi.status 20261130-132321-b26398
     """
     try:
-        return _public(_known_job(_store(), job_id))
+        store = _store()
+        return _public(_known_job(store, job_id), store)
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
 
@@ -494,7 +501,11 @@ def list_(user=None, state=None):
             return _failed_call(f"unknown job states: {unknown}")
     keys = ("job_id", "user", "state", "np", "placement", "submitted", "started", "ended",
             "reason", "waiting_for")
-    return [{k: r.get(k) for k in keys} for r in _store().jobs(states, user=user)]
+    store = _store()
+    waiting = store.get_meta("waiting", {})
+    return [{k: r.get(k) for k in keys} | {"waiting_for": waiting.get(r["job_id"])}
+            if r["state"] == "queued" else {k: r.get(k) for k in keys}
+            for r in store.jobs(states, user=user)]
 
 
 def cancel(job_id, reason="cancelled by request"):
@@ -678,19 +689,3 @@ def migrate_users(from_uid=None):
         return _failed_call(str(exc))
     return {"migrated": migrated,
             "left": sorted(n for n, i in found.items() if i["uid"] != from_uid)}
-
-
-def _check_job_network(config):
-    """The site's job address pool must be a network inside the cluster network."""
-    try:
-        pool = ipaddress.ip_network(config["job_network"]["addresses"])
-        inside = pool.subnet_of(ipaddress.ip_network(config["cluster_network"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CommandExecutionError(
-            f"the site has no valid job address pool (mpi:job_network:addresses): {exc}"
-        ) from None
-    if not inside:
-        raise CommandExecutionError(
-            f"mpi:job_network:addresses {pool} is not inside mpi:cluster_network")
-
-

@@ -31,7 +31,8 @@ DATA_MOUNT = "/data"
 JOBS_SUBDIR = "mpi-jobs"
 CLEANUP_TIMEOUT = 5  # seconds a node has to clean up before its reports take over
 CLEANUP_RETRY = 10  # seconds between clean-up requests for leftovers on one node
-FLUSH_SECONDS = 2  # how often heartbeats are written to the store
+FLUSH_SECONDS = 2  # how often heartbeats and reports are written to the store
+RELOAD_SECONDS = 30  # how often the engine's view of jobs is read again from the store
 PLAN_SECONDS = 5  # the queue is planned at least this often
 STALL_SECONDS = 3  # a pass this late means the engine stalled: give nodes a grace
 MIB = 1 << 20
@@ -44,13 +45,17 @@ class StartError(Exception):
     """A job could not be started; the message says why (without Salt's info dump)."""
 
 
-def public(record):
+def public(record, waiting=None):
     """The job record as users see it (no internal scheduling data). ``closed`` is true
-    once the job's clean-up is done (containers gone, status.json written)."""
+    once the job's clean-up is done (containers gone, status.json written);
+    ``waiting_for`` says why a queued job waits, from ``waiting`` (the engine's last
+    plan: ``{job_id: reason}``)."""
     view = {k: v for k, v in record.items()
             if k not in ("spec", "port_slot", "cancel_requested", "start_error")}
     view["retcode"] = 0 if record["state"] == "succeeded" else 1
     view["closed"] = bool(record.get("closed"))
+    if record["state"] == "queued":
+        view["waiting_for"] = (waiting or {}).get(record["job_id"])
     return view
 
 
@@ -130,8 +135,17 @@ class JobEngine:
             report = seen["report"] if isinstance(seen["report"], dict) else {}
             self.nodes[node] = {"last_seen": seen["last_seen"], "report": report,
                                 "digest": report.get("digest"), "usable": not report.get("error")}
-        # Silence means nothing until nodes had the time to be heard again.
-        self.grace_until = now + self.lib["mpi_rules.timeouts"]()["restart_grace"]
+        self.started_at = now
+        # Nodes heard since this engine started. Minions need a while to reconnect after
+        # a master restart; until a node is heard again (or restart_grace passed) its
+        # silence says nothing.
+        self.heard = set()
+        self.grace_until = now  # moved on when the engine itself stalls
+        # The engine's view of unfinished jobs (the store stays the record): queued in
+        # submission order, active ones, and which active jobs each node runs.
+        self.queue, self.active, self.on_node = {}, {}, {}
+        self.last_seq = 0
+        self._reload(now)
         self.plan_due = True
         self.last_plan = 0.0
         self.last_pass = now
@@ -151,17 +165,17 @@ class JobEngine:
             was_alive = node in self.alive(now)
             self.nodes[node] = {"last_seen": now, "report": report, "digest": report.get("digest"),
                                 "usable": not report.get("error")}
-            self.unflushed.discard(node)
-            self.store.node_seen(node, report, now)
+            self.heard.add(node)
+            self.unflushed.add(node)
             if report.get("error"):
                 # Alive, but it could not build its report: a heartbeat, no evidence.
                 log.warning("%s could not report its jobs: %s", node, report["error"])
                 return
             jobs = report.get("jobs") if isinstance(report.get("jobs"), dict) else {}
             self._release_addresses(node, jobs)
-            for record in self.store.jobs(self.lib["mpi_rules.active_states"]()):
-                if node in (record.get("placement") or {}):
-                    self._reconcile(record, now)
+            for job_id in list(self.on_node.get(node, ())):
+                if job_id in self.active:
+                    self._reconcile(self.active[job_id], now)
             self._remove_leftovers(node, jobs, now)
             if not was_alive:
                 self.plan_due = True
@@ -172,6 +186,7 @@ class JobEngine:
         now = self.clock()
         with self.lock:
             seen = self.nodes.get(node)
+            self.heard.add(node)
             if seen is None:
                 # Heard of before its first report (the engine restarted): alive, no
                 # evidence until its next full report.
@@ -189,8 +204,10 @@ class JobEngine:
     def job_requested(self, job_id):
         """Something asked about a job (queued, cancel): reconcile it and plan."""
         with self.lock:
+            self._new_jobs()
             record = self.store.get(job_id)
             if record is not None:
+                self._track(record)
                 self._reconcile(record, self.clock())
             self.plan_due = True
         self.plan()
@@ -205,9 +222,12 @@ class JobEngine:
                 self.grace_until = max(self.grace_until,
                                        now + self.lib["mpi_rules.timeouts"]()["node"])
             self.last_pass = now
-            for record in self.store.jobs(("queued",) + self.lib["mpi_rules.active_states"]()):
-                if record["state"] != "queued" or record.get("cancel_requested"):
-                    self._reconcile(record, now)
+            if now - self.last_reload >= RELOAD_SECONDS:
+                self._reload(now)  # catches a request whose event was missed
+            for record in list(self.active.values()):
+                self._reconcile(record, now)
+            for record in [r for r in self.queue.values() if r.get("cancel_requested")]:
+                self._reconcile(record, now)
             if now - self.last_flush >= FLUSH_SECONDS:
                 self._flush(now)
         if self.plan_due or now - self.last_plan >= PLAN_SECONDS:
@@ -216,13 +236,57 @@ class JobEngine:
     def alive(self, now=None):
         return self.lib["mpi_rules.alive"](self.nodes, self.clock() if now is None else now)
 
+    # ------------------------------------------------------------------ job view
+
+    def _reload(self, now):
+        """Read every unfinished job from the store again."""
+        self.queue, self.active, self.on_node = {}, {}, {}
+        self.last_seq = self.store.last_seq()
+        for _, record in self.store.jobs_after(
+                0, ("queued",) + self.lib["mpi_rules.active_states"]()):
+            self._track(record)
+        self.last_reload = now
+
+    def _new_jobs(self):
+        """Take in the jobs submitted since the last look."""
+        for seq, record in self.store.jobs_after(self.last_seq):
+            self.last_seq = max(self.last_seq, seq)
+            self._track(record)
+
+    def _track(self, record):
+        """Keep the engine's view of one job in step with its record."""
+        job_id = record["job_id"]
+        old = self.active.pop(job_id, None)
+        for node in (old or {}).get("placement") or {}:
+            self.on_node.get(node, set()).discard(job_id)
+        if record["state"] == "queued":
+            self.queue[job_id] = record  # an update keeps its place in the queue
+            return
+        self.queue.pop(job_id, None)
+        if record["state"] in self.lib["mpi_rules.active_states"]():
+            self.active[job_id] = record
+            for node in record.get("placement") or {}:
+                self.on_node.setdefault(node, set()).add(job_id)
+
+    def _evidence(self, now):
+        """The nodes as the rules see them: a node not heard since this engine started
+        counts as alive (without evidence) until restart_grace has passed."""
+        unheard = [n for n in self.nodes if n not in self.heard]
+        grace = self.lib["mpi_rules.timeouts"]()["restart_grace"]
+        if not unheard or now - self.started_at > grace:
+            return self.nodes
+        view = dict(self.nodes)
+        for node in unheard:
+            view[node] = dict(view[node], last_seen=now, usable=False)
+        return view
+
     # ------------------------------------------------------------------- decisions
 
     def _reconcile(self, record, now):
         """The one step that ends jobs: apply the rules to the job's evidence."""
         if self.lib["mpi_rules.is_final"](record["state"]):
             return None
-        verdict = self.lib["mpi_rules.verdict"](record, self.nodes, now,
+        verdict = self.lib["mpi_rules.verdict"](record, self._evidence(now), now,
                                                  judge_silence=now >= self.grace_until)
         if verdict is None:
             return None
@@ -235,7 +299,9 @@ class JobEngine:
                                       expect=("queued",) + self.lib["mpi_rules.active_states"](),
                                       ended=now, **fields)
         if ended is None:
+            self._track(self.store.get(record["job_id"]))  # someone else moved it
             return None
+        self._track(ended)
         timings = ended["timings"]
         if ended.get("started"):
             timings.setdefault("mpirun", round(now - ended["started"], 3))
@@ -289,7 +355,8 @@ class JobEngine:
 
     def _remove_leftovers(self, node, jobs, now):
         """Containers or keys of jobs that are over (e.g. on a node that was cut off)."""
-        records = {job_id: self.store.get(job_id) for job_id in jobs}
+        records = {job_id: self.active.get(job_id) or self.queue.get(job_id)
+                   or self.store.get(job_id) for job_id in jobs}
         for job_id in self.lib["mpi_rules.leftovers"]({"jobs": jobs}, records):
             if now - self.cleanup_asked.get((node, job_id), 0) < CLEANUP_RETRY:
                 continue
@@ -304,7 +371,7 @@ class JobEngine:
             del self.cleanup_asked[key]
 
     def _flush(self, now):
-        """Write heartbeats to the store (``mpi.nodes`` reads them there)."""
+        """Write heartbeats and reports to the store (``mpi.nodes`` reads them there)."""
         if self.unflushed:
             self.store.nodes_seen({n: (self.nodes[n]["last_seen"], self.nodes[n]["report"])
                                    for n in self.unflushed})
@@ -334,42 +401,42 @@ class JobEngine:
     def _plan(self, site_config, now):
         node_slots = int(site_config["slots_per_node"])
         limits = site_config.get("limits") or {}
+        self._new_jobs()
+        queued = [j for j in self.queue.values() if not j.get("cancel_requested")]
+        if not queued:
+            return []
+        active = list(self.active.values())
+        used, usage, running = {}, {}, []
+        for job in active:
+            for node, ranks in job["placement"].items():
+                used[node] = used.get(node, 0) + ranks
+            mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
+            mine["jobs"] += 1
+            mine["slots"] += job["np"]
+            running.append({"placement": job["placement"],
+                            "end": job.get("deadline") or now + job["walltime"]})
+        free = {n: node_slots - used.get(n, 0) for n in sorted(self.alive(now))}
+        any_node = sorted(self.nodes)  # one list shared by every job that takes any node
+        waiting = [
+            {"id": j["job_id"], "user": j["user"], "np": j["np"],
+             "walltime": j["walltime"], "candidates": j["spec"]["candidates"] or any_node,
+             "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]}
+            for j in queued
+        ]
+        starts, blocked = self.lib["mpi_sched.plan"](
+            waiting, free, running, now, node_slots,
+            {"max_running_jobs": limits.get("max_running_jobs_per_user"),
+             "max_slots": limits.get("max_slots_per_user")},
+            usage,
+        )
         started = []
         store = self.store
         with store.transaction() as conn:
-            queued = [j for j in store.jobs(["queued"], conn=conn)
-                      if not j.get("cancel_requested")]
-            if not queued:
-                return []
-            active = store.jobs(self.lib["mpi_rules.active_states"](), conn=conn)
-            used, usage, running = {}, {}, []
-            for job in active:
-                for node, ranks in job["placement"].items():
-                    used[node] = used.get(node, 0) + ranks
-                mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
-                mine["jobs"] += 1
-                mine["slots"] += job["np"]
-                running.append({"placement": job["placement"],
-                                "end": job.get("deadline") or now + job["walltime"]})
-            free = {n: node_slots - used.get(n, 0) for n in sorted(self.alive(now))}
-            waiting = [
-                {"id": j["job_id"], "user": j["user"], "np": j["np"],
-                 "walltime": j["walltime"], "candidates": j["spec"]["candidates"],
-                 "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]}
-                for j in queued
-            ]
-            starts, blocked = self.lib["mpi_sched.plan"](
-                waiting, free, running, now, node_slots,
-                {"max_running_jobs": limits.get("max_running_jobs_per_user"),
-                 "max_slots": limits.get("max_slots_per_user")},
-                usage,
-            )
-            by_id = {j["job_id"]: j for j in queued}
             taken = {a for j in active for a in (j.get("job_addresses") or {}).values()}
             taken |= set(store.get_meta("address_holds", {}, conn=conn))
             next_address = store.get_meta("next_job_address", 0, conn=conn)
             for job_id, placement in starts:
-                pool = address_pool(by_id[job_id]["spec"]["config"])
+                pool = address_pool(self.queue[job_id]["spec"]["config"])
                 # Round-robin through the pool: peers may still cache the link-layer
                 # address of a container that just left.
                 order = [pool[(next_address + i) % len(pool)] for i in range(len(pool))]
@@ -382,13 +449,16 @@ class JobEngine:
                 taken.update(free_addresses)
                 record = store.transition(
                     job_id, "starting", expect=("queued",), conn=conn, placement=placement,
-                    job_addresses=dict(zip(placement, free_addresses)), waiting_for=None,
+                    job_addresses=dict(zip(placement, free_addresses)),
                 )
+                if record is None:
+                    continue
+                self._track(record)
                 self.starting.add(job_id)
                 started.append(record)
-            for job_id, why in blocked.items():
-                if by_id[job_id].get("waiting_for") != why:
-                    store.update(job_id, conn=conn, waiting_for=why)
+            # Why each job waits, in one row (mpi.list and mpi.status show it).
+            if blocked != store.get_meta("waiting", {}, conn=conn):
+                store.set_meta("waiting", blocked, conn=conn)
         return started
 
     # ---------------------------------------------------------------------- start
@@ -411,6 +481,7 @@ class JobEngine:
                     job_id, "running", expect=("starting",), started=started,
                     deadline=started + record["walltime"], timings=timings)
                 if running is not None:
+                    self._track(running)
                     self.transport.fire(f"mpi/job/{job_id}/running",
                                         {"job_id": job_id, "state": "running",
                                          "placement": record["placement"]})
@@ -419,6 +490,7 @@ class JobEngine:
                     self.store.set_user_dir_ready(record["user"], False)
                 self.store.update(job_id, start_error=error, timings=timings)
             current = self.store.get(job_id)
+            self._track(current)
             self._reconcile(current, self.clock())
             current = self.store.get(job_id)
             if self.lib["mpi_rules.is_final"](current["state"]) and not current.get("closed"):
@@ -426,7 +498,7 @@ class JobEngine:
             self.plan_due = True
 
     def _bring_up(self, record, timings):
-        """Workers on every node (one publish), then the launcher; returns (start time,
+        """Workers on every node and the launcher, in one publish; returns (start time,
         timings). Raises on any failure."""
         spec, placement = record["spec"], record["placement"]
         config = spec["config"]
@@ -456,22 +528,24 @@ class JobEngine:
         allowed = {"peers": sorted(job_addresses.values()),
                    "hosts": sorted(host_addresses.values())}
         mark = time.monotonic()
-        # One publish for every node; each node takes its own address and limits. The
-        # launcher's node runs its ranks in the launcher container, so its worker gets
-        # the small default limits.
+        # One publish starts the whole job: each node takes its own address and limits,
+        # and the launcher's node starts mpirun once every peer's sshd is proven. That
+        # node runs its ranks in the launcher container, so its worker gets the small
+        # default limits.
+        started = self.clock()
+        view = public(dict(record, state="running", started=started, timings=timings))
         workers = self.transport.call(
             nodes, "mpi_job.start_worker", timeout=30,
             network=config["job_network"]["name"], addresses=job_addresses,
             allowed_sources=allowed, sshd_port=sshd_port, files=files,
             limits={n: node_limits(config, placement[n]) for n in nodes if n != launcher_node},
+            launcher={"node": launcher_node, "argv": argv, "environment": environment,
+                      "status": view, "limits": node_limits(config, placement[launcher_node])},
             **common)
+        if not workers[launcher_node].get("launcher"):
+            raise StartError(f"{launcher_node} did not start the launcher")
         timings["containers_up"] = round(time.monotonic() - mark, 3)
         timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
-        started = self.clock()
-        view = public(dict(record, state="running", started=started, timings=timings))
-        self.transport.call([launcher_node], "mpi_job.start_launcher", timeout=30, argv=argv,
-                            environment=environment, status=view,
-                            limits=node_limits(config, placement[launcher_node]), **common)
         return started, timings
 
     def _job_files(self, config, record, job_addresses):

@@ -145,6 +145,23 @@ class JobStore:
             rows = conn.execute(query + " ORDER BY seq", args).fetchall()
         return [self._row(r) for r in rows]
 
+    def jobs_after(self, seq, states=None):
+        """``[(seq, record)]`` of jobs submitted after ``seq`` (0: all), optionally only
+        in these states, in submission order: how the job engine keeps its view current
+        without reading every record again."""
+        query, args = "SELECT seq, port_slot, record FROM jobs WHERE seq > ?", [int(seq)]
+        if states:
+            query += f" AND state IN ({','.join('?' * len(states))})"
+            args += list(states)
+        with self._connect() as conn:
+            rows = conn.execute(query + " ORDER BY seq", args).fetchall()
+        return [(row[0], self._row(row[1:])) for row in rows]
+
+    def last_seq(self):
+        """The sequence number of the newest job (0 when there is none)."""
+        with self._connect() as conn:
+            return conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0]
+
     def transition(self, job_id, state, reason=None, expect=None, conn=None, **fields):
         """
         Move a job to ``state`` if it is in one of ``expect``; returns the new record or

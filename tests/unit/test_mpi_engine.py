@@ -49,7 +49,9 @@ class Transport:
         if fun in self.failing:
             raise RuntimeError(self.failing[fun])
         if fun == "mpi_job.start_worker":
-            return {m: {"container": "w", "sshd_ready_seconds": 0.1} for m in minions}
+            return {m: {"container": "w", "sshd_ready_seconds": 0.1,
+                        "launcher": "l" if kwargs["launcher"]["node"] == m else None}
+                    for m in minions}
         return {m: True for m in minions}
 
     def call_async(self, minions, fun, **kwargs):
@@ -121,7 +123,10 @@ def test_a_queued_job_is_placed_started_and_running(world):
     _settle(engine)
     record = store.get(job_id)
     assert record["state"] == "running" and record["placement"] == {"node1": 2, "node2": 2}
-    assert transport.funs() == ["mpi_job.start_worker", "mpi_job.start_launcher"]
+    assert transport.funs() == ["mpi_job.start_worker"]  # one publish starts the job
+    launcher = transport.calls[0][2]["launcher"]
+    assert launcher["node"] == "node1" and "mpirun" in launcher["argv"]
+    assert launcher["status"]["state"] == "running"
     assert set(record["job_addresses"].values()) <= {"10.0.1.129", "10.0.1.130",
                                                        "10.0.1.131", "10.0.1.132"}
     assert f"mpi/job/{job_id}/starting" in transport.events
@@ -188,14 +193,32 @@ def _seconds(engine, clock, seconds, heard=("node1", "node3")):
         engine.tick()
 
 
-def test_a_silent_node_ends_its_jobs_only_after_the_grace(world):
+def test_a_silent_node_ends_its_jobs_after_the_node_timeout(world):
     store, transport, clock, engine = world
     job_id = _submit(store, clock, np=4)
     engine.job_requested(job_id)
     _settle(engine)
-    _seconds(engine, clock, rules.NODE_TIMEOUT + 2)
-    assert store.get(job_id)["state"] == "running"  # the engine just started: grace
-    _seconds(engine, clock, rules.RESTART_GRACE - rules.NODE_TIMEOUT)
+    _seconds(engine, clock, rules.NODE_TIMEOUT)
+    assert store.get(job_id)["state"] == "running"
+    _seconds(engine, clock, 2)
+    record = store.get(job_id)
+    assert record["state"] == "failed" and "node2 stopped answering" in record["reason"]
+
+
+def test_after_a_restart_a_node_not_heard_again_is_lost_only_after_the_grace(world):
+    store, transport, clock, engine = world
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    _seconds(engine, clock, 2, heard=NODES)
+    engine.tick()  # flushes what the engine knows of the nodes to the store
+    clock.now += 10  # the master is down for 10 s, then a new engine starts
+    engine.pool.shutdown(wait=True)
+    engine = engine_module.new_engine(store, transport, LIB, clock)
+    assert set(engine.active) == {job_id}
+    _seconds(engine, clock, rules.RESTART_GRACE - 1)  # node2's minion reconnects slowly
+    assert store.get(job_id)["state"] == "running"
+    _seconds(engine, clock, 2)
     record = store.get(job_id)
     assert record["state"] == "failed" and "node2 stopped answering" in record["reason"]
 
@@ -243,13 +266,18 @@ def test_leftovers_of_ended_jobs_are_removed_but_not_asked_for_every_second(worl
     assert len([c for c in transport.calls if c[0] == "mpi_job.cleanup"]) == 2
 
 
-def test_heartbeats_are_written_to_the_store_in_batches(world):
+def test_heartbeats_and_reports_are_written_to_the_store_in_batches(world):
     store, transport, clock, engine = world
+    assert store.nodes() == {}  # the first reports are not written one by one
+    clock.now += 2
+    engine.tick()
     before = store.nodes()["node1"]["last_seen"]
+    assert set(store.nodes()) == set(NODES)
     clock.now += 1
     engine.heartbeat("node1", "d0")
+    heard_at = clock.now
     assert store.nodes()["node1"]["last_seen"] == before
     clock.now += 2
     engine.tick()
-    assert store.nodes()["node1"]["last_seen"] == before + 1
+    assert store.nodes()["node1"]["last_seen"] == heard_at > before
     assert store.get_meta("engine")["pid_alive"] == clock.now
