@@ -153,6 +153,9 @@ class JobEngine:
         self.unflushed = set()
         self.cleanup_asked = {}
         self.starting = set()
+        # Ended jobs whose containers are still being removed keep their slots: a rank
+        # of a failed job may still run until its container is gone.
+        self.closing = {}
 
     # ------------------------------------------------------------------ evidence in
 
@@ -223,7 +226,9 @@ class JobEngine:
                                        now + self.lib["mpi_rules.timeouts"]()["node"])
             self.last_pass = now
             if now - self.last_reload >= RELOAD_SECONDS:
-                self._reload(now)  # catches a request whose event was missed
+                self._reload(now)  # catches a cancel whose event was missed
+            if self._new_jobs():
+                self.plan_due = True  # a job whose queued event was missed
             for record in list(self.active.values()):
                 self._reconcile(record, now)
             for record in [r for r in self.queue.values() if r.get("cancel_requested")]:
@@ -248,10 +253,12 @@ class JobEngine:
         self.last_reload = now
 
     def _new_jobs(self):
-        """Take in the jobs submitted since the last look."""
-        for seq, record in self.store.jobs_after(self.last_seq):
+        """Take in the jobs submitted since the last look; returns how many."""
+        found = self.store.jobs_after(self.last_seq)
+        for seq, record in found:
             self.last_seq = max(self.last_seq, seq)
             self._track(record)
+        return len(found)
 
     def _track(self, record):
         """Keep the engine's view of one job in step with its record."""
@@ -312,6 +319,8 @@ class JobEngine:
                             {"job_id": ended["job_id"], "state": state, "reason": reason,
                              "exit_code": ended.get("exit_code")})
         self.plan_due = True
+        if not closed:
+            self.closing[ended["job_id"]] = dict(ended["placement"])
         if not closed and ended["job_id"] not in self.starting:
             # A job still starting is cleaned up by its start thread when it returns.
             self.pool.submit(self._cleanup, ended)
@@ -352,6 +361,10 @@ class JobEngine:
                                 {"job_id": record["job_id"], "pending": pending})
         except Exception:  # pylint: disable=broad-except
             log.exception("job %s: cleanup failed", record["job_id"])
+        finally:
+            with self.lock:
+                self.closing.pop(record["job_id"], None)
+        self.plan()  # its slots are free now
 
     def _remove_leftovers(self, node, jobs, now):
         """Containers or keys of jobs that are over (e.g. on a node that was cut off)."""
@@ -407,6 +420,9 @@ class JobEngine:
             return []
         active = list(self.active.values())
         used, usage, running = {}, {}, []
+        for placement in self.closing.values():
+            for node, ranks in placement.items():
+                used[node] = used.get(node, 0) + ranks
         for job in active:
             for node, ranks in job["placement"].items():
                 used[node] = used.get(node, 0) + ranks
@@ -532,8 +548,7 @@ class JobEngine:
         # and the launcher's node starts mpirun once every peer's sshd is proven. That
         # node runs its ranks in the launcher container, so its worker gets the small
         # default limits.
-        started = self.clock()
-        view = public(dict(record, state="running", started=started, timings=timings))
+        view = public(dict(record, state="running", started=self.clock(), timings=timings))
         workers = self.transport.call(
             nodes, "mpi_job.start_worker", timeout=30,
             network=config["job_network"]["name"], addresses=job_addresses,
@@ -544,6 +559,9 @@ class JobEngine:
             **common)
         if not workers[launcher_node].get("launcher"):
             raise StartError(f"{launcher_node} did not start the launcher")
+        # Running from now: node reports taken before this saw a job still coming up
+        # (peers' sshd not yet answering, no launcher yet) and say nothing about it.
+        started = self.clock()
         timings["containers_up"] = round(time.monotonic() - mark, 3)
         timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
         return started, timings

@@ -150,6 +150,71 @@ def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):
     assert transport.events[-2:] == [f"mpi/job/{job_id}/succeeded", f"mpi/job/{job_id}/closed"]
 
 
+def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
+    # A failed job's other ranks run until the clean-up removes their containers: the
+    # next job must not be placed on those slots before then.
+    import threading
+    store, transport, clock, engine = world
+    release = threading.Event()
+    plain_call = transport.call
+
+    def call(minions, fun, timeout, **kwargs):
+        if fun == "mpi_job.cleanup":
+            release.wait(10)
+        return plain_call(minions, fun, timeout, **kwargs)
+
+    transport.call = call
+    first = _submit(store, clock, np=6)
+    engine.job_requested(first)
+    _settle(engine)
+    second = _submit(store, clock, np=2)
+    engine.job_requested(second)
+    clock.now += 2
+    engine.node_report("node1", _running_report(clock, first, launcher_exit_code=1,
+                                                failure={"rank": 3, "exit_code": 1}))
+    assert store.get(first)["state"] == "failed"
+    engine.tick()
+    assert store.get(second)["state"] == "queued"  # node slots still held by the first
+    release.set()
+    deadline = time.monotonic() + 10
+    while store.get(second)["state"] == "queued" and time.monotonic() < deadline:
+        time.sleep(0.01)  # the clean-up, when done, plans at once
+    _settle(engine)
+    assert store.get(first)["closed"]
+    assert store.get(second)["state"] == "running"
+
+
+def test_reports_taken_while_the_job_came_up_do_not_fail_it(world):
+    # While a job starts, a node sees peers whose sshd is not up yet and no launcher:
+    # that evidence is older than the start and must not end the job once it runs.
+    store, transport, clock, engine = world
+    plain_call = transport.call
+    job_id = _submit(store, clock, np=6)
+
+    def call(minions, fun, timeout, **kwargs):
+        if fun == "mpi_job.start_worker":
+            clock.now += 2
+            engine.node_report("node2", _running_report(
+                clock, job_id, containers={"worker": "running"},
+                unreachable_peers=["10.0.1.131"]))
+            engine.node_report("node1", _running_report(clock, job_id,
+                                                        containers={"worker": "running"}))
+            clock.now += 1
+        return plain_call(minions, fun, timeout, **kwargs)
+
+    transport.call = call
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get(job_id)["state"] == "running"
+    clock.now += 2
+    engine.tick()
+    assert store.get(job_id)["state"] == "running"
+    engine.node_report("node2", _running_report(clock, job_id,
+                                                unreachable_peers=["10.0.1.131"]))
+    record = store.get(job_id)
+    assert record["state"] == "failed" and "network partition" in record["reason"]
+
+
 def test_a_failed_start_is_recorded_once_and_the_queue_goes_on(world):
     store, transport, clock, engine = world
     transport.failing["mpi_job.start_worker"] = "node2: cannot start the worker"

@@ -38,7 +38,9 @@ mpi-node-engine-config:
 mpi-node-engine-minion-restart:
   module.run:
     - cmd.run_all:
-      - cmd: [systemd-run, --on-active=2, systemctl, restart, salt-minion]
+      # (a transient timer fires within a minute by default: ask for the second)
+      - cmd: [systemd-run, --on-active=2, --timer-property=AccuracySec=100ms,
+              systemctl, restart, salt-minion]
       - python_shell: False
     - unless:
       - fun: mpi_job.node_engine_running
