@@ -618,7 +618,9 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
             log.error("job %s: cannot write status.json: %s", job_id, exc)
     removed = []
     client = _client()
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"}):
+    # (another clean-up of the same job may remove a container while it is listed)
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"},
+                                            ignore_removed=True):
         try:
             container.remove(force=True)
             removed.append(container.name)
@@ -689,7 +691,8 @@ def jobs(job_root="/var/lib/dockermpi/jobs"):
         salt '*' mpi_job.jobs
     """
     found = {}
-    for container in _client().containers.list(all=True, filters={"label": LABEL_JOB}):
+    for container in _client().containers.list(all=True, filters={"label": LABEL_JOB},
+                                               ignore_removed=True):
         job = found.setdefault(container.labels[LABEL_JOB], {"containers": {}, "secrets": False})
         job["containers"][container.name] = container.status
     if os.path.isdir(job_root):

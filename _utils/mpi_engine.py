@@ -423,6 +423,8 @@ class JobEngine:
         for placement in self.closing.values():
             for node, ranks in placement.items():
                 used[node] = used.get(node, 0) + ranks
+            # free within the clean-up's timeout: a reservation may count on them
+            running.append({"placement": placement, "end": now + CLEANUP_TIMEOUT})
         for job in active:
             for node, ranks in job["placement"].items():
                 used[node] = used.get(node, 0) + ranks

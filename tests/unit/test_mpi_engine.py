@@ -87,6 +87,11 @@ def world(tmp_path):
     engine.pool.shutdown(wait=True)
 
 
+def _spec():
+    return {"image_ref": "r@sha256:" + "0" * 64, "candidates": NODES, "count": None,
+            "per_node": None, "env": {}, "workdir": "/data", "config": CONFIG}
+
+
 def _submit(store, clock, np=2, job_id=None, **spec):
     job_id = job_id or f"20261201-000000-{len(store.jobs()):06x}"
     record = {
@@ -94,8 +99,7 @@ def _submit(store, clock, np=2, job_id=None, **spec):
         "cmd": ["hostname"], "walltime": 60, "state": "queued", "reason": None,
         "submitted": clock.now, "history": [{"state": "queued", "at": clock.now}],
         "output": {"dir_in_job": f"/data/mpi-jobs/{job_id}"}, "timings": {},
-        "spec": {"image_ref": "r@sha256:" + "0" * 64, "candidates": NODES, "count": None,
-                 "per_node": None, "env": {}, "workdir": "/data", "config": CONFIG},
+        "spec": _spec(),
     }
     record.update(spec)
     store.add(record)
@@ -182,6 +186,41 @@ def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
     _settle(engine)
     assert store.get(first)["closed"]
     assert store.get(second)["state"] == "running"
+
+
+def test_slots_being_cleaned_up_are_reserved_for_the_head_of_the_queue(world):
+    # While a cancelled job's containers are removed, a long job must not backfill the
+    # idle node that the head of the queue needs as soon as the clean-up is done.
+    import threading
+    store, transport, clock, engine = world
+    release = threading.Event()
+    plain_call = transport.call
+
+    def call(minions, fun, timeout, **kwargs):
+        if fun == "mpi_job.cleanup":
+            release.wait(10)
+        return plain_call(minions, fun, timeout, **kwargs)
+
+    transport.call = call
+    blocker = _submit(store, clock, np=4, spec=dict(_spec(), candidates=["node1", "node2"]))
+    engine.job_requested(blocker)
+    _settle(engine)
+    head = _submit(store, clock, np=6)
+    long_ = _submit(store, clock, np=2, walltime=600)
+    engine.job_requested(long_)
+    assert store.get(long_)["state"] == "queued"
+    store.update(blocker, cancel_requested=True)
+    engine.job_requested(blocker)
+    assert store.get(blocker)["state"] == "cancelled"
+    engine.tick()
+    assert store.get(long_)["state"] == "queued"
+    assert store.get_meta("waiting")[long_] == f"reserved for {head}"
+    release.set()
+    deadline = time.monotonic() + 10
+    while store.get(head)["state"] == "queued" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _settle(engine)
+    assert store.get(head)["state"] == "running"
 
 
 def test_reports_taken_while_the_job_came_up_do_not_fail_it(world):
