@@ -153,8 +153,8 @@ class JobEngine:
         self.unflushed = set()
         self.cleanup_asked = {}
         self.starting = set()
-        # Ended jobs whose containers are still being removed keep their slots: a rank
-        # of a failed job may still run until its container is gone.
+        # Jobs that ended otherwise than by success keep their slots while their
+        # containers are removed: a rank may still run until its container is gone.
         self.closing = {}
 
     # ------------------------------------------------------------------ evidence in
@@ -319,7 +319,9 @@ class JobEngine:
                             {"job_id": ended["job_id"], "state": state, "reason": reason,
                              "exit_code": ended.get("exit_code")})
         self.plan_due = True
-        if not closed:
+        if not closed and state != "succeeded":
+            # mpirun returned 0 only after every rank and daemon ended: nothing of a
+            # succeeded job still runs, its slots are free at once.
             self.closing[ended["job_id"]] = dict(ended["placement"])
         if not closed and ended["job_id"] not in self.starting:
             # A job still starting is cleaned up by its start thread when it returns.

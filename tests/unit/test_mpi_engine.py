@@ -188,6 +188,32 @@ def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
     assert store.get(second)["state"] == "running"
 
 
+def test_a_succeeded_jobs_slots_are_free_before_its_clean_up(world):
+    import threading
+    store, transport, clock, engine = world
+    release = threading.Event()
+    plain_call = transport.call
+
+    def call(minions, fun, timeout, **kwargs):
+        if fun == "mpi_job.cleanup":
+            release.wait(10)
+        return plain_call(minions, fun, timeout, **kwargs)
+
+    transport.call = call
+    first = _submit(store, clock, np=6)
+    engine.job_requested(first)
+    _settle(engine)
+    second = _submit(store, clock, np=6)
+    engine.job_requested(second)
+    clock.now += 2
+    engine.node_report("node1", _running_report(clock, first, launcher_exit_code=0))
+    assert store.get(first)["state"] == "succeeded" and not store.get(first)["closed"]
+    engine.tick()
+    assert store.get(second)["state"] in ("starting", "running")
+    release.set()
+    _settle(engine)
+
+
 def test_slots_being_cleaned_up_are_reserved_for_the_head_of_the_queue(world):
     # While a cancelled job's containers are removed, a long job must not backfill the
     # idle node that the head of the queue needs as soon as the clean-up is done.
