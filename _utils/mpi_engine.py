@@ -156,6 +156,7 @@ class JobEngine:
         # Jobs that ended otherwise than by success keep their slots while their
         # containers are removed: a rank may still run until its container is gone.
         self.closing = {}
+        self.plan_queued = False
 
     # ------------------------------------------------------------------ evidence in
 
@@ -318,7 +319,7 @@ class JobEngine:
         self.transport.fire(f"mpi/job/{ended['job_id']}/{state}",
                             {"job_id": ended["job_id"], "state": state, "reason": reason,
                              "exit_code": ended.get("exit_code")})
-        self.plan_due = True
+        self._plan_soon()  # a succeeded job's slots are free now
         if not closed and state != "succeeded":
             # mpirun returned 0 only after every rank and daemon ended: nothing of a
             # succeeded job still runs, its slots are free at once.
@@ -365,8 +366,27 @@ class JobEngine:
             log.exception("job %s: cleanup failed", record["job_id"])
         finally:
             with self.lock:
-                self.closing.pop(record["job_id"], None)
-        self.plan()  # its slots are free now
+                freed = self.closing.pop(record["job_id"], None)
+        if freed:
+            self._plan_soon()  # its slots are free now
+
+    def _plan_soon(self):
+        """Plan in a worker thread, once for any number of requests made meanwhile."""
+        with self.lock:
+            if self.plan_queued:
+                return
+            self.plan_queued = True
+
+        def planned():
+            with self.lock:
+                self.plan_queued = False
+            self.plan()
+
+        try:
+            self.pool.submit(planned)
+        except RuntimeError:  # the engine is stopping: the next start plans
+            self.plan_queued = False
+            self.plan_due = True
 
     def _remove_leftovers(self, node, jobs, now):
         """Containers or keys of jobs that are over (e.g. on a node that was cut off)."""
