@@ -15,6 +15,7 @@ import sys
 import time
 
 MASTER = "dmpi-master"
+MASTER_PYTHON = "/opt/saltstack/salt/bin/python3"  # the Python that has Salt on the master
 NODES = ["node1", "node2", "node3"]
 SLOTS_PER_NODE = 2
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
@@ -144,6 +145,65 @@ def verdict(name, failure, problems):
     return 1 if failure or problems else 0
 
 
+# Runs inside the master: one RunnerClient, then one runner call per JSON line read from
+# stdin ({"fun", "kwarg"}), one JSON line out per call with its wall time.
+RUNNER_SESSION = r"""
+import json, sys, time, traceback
+import salt.config, salt.runner
+runner = salt.runner.RunnerClient(salt.config.master_config("/etc/salt/master"))
+runner.cmd("mpi.nodes", print_event=False, full_return=False)  # loads the modules once
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    runner.context.pop("retcode", None)
+    start = time.monotonic()
+    try:
+        ret, exc = runner.cmd(request["fun"], kwarg=request["kwarg"], print_event=False,
+                              full_return=False), None
+    except Exception:
+        ret, exc = None, traceback.format_exc()[-3000:]
+    print(json.dumps({"seconds": time.monotonic() - start, "ret": ret, "exception": exc},
+                     default=repr), flush=True)
+"""
+
+
+class RunnerSession:
+    """One long-lived ``salt.runner.RunnerClient`` in the master, the way an API server
+    (salt-api, the hub's service) calls the runner: no process start, no config or module
+    loading per call. One call at a time; open several sessions for parallel callers."""
+
+    def __init__(self, timeout=T_SALT):
+        self.timeout = timeout
+        self.process = subprocess.Popen(
+            ["docker", "exec", "-i", MASTER, MASTER_PYTHON, "-c", RUNNER_SESSION],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if not self._reply().get("ready"):
+            raise BenchError(f"the RunnerClient in {MASTER} did not start")
+
+    def _reply(self):
+        line = self.process.stdout.readline()
+        if not line:
+            raise BenchError(f"the RunnerClient in {MASTER} exited ({self.process.poll()})")
+        return json.loads(line)
+
+    def call(self, fun, **kwarg):
+        """``(seconds, return)`` of one runner call; raises BenchError if it raised."""
+        self.process.stdin.write(json.dumps({"fun": fun, "kwarg": kwarg}) + "\n")
+        self.process.stdin.flush()
+        reply = self._reply()
+        if reply["exception"]:
+            raise BenchError(f"{fun} raised in the RunnerClient: {reply['exception']}")
+        return reply["seconds"], reply["ret"]
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
 class Jobs:
     """Jobs this script submitted; ``close`` cancels the unfinished ones and waits until
     none of their containers or keys is left on a node that answers."""
@@ -152,14 +212,21 @@ class Jobs:
         self.user = user
         self.ids = []
 
-    def submit(self, np, cmd, nodes=None, slots_per_node=None, walltime=120, timeout=T_SALT):
+    def submit(self, np, cmd, nodes=None, slots_per_node=None, walltime=120, timeout=T_SALT,
+               session=None):
+        """Submit through ``salt-run``, or through ``session`` (a RunnerSession)."""
         kwargs = {"user": self.user, "image": "mpi", "np": np, "cmd": cmd,
                   "walltime": walltime}
         if nodes is not None:
             kwargs["nodes"] = nodes
         if slots_per_node is not None:
             kwargs["slots_per_node"] = slots_per_node
-        code, job = salt_run("mpi.submit", timeout=timeout, **kwargs)
+        if session is None:
+            code, job = salt_run("mpi.submit", timeout=timeout, **kwargs)
+        else:
+            _, job = session.call("mpi.submit", **kwargs)
+            code = 0 if isinstance(job, dict) and job.get("state") == "queued" else 1
+            job = job if isinstance(job, dict) else {"returned": job}
         if job.get("job_id"):
             self.ids.append(job["job_id"])
         if code != 0 or job.get("state") != "queued":

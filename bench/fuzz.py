@@ -68,11 +68,10 @@ sys.path.insert(0, str(REPO / "bench"))
 import mpi_request  # noqa: E402  (pure Python, no Salt needed)
 import mpi_sched  # noqa: E402
 from dmpi_bench import (  # noqa: E402
-    FINAL, MASTER, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
+    FINAL, MASTER, MASTER_PYTHON, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
     node_jobs, run, table, trap_sigterm, verdict, check_common_args,
 )
 
-MASTER_PYTHON = "/opt/saltstack/salt/bin/python3"
 APPROVED = ("mpi",)                    # pillar mpi:images of the test cluster
 GRAINS = {"roles": ["mpi-node"]}       # every node's grains (tests/cluster)
 SITE_LIMITS = {"max_walltime": 86400}  # pillar/testcluster.sls over the defaults

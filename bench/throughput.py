@@ -2,9 +2,10 @@
 """How many short 2-node jobs per minute does the DockerMPI queue run, and does it ever
 double-book a slot?
 
-Submits M jobs (default 20; np=4, nodes=2, ``hostname``) with ``salt-run mpi.submit`` as
-fast as one submitter can (``--parallel`` submitters at once), then polls ``mpi.list``
-until every one has ended, and reports:
+Submits M jobs (default 20; np=4, nodes=2, ``hostname``; ``--ranks-per-node 1``: np=2)
+with ``mpi.submit`` as fast as ``--parallel`` submitters can, each through a long-lived
+RunnerClient in the master as an API server calls it (``--via salt-run``: a salt-run
+process per call), then polls ``mpi.list`` until every one has ended, and reports:
 
 - jobs per minute: M / (last end - first submit);
 - queue wait (``timings.queued``, from submit until the scheduler started it): mean,
@@ -30,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
-    FINAL, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, salt_run, table,
-    trap_sigterm, verdict, check_common_args,
+    FINAL, NODES, SLOTS_PER_NODE, BenchError, Jobs, RunnerSession, Terminated, log, median,
+    salt_run, table, trap_sigterm, verdict, check_common_args,
 )
 
 T_ALL = 180     # wait at most this long for all jobs to end
@@ -72,21 +73,42 @@ def main(argv=None):
     parser.add_argument("--cmd", default="hostname", help="program of every job (default hostname)")
     parser.add_argument("--parallel", type=int, default=1,
                         help="concurrent salt-run mpi.submit calls (default 1)")
+    parser.add_argument("--ranks-per-node", type=int, default=SLOTS_PER_NODE,
+                        help=f"ranks on each of a job's 2 nodes (default {SLOTS_PER_NODE}: one "
+                             "job fills 2 nodes; 1 lets 3 jobs share the 3 nodes)")
+    parser.add_argument("--via", choices=("api", "salt-run"), default="api",
+                        help="submit (and poll) through one long-lived RunnerClient per "
+                             "submitter in the master, as an API server does (default), or "
+                             "through a salt-run process per call")
     parser.add_argument("--user", default="bench-tput", help="job user (starts with bench)")
     args = parser.parse_args(argv)
-    if not 1 <= args.jobs <= 200 or not 1 <= args.parallel <= 8:
-        parser.error("--jobs 1..200, --parallel 1..8")
+    if not 1 <= args.jobs <= 200 or not 1 <= args.parallel <= 8 \
+            or not 1 <= args.ranks_per_node <= SLOTS_PER_NODE:
+        parser.error(f"--jobs 1..200, --parallel 1..8, --ranks-per-node 1..{SLOTS_PER_NODE}")
+    np = 2 * args.ranks_per_node
     check_common_args(parser, args)
     trap_sigterm()
 
     jobs = Jobs(args.user)
     failure, records = None, {}
     submit_seconds = None
+    sessions = []
     try:
+        if args.via == "api":
+            sessions = [RunnerSession() for _ in range(args.parallel)]
+
+        def submit(number):
+            session = sessions[number % len(sessions)] if sessions else None
+            return jobs.submit(np, args.cmd, nodes=2, slots_per_node=args.ranks_per_node,
+                               walltime=120, session=session)
+
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            futures = [pool.submit(jobs.submit, 4, args.cmd, nodes=2, walltime=120)
-                       for _ in range(args.jobs)]
+            # submitter k makes calls k, k + parallel, ...: one session never serves two
+            # threads at once
+            futures = [pool.submit(lambda k=k: [submit(n) for n in
+                                                range(k, args.jobs, args.parallel)])
+                       for k in range(args.parallel)]
             for future in futures:
                 future.result()
         submit_seconds = time.monotonic() - t0
@@ -94,7 +116,11 @@ def main(argv=None):
         mine = set(jobs.ids)
         deadline = time.monotonic() + T_ALL
         while True:
-            code, listing = salt_run("mpi.list", user=args.user)
+            if sessions:
+                _, listing = sessions[0].call("mpi.list", user=args.user)
+                code = 0
+            else:
+                code, listing = salt_run("mpi.list", user=args.user)
             if not isinstance(listing, list):
                 raise BenchError(f"mpi.list (exit {code}): {listing!r}"[:1500])
             states = {j["job_id"]: j["state"] for j in listing if j["job_id"] in mine}
@@ -111,6 +137,8 @@ def main(argv=None):
     except BenchError as exc:
         failure = str(exc)
     finally:
+        for session in sessions:
+            session.close()
         try:
             jobs.close()
         except BenchError as exc:
@@ -126,8 +154,8 @@ def main(argv=None):
         by_state = {}
         for r in recs:
             by_state.setdefault(r["state"], []).append(r)
-        print(f"{len(recs)} jobs (np=4, nodes=2, {args.cmd!r}), submitted in "
-              f"{submit_seconds:.1f} s with {args.parallel} submitter(s)")
+        print(f"{len(recs)} jobs (np={np}, nodes=2, {args.cmd!r}), submitted in "
+              f"{submit_seconds:.1f} s by {args.parallel} submitter(s) through {args.via}")
         print(table(["jobs", "span s", "jobs/min", "wait mean", "wait median", "wait max",
                      "run median", "states"],
                     [[len(recs), span, 60 * len(recs) / span if span > 0 else None,
@@ -136,6 +164,8 @@ def main(argv=None):
                       median([r["ended"] - r["started"] for r in recs
                               if r.get("started") and r.get("ended")]),
                       ", ".join(f"{k}={len(v)}" for k, v in sorted(by_state.items()))]]))
+        if span > 0:
+            print(f"\nthroughput_np{np}_jobs_per_min {60 * len(recs) / span:.1f}")
         for state, rs in sorted(by_state.items()):
             if state != "succeeded":
                 for r in rs:
