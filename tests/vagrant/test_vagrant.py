@@ -15,8 +15,8 @@ import time
 import docker
 import pytest
 
-from tests.cluster.testcluster import REPO
-from tests.vagrant.vagrantcluster import PREFIX, STATE_DIR
+from tests.cluster.testcluster import REPO, TestCluster
+from tests.vagrant.vagrantcluster import PREFIX, STATE_DIR, setup_host
 
 IN_CI = os.environ.get("CI") == "true"
 NODES = ["node1", "node2", "node3"]
@@ -74,6 +74,9 @@ def leftovers(client):
 
 @pytest.fixture
 def clean_docker():
+    """A Docker engine with the images the machines run (built once, as
+    `dmpi-vagrant setup-host` does) and no Vagrant cluster yet."""
+    setup_host(TestCluster())
     client = docker.from_env(timeout=120)
     before = leftovers(client)
     if before:
@@ -101,7 +104,9 @@ def test_vagrant_up_runs_a_job_over_every_node_and_destroy_leaves_nothing(clean_
         except json.JSONDecodeError:
             pytest.fail(f"mpi.launch gave no JSON (exit {result.returncode}):\n"
                         f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-        assert job["state"] == "succeeded", job
+        assert job["state"] == "succeeded", json.dumps(
+            {key: job.get(key) for key in ("state", "reason", "failure", "history", "timings")},
+            indent=1)
         assert result.returncode == 0
         assert job["placement"] == {node: 2 for node in NODES}
         output = vagrant("ssh", NODES[-1], "-c",
