@@ -59,7 +59,7 @@ def test_vagrantfile_validates_for_every_provider(provider, options):
 
 
 def leftovers(client):
-    """Containers, volumes and networks of the Vagrant cluster, and its keys."""
+    """Containers, volumes and networks of the Vagrant cluster, and keys."""
     found = {
         "containers": [c.name for c in client.containers.list(all=True)
                        if c.name.startswith(PREFIX)],
@@ -67,7 +67,9 @@ def leftovers(client):
         "networks": [n.name for n in client.networks.list()
                      if any(c.get("Subnet") == VAGRANT_NETWORK
                             for c in (n.attrs.get("IPAM") or {}).get("Config") or [])],
-        "keys": sorted(str(p.relative_to(REPO)) for p in STATE_DIR.rglob("*")),
+        # Minion keys (ours), and the ssh keys Vagrant put in place of its insecure one.
+        "keys": sorted(str(p.relative_to(REPO)) for p in [
+            *STATE_DIR.rglob("*"), *(REPO / ".vagrant" / "machines").rglob("private_key")]),
     }
     return {kind: names for kind, names in found.items() if names}
 
@@ -92,6 +94,8 @@ def test_vagrant_up_runs_a_job_over_every_node_and_destroy_leaves_nothing(clean_
         started = time.monotonic()
         vagrant("up", "--provider=docker", timeout=900)
         timings["up"] = time.monotonic() - started
+        # What destroy must remove is really there now (so the final check can fail).
+        assert set(leftovers(clean_docker)) == {"containers", "volumes", "networks", "keys"}
 
         # The README's command, through vagrant ssh, as an admin would type it.
         launch = ["sudo", "salt-run", "mpi.launch", "user=demo", "image=mpi",
