@@ -283,10 +283,15 @@ class TestCluster:
             if tar.wait() != 0:
                 raise ClusterError("tar of the debootstrapped root failed")
 
-    def build_image(self, name, context_dir, extra=None):
-        """Build context_dir (plus extra {name: path}) as name:<content hash>, once."""
+    def build_image(self, name, context_dir, extra=None, buildargs=None):
+        """Build context_dir (plus extra {name: path}) as name:<content hash>, once.
+        buildargs (besides BASE) are part of the hash: a new parent image is a new tag."""
         extra = extra or {}
+        buildargs = {"BASE": BASE_IMAGE, **(buildargs or {})}
         tag = f"{name}:{tree_digest(context_dir)}"
+        if len(buildargs) > 1:
+            args = json.dumps(buildargs, sort_keys=True).encode()
+            tag += "-" + hashlib.sha256(args).hexdigest()[:8]
         try:
             self.docker.images.get(tag)
             return tag
@@ -301,7 +306,7 @@ class TestCluster:
             started = time.monotonic()
             for chunk in self.docker.api.build(
                 path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
-                buildargs={"BASE": BASE_IMAGE},
+                buildargs=buildargs,
             ):
                 if "error" in chunk:
                     raise ClusterError(f"building {tag}: {chunk['error']}")
@@ -454,7 +459,17 @@ class TestCluster:
 
     def publish_mpi_image(self, tag):
         """Push the MPI image to the cluster registry; pin its digest in the pillar."""
-        local = f"127.0.0.1:{REGISTRY_HOST_PORT}/dockermpi/mpi"
+        reference = self.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
+        pillar = {"mpi": {"images": {"mpi": reference}}}
+        self.put_file("master", "/srv/pillar-local/testcluster_images.sls",
+                      yaml.safe_dump(pillar).encode())
+        return reference
+
+    def push_image(self, tag, push_to, pull_from):
+        """Push a local image (name:version) to the registry reachable from here as
+        push_to; returns the reference the nodes pull by digest through pull_from."""
+        repository = tag.split(":", 1)[0]
+        local = f"{push_to}/{repository}"
         version = tag.split(":", 1)[1]
         self.docker.images.get(tag).tag(local, version)
         deadline = time.monotonic() + 30
@@ -473,11 +488,7 @@ class TestCluster:
             for d in self.docker.images.get(tag).attrs["RepoDigests"]
             if d.startswith(local + "@")
         )
-        reference = f"{REGISTRY}/dockermpi/mpi@{digest}"
-        pillar = {"mpi": {"images": {"mpi": reference}}}
-        self.put_file("master", "/srv/pillar-local/testcluster_images.sls",
-                      yaml.safe_dump(pillar).encode())
-        return reference
+        return f"{pull_from}/{repository}@{digest}"
 
     def sync_and_highstate(self):
         """Sync custom modules everywhere, apply highstate to every node, then check the

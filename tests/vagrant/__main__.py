@@ -1,0 +1,5 @@
+import sys
+
+from tests.vagrant.vagrantcluster import main
+
+sys.exit(main())
