@@ -17,6 +17,7 @@ in memory (heartbeats cost a dict update) and written to the store every few sec
 The object is not a Salt function: nothing here is callable by users.
 """
 
+import functools
 import ipaddress
 import logging
 import posixpath
@@ -85,9 +86,33 @@ def node_limits(config, ranks):
     }
 
 
-def address_pool(config):
-    """Every address of the job network's pool, in order."""
-    return [str(a) for a in ipaddress.ip_network(config["job_network"]["addresses"]).hosts()]
+@functools.lru_cache(maxsize=16)
+def _pool_bounds(cidr):
+    """(address class, first host as an int, number of hosts) of a job address pool."""
+    network = ipaddress.ip_network(cidr)
+    size = network.num_addresses - (2 if network.num_addresses > 2 else 0)
+    first = int(network.network_address) + (1 if network.num_addresses > 2 else 0)
+    return type(network.network_address), first, size
+
+
+def pick_addresses(cidr, start, count, taken):
+    """
+    ``count`` addresses of the pool ``cidr`` not in ``taken``, going round from index
+    ``start``: ``(addresses, index after the last one)``, or ``(None, start)`` when
+    the pool has fewer free. Round-robin, so an address just freed is reused last (peers
+    may still cache the link-layer address of a container that just left). Costs the
+    addresses looked at, not the size of the pool.
+    """
+    kind, first, size = _pool_bounds(cidr)
+    found = []
+    for step in range(min(size, count + len(taken))):
+        index = (start + step) % size
+        address = str(kind(first + index))
+        if address not in taken:
+            found.append(address)
+            if len(found) == count:
+                return found, (index + 1) % size
+    return None, start
 
 
 def job_environment(record, job_addresses):
@@ -157,6 +182,9 @@ class JobEngine:
         # containers are removed: a rank may still run until its container is gone.
         self.closing = {}
         self.plan_queued = False
+        # Addresses of containers on nodes not yet cleaned (only the engine writes them;
+        # the store keeps them across restarts).
+        self.address_holds = store.get_meta("address_holds", {})
 
     # ------------------------------------------------------------------ evidence in
 
@@ -166,7 +194,8 @@ class JobEngine:
             return
         now = self.clock()
         with self.lock:
-            was_alive = node in self.alive(now)
+            was_alive = node in self.nodes and bool(
+                self.lib["mpi_rules.alive"]({node: self.nodes[node]}, now))
             self.nodes[node] = {"last_seen": now, "report": report, "digest": report.get("digest"),
                                 "usable": not report.get("error")}
             self.heard.add(node)
@@ -473,18 +502,15 @@ class JobEngine:
         store = self.store
         with store.transaction() as conn:
             taken = {a for j in active for a in (j.get("job_addresses") or {}).values()}
-            taken |= set(store.get_meta("address_holds", {}, conn=conn))
+            taken |= set(self.address_holds)
             next_address = store.get_meta("next_job_address", 0, conn=conn)
             for job_id, placement in starts:
-                pool = address_pool(self.queue[job_id]["spec"]["config"])
-                # Round-robin through the pool: peers may still cache the link-layer
-                # address of a container that just left.
-                order = [pool[(next_address + i) % len(pool)] for i in range(len(pool))]
-                free_addresses = [a for a in order if a not in taken][:len(placement)]
-                if len(free_addresses) < len(placement):
+                cidr = self.queue[job_id]["spec"]["config"]["job_network"]["addresses"]
+                free_addresses, next_address = pick_addresses(cidr, next_address,
+                                                              len(placement), taken)
+                if free_addresses is None:
                     blocked[job_id] = "job addresses"
                     continue
-                next_address = (pool.index(free_addresses[-1]) + 1) % len(pool)
                 store.set_meta("next_job_address", next_address, conn=conn)
                 taken.update(free_addresses)
                 record = store.transition(
@@ -620,23 +646,19 @@ class JobEngine:
         containers."""
         if not pending:
             return
-        with self.store.transaction() as conn:
-            holds = self.store.get_meta("address_holds", {}, conn=conn)
+        with self.lock:
             for node in pending:
                 address = (record.get("job_addresses") or {}).get(node)
                 if address:
-                    holds[address] = {"job_id": record["job_id"], "node": node}
-            self.store.set_meta("address_holds", holds, conn=conn)
+                    self.address_holds[address] = {"job_id": record["job_id"], "node": node}
+            self.store.set_meta("address_holds", self.address_holds)
 
     def _release_addresses(self, node, jobs):
         """A node that reports no worker of a job any more frees that job's addresses."""
-        holds = self.store.get_meta("address_holds", {})
-        gone = [a for a, h in holds.items()
+        gone = [a for a, h in self.address_holds.items()
                 if h["node"] == node
                 and not ((jobs.get(h["job_id"]) or {}).get("containers") or {}).get("worker")]
         if gone:
-            with self.store.transaction() as conn:
-                holds = self.store.get_meta("address_holds", {}, conn=conn)
-                for address in gone:
-                    holds.pop(address, None)
-                self.store.set_meta("address_holds", holds, conn=conn)
+            for address in gone:
+                self.address_holds.pop(address, None)
+            self.store.set_meta("address_holds", self.address_holds)

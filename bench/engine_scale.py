@@ -14,8 +14,10 @@ idle
     second over ``--seconds`` (default 20), in % of one core. Salt's own cost of carrying
     those events (the master's request server decrypting each one) is not included.
 busy
-    500 jobs running (each with evidence in its nodes' reports) and 10 000 queued jobs
-    of 1-256 ranks, mostly small, with the cluster nearly full. Figures
+    500 jobs running (each with evidence in its nodes' reports; on 100 nodes five or so
+    per node, on more nodes each spanning its share of them, a slot left free on every
+    20th node) and 10 000 queued jobs of 1-256 ranks, mostly small: the cluster nearly
+    full. Figures
     ``engine_pass_<n>_nodes_ms``: one scheduling pass of the engine (store reads,
     ``mpi_sched.plan``, the store writes of the jobs that start), median of ``--repeat``;
     and ``engine_busy_cpu_<n>_nodes``: CPU per wall second as in idle, with the running
@@ -138,16 +140,27 @@ def build(nodes, running, queued, seed=1):
     reports = {n: {"engine": "ok", "jobs": {}, "time": now, "digest": "0"} for n in names}
     records = []
     free = {n: NODE_SLOTS for n in names}
+    address = iter(f"10.128.{k // 250}.{k % 250 + 1}" for k in range(1 << 16))
     for index in range(running):
-        node = names[index % nodes]
-        ranks = min(free[node], rng.randint(1, NODE_SLOTS))
-        if ranks <= 0:
-            continue
-        free[node] -= ranks
         job_id = f"20261201-000000-{index:06x}"
-        records.append(_record(job_id, "running", ranks, f"user{index % 50}", now, rng,
-                               {node: ranks}, {node: f"10.128.{index // 250}.{index % 250}"}))
-        reports[node]["jobs"][job_id] = _job_report(launcher=True)  # one node: its launcher
+        if nodes <= running:
+            # several one-node jobs per node, of random sizes, until the node is full
+            node = names[index % nodes]
+            ranks = min(free[node], rng.randint(1, NODE_SLOTS))
+            if ranks <= 0:
+                continue
+            placement = {node: ranks}
+        else:
+            # each job spans its own share of the nodes, leaving a slot free on every
+            # 20th node: the cluster is nearly full, as the scheduler meets it when busy
+            share = names[index * nodes // running:(index + 1) * nodes // running]
+            placement = {n: NODE_SLOTS - (1 if int(n[4:]) % 20 == 0 else 0) for n in share}
+        for node, ranks in placement.items():
+            free[node] -= ranks
+            reports[node]["jobs"][job_id] = _job_report(launcher=node == next(iter(placement)))
+        records.append(_record(job_id, "running", sum(placement.values()),
+                               f"user{index % 50}", now, rng, placement,
+                               {node: next(address) for node in placement}))
     # Fill the rest so that most of the queue waits, as on a busy cluster.
     for index in range(queued):
         np = min(256, max(1, int(rng.expovariate(1 / 6))))
