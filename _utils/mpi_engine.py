@@ -305,16 +305,18 @@ class JobEngine:
             for node in record.get("placement") or {}:
                 self.on_node.setdefault(node, set()).add(job_id)
 
-    def _evidence(self, now):
-        """The nodes as the rules see them: a node not heard since this engine started
-        counts as alive (without evidence) until restart_grace has passed."""
-        unheard = [n for n in self.nodes if n not in self.heard]
+    def _evidence(self, now, names):
+        """What the rules see of the nodes ``names``: a node not heard since this engine
+        started counts as alive (without evidence) until restart_grace has passed."""
         grace = self.lib["mpi_rules.timeouts"]()["restart_grace"]
-        if not unheard or now - self.started_at > grace:
-            return self.nodes
-        view = dict(self.nodes)
-        for node in unheard:
-            view[node] = dict(view[node], last_seen=now, usable=False)
+        judge_all = now - self.started_at > grace
+        view = {}
+        for node in names:
+            seen = self.nodes.get(node)
+            if seen is not None and not judge_all and node not in self.heard:
+                seen = dict(seen, last_seen=now, usable=False)
+            if seen is not None:
+                view[node] = seen
         return view
 
     # ------------------------------------------------------------------- decisions
@@ -323,7 +325,8 @@ class JobEngine:
         """The one step that ends jobs: apply the rules to the job's evidence."""
         if self.lib["mpi_rules.is_final"](record["state"]):
             return None
-        verdict = self.lib["mpi_rules.verdict"](record, self._evidence(now), now,
+        evidence = self._evidence(now, record.get("placement") or ())
+        verdict = self.lib["mpi_rules.verdict"](record, evidence, now,
                                                  judge_silence=now >= self.grace_until)
         if verdict is None:
             return None
