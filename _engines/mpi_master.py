@@ -62,9 +62,10 @@ class _CallFailed(CommandExecutionError):
 class SaltTransport:
     """How the engine reaches nodes and the event bus, through the master."""
 
-    def __init__(self, opts, runners):
+    def __init__(self, opts, runners, utils):
         self.opts = opts
         self.runners = runners
+        self.utils = utils
 
     def _client(self):
         return salt.client.get_local_client(mopts=self.opts)
@@ -73,20 +74,10 @@ class SaltTransport:
         """Run fun on minions in parallel; ``{minion: return}``; raises if any failed."""
         returns = self._client().cmd(list(minions), fun, kwarg=kwargs, tgt_type="list",
                                      timeout=timeout, full_return=True)
-        errors, results = {}, {}
-        for minion in minions:
-            answer = returns.get(minion)
-            if not isinstance(answer, dict) or "ret" not in answer:
-                errors[minion] = "did not answer"
-            elif answer.get("retcode", 0) != 0 or answer.get("success") is False:
-                errors[minion] = str(answer["ret"])
-            else:
-                results[minion] = answer["ret"]
+        results, errors = self.utils["mpi_engine.minion_returns"](returns, minions)
         if errors:
-            raise _CallFailed(
-                f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items())),
-                list(results),
-            )
+            raise _CallFailed(self.utils["mpi_engine.failed_calls_message"](fun, errors),
+                              list(results))
         return results
 
     def call_async(self, minions, fun, **kwargs):
@@ -142,8 +133,8 @@ def start(interval=1.0):
     opts, utils = _loaded(__opts__), _loaded(__utils__)
     store = utils["mpi_store.open_store"](os.path.join(opts["cachedir"], "dockermpi",
                                                        "jobs.sqlite"))
-    engine = utils["mpi_engine.new_engine"](store, SaltTransport(opts, _loaded(__runners__)),
-                                            utils)
+    transport = SaltTransport(opts, _loaded(__runners__), utils)
+    engine = utils["mpi_engine.new_engine"](store, transport, utils)
     interval = float(interval)
     next_pass = time.monotonic()
     log.info("DockerMPI job engine started")

@@ -86,19 +86,10 @@ def _call(client, minions, fun, timeout, **kwargs):
     returns = client.cmd(
         list(minions), fun, kwarg=kwargs, tgt_type="list", timeout=timeout, full_return=True
     )
-    errors = {}
-    results = {}
-    for minion in minions:
-        answer = returns.get(minion)
-        if not isinstance(answer, dict) or "ret" not in answer:
-            errors[minion] = "did not answer"
-        elif answer.get("retcode", 0) != 0 or answer.get("success") is False:
-            errors[minion] = str(answer["ret"])
-        else:
-            results[minion] = answer["ret"]
+    results, errors = __utils__["mpi_engine.minion_returns"](returns, minions)
     if errors:
         raise CommandExecutionError(
-            f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items())),
+            __utils__["mpi_engine.failed_calls_message"](fun, errors),
             info={"results": results, "errors": errors},
         )
     return results

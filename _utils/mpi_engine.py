@@ -46,6 +46,27 @@ class StartError(Exception):
     """A job could not be started; the message says why (without Salt's info dump)."""
 
 
+def minion_returns(returns, minions):
+    """Sort a ``LocalClient.cmd(..., full_return=True)`` answer: ``(results, errors)``,
+    ``{minion: return}`` of those that succeeded and ``{minion: why}`` of the others
+    (no answer, a non-zero retcode, or ``success`` false)."""
+    results, errors = {}, {}
+    for minion in minions:
+        answer = returns.get(minion)
+        if not isinstance(answer, dict) or "ret" not in answer:
+            errors[minion] = "did not answer"
+        elif answer.get("retcode", 0) != 0 or answer.get("success") is False:
+            errors[minion] = str(answer["ret"])
+        else:
+            results[minion] = answer["ret"]
+    return results, errors
+
+
+def failed_calls_message(fun, errors):
+    """One line naming each minion a call of ``fun`` failed on, and why."""
+    return f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))
+
+
 def public(record, waiting=None):
     """The job record as users see it (no internal scheduling data). ``closed`` is true
     once the job's clean-up is done (containers gone, status.json written);

@@ -4,6 +4,7 @@ decisions out. The nodes are a recording transport (the engine on the real clust
 tested by tests/integration); every other module is the real one.
 """
 
+import threading
 import time
 
 import pytest
@@ -112,6 +113,20 @@ def _settle(engine):
     engine.pool = engine_module.ThreadPoolExecutor(max_workers=8)
 
 
+def _hold_cleanups(transport):
+    """Make every clean-up call wait until the returned event is set."""
+    release = threading.Event()
+    plain_call = transport.call
+
+    def call(minions, fun, timeout, **kwargs):
+        if fun == "mpi_job.cleanup":
+            release.wait(10)
+        return plain_call(minions, fun, timeout, **kwargs)
+
+    transport.call = call
+    return release
+
+
 def _running_report(clock, job_id, **job):
     info = {"containers": {"worker": "running", "launcher": "running"},
             "launcher_exit_code": None, "failure": None, "limits_hit": [],
@@ -157,17 +172,8 @@ def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):
 def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
     # A failed job's other ranks run until the clean-up removes their containers: the
     # next job must not be placed on those slots before then.
-    import threading
     store, transport, clock, engine = world
-    release = threading.Event()
-    plain_call = transport.call
-
-    def call(minions, fun, timeout, **kwargs):
-        if fun == "mpi_job.cleanup":
-            release.wait(10)
-        return plain_call(minions, fun, timeout, **kwargs)
-
-    transport.call = call
+    release = _hold_cleanups(transport)
     first = _submit(store, clock, np=6)
     engine.job_requested(first)
     _settle(engine)
@@ -189,17 +195,8 @@ def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
 
 
 def test_a_succeeded_jobs_slots_are_free_before_its_clean_up(world):
-    import threading
     store, transport, clock, engine = world
-    release = threading.Event()
-    plain_call = transport.call
-
-    def call(minions, fun, timeout, **kwargs):
-        if fun == "mpi_job.cleanup":
-            release.wait(10)
-        return plain_call(minions, fun, timeout, **kwargs)
-
-    transport.call = call
+    release = _hold_cleanups(transport)
     first = _submit(store, clock, np=6)
     engine.job_requested(first)
     _settle(engine)
@@ -219,17 +216,8 @@ def test_a_succeeded_jobs_slots_are_free_before_its_clean_up(world):
 def test_slots_being_cleaned_up_are_reserved_for_the_head_of_the_queue(world):
     # While a cancelled job's containers are removed, a long job must not backfill the
     # idle node that the head of the queue needs as soon as the clean-up is done.
-    import threading
     store, transport, clock, engine = world
-    release = threading.Event()
-    plain_call = transport.call
-
-    def call(minions, fun, timeout, **kwargs):
-        if fun == "mpi_job.cleanup":
-            release.wait(10)
-        return plain_call(minions, fun, timeout, **kwargs)
-
-    transport.call = call
+    release = _hold_cleanups(transport)
     blocker = _submit(store, clock, np=4, spec=dict(_spec(), candidates=["node1", "node2"]))
     engine.job_requested(blocker)
     _settle(engine)
@@ -454,3 +442,19 @@ def test_addresses_of_uncleaned_containers_are_held_until_their_node_reports_the
     assert not set(store.get(other)["job_addresses"].values()) & set(held)
     engine.node_report("node1", {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d2"})
     assert set(store.get_meta("address_holds")) == {addresses["node2"]}
+
+
+def test_minion_returns_sorts_answers_failures_and_silence():
+    returns = {
+        "node1": {"ret": {"ok": 1}, "retcode": 0},
+        "node2": {"ret": "ERROR: no such job", "retcode": 1},
+        "node3": {"ret": "boom", "success": False},
+        "node4": "Minion did not return",
+    }
+    results, errors = engine_module.minion_returns(returns, ["node1", "node2", "node3",
+                                                              "node4", "node5"])
+    assert results == {"node1": {"ok": 1}}
+    assert errors == {"node2": "ERROR: no such job", "node3": "boom",
+                      "node4": "did not answer", "node5": "did not answer"}
+    assert engine_module.failed_calls_message("mpi_job.cleanup", errors).startswith(
+        "mpi_job.cleanup failed on node2: ERROR: no such job; node3: boom; node4: did not")
