@@ -533,15 +533,13 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     result = {"container": options["name"], "sshd_ready_seconds": time.monotonic() - started}
     if launcher and launcher.get("node") == __opts__["id"]:
         # The launcher's node starts mpirun itself once every peer's sshd proves it is
-        # the job's: one publish starts the whole job. The launcher container is created
-        # while the peers' containers still come up, and started once they answer.
-        created = _create_launcher(job_id, image, user, uid, gid, storage_path, job_root,
-                                   launcher["argv"], launcher.get("environment"),
-                                   launcher.get("limits"))
+        # the job's: one publish starts the whole job.
         peers = [a for a in addresses.values() if a != address]
         _wait_for_sshd(job_id, container, pid, peers, sshd_port, blob, deadline)
-        result["launcher"] = _start_launcher(job_id, created, storage_path, user, uid, gid,
-                                             launcher.get("status"))
+        result["launcher"] = start_launcher(
+            job_id, image, user, uid, gid, storage_path, job_root, launcher["argv"],
+            environment=launcher.get("environment"), status=launcher.get("status"),
+            limits=launcher.get("limits"))["container"]
         result["peers_ready_seconds"] = time.monotonic() - started
     return result
 
@@ -571,15 +569,6 @@ def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
     _check_job_id(job_id)
     _check_user(user)
     uid, gid = _check_ids(uid, gid)
-    created = _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
-                               environment, limits)
-    return {"container": _start_launcher(job_id, created, storage_path, user, uid, gid,
-                                         status)}
-
-
-def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
-                     environment, limits):
-    """The job's launcher container, created (not started) in its worker's namespace."""
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise SaltInvocationError("argv must be a non-empty list of strings")
     users_root = _users_root(storage_path)
@@ -589,23 +578,14 @@ def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv
     options = _container_options(job_id, "launcher", user, uid, gid,
                                  os.path.join(users_root, user), secret_dir, limits)
     options["environment"] = dict(environment or {}, **options["environment"])
-    options.pop("detach", None)  # (create never attaches)
     try:
-        return _client().containers.create(
-            image, argv, network_mode=f"container:dmpi-{job_id}-worker", **options)
-    except docker.errors.APIError as exc:
-        raise CommandExecutionError(f"cannot create the launcher of job {job_id}: {exc}") from exc
-
-
-def _start_launcher(job_id, container, storage_path, user, uid, gid, status):
-    """Start a created launcher; write ``status`` as the job's status.json once it runs."""
-    try:
-        container.start()
+        _client().containers.run(image, argv, network_mode=f"container:dmpi-{job_id}-worker",
+                                 **options)
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the launcher of job {job_id}: {exc}") from exc
     if status is not None:
         write_status(job_id, storage_path, user, uid, gid, status)
-    return container.name
+    return {"container": options["name"]}
 
 
 def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, user=None,
