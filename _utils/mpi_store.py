@@ -130,7 +130,17 @@ class JobStore:
 
     def jobs(self, states=None, user=None, conn=None):
         """Records in submission order, optionally only these states / this user."""
-        query, args = "SELECT port_slot, record FROM jobs", []
+        return [record for _, record in self._select(states, user, conn=conn)]
+
+    def jobs_after(self, seq, states=None):
+        """``[(seq, record)]`` of jobs submitted after ``seq`` (0: all), optionally only
+        in these states, in submission order: how the job engine keeps its view current
+        without reading every record again."""
+        return self._select(states, after=int(seq))
+
+    def _select(self, states=None, user=None, after=None, conn=None):
+        """``[(seq, record)]`` in submission order, filtered as :meth:`jobs` says."""
+        query, args = "SELECT seq, port_slot, record FROM jobs", []
         clauses = []
         if states:
             clauses.append(f"state IN ({','.join('?' * len(states))})")
@@ -138,22 +148,13 @@ class JobStore:
         if user:
             clauses.append("user = ?")
             args.append(user)
+        if after is not None:
+            clauses.append("seq > ?")
+            args.append(after)
         if clauses:
             query += " WHERE " + " AND ".join(clauses)
         with contextlib.ExitStack() as stack:
             conn = conn or stack.enter_context(self._connect())
-            rows = conn.execute(query + " ORDER BY seq", args).fetchall()
-        return [self._row(r) for r in rows]
-
-    def jobs_after(self, seq, states=None):
-        """``[(seq, record)]`` of jobs submitted after ``seq`` (0: all), optionally only
-        in these states, in submission order: how the job engine keeps its view current
-        without reading every record again."""
-        query, args = "SELECT seq, port_slot, record FROM jobs WHERE seq > ?", [int(seq)]
-        if states:
-            query += f" AND state IN ({','.join('?' * len(states))})"
-            args += list(states)
-        with self._connect() as conn:
             rows = conn.execute(query + " ORDER BY seq", args).fetchall()
         return [(row[0], self._row(row[1:])) for row in rows]
 
