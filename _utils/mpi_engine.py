@@ -206,6 +206,7 @@ class JobEngine:
         # Addresses of containers on nodes not yet cleaned (only the engine writes them;
         # the store keeps them across restarts).
         self.address_holds = store.get_meta("address_holds", {})
+        self.waiting = store.get_meta("waiting", {})  # as last written
 
     # ------------------------------------------------------------------ evidence in
 
@@ -215,8 +216,9 @@ class JobEngine:
             return
         now = self.clock()
         with self.lock:
-            was_alive = node in self.nodes and bool(
-                self.lib["mpi_rules.alive"]({node: self.nodes[node]}, now))
+            seen = self.nodes.get(node)
+            was_alive = seen is not None and node in self.lib["mpi_rules.alive"]({node: seen},
+                                                                                 now)
             self.nodes[node] = {"last_seen": now, "report": report, "digest": report.get("digest"),
                                 "usable": not report.get("error")}
             self.heard.add(node)
@@ -334,10 +336,11 @@ class JobEngine:
         view = {}
         for node in names:
             seen = self.nodes.get(node)
-            if seen is not None and not judge_all and node not in self.heard:
+            if seen is None:
+                continue
+            if not judge_all and node not in self.heard:
                 seen = dict(seen, last_seen=now, usable=False)
-            if seen is not None:
-                view[node] = seen
+            view[node] = seen
         return view
 
     # ------------------------------------------------------------------- decisions
@@ -372,7 +375,7 @@ class JobEngine:
         self.transport.fire(f"mpi/job/{ended['job_id']}/{state}",
                             {"job_id": ended["job_id"], "state": state, "reason": reason,
                              "exit_code": ended.get("exit_code")})
-        self._plan_soon()  # a succeeded job's slots are free now
+        self._plan_soon()  # the queue changed, and a succeeded job's slots are free
         if not closed and state != "succeeded":
             # mpirun returned 0 only after every rank and daemon ended: nothing of a
             # succeeded job still runs, its slots are free at once.
@@ -547,8 +550,9 @@ class JobEngine:
                 self.starting.add(job_id)
                 started.append(record)
             # Why each job waits, in one row (mpi.list and mpi.status show it).
-            if blocked != store.get_meta("waiting", {}, conn=conn):
+            if blocked != self.waiting:
                 store.set_meta("waiting", blocked, conn=conn)
+                self.waiting = blocked
         return started
 
     # ---------------------------------------------------------------------- start
