@@ -491,16 +491,12 @@ def list_(user=None, state=None):
         if unknown:
             return _failed_call(f"unknown job states: {unknown}")
     keys = ("job_id", "user", "state", "np", "placement", "submitted", "started", "ended",
-            "reason", "waiting_for")
+            "reason")
     store = _store()
     waiting = store.get_meta("waiting", {})  # why queued jobs wait, as last planned
-    rows = []
-    for record in store.jobs(states, user=user):
-        row = {k: record.get(k) for k in keys}
-        if record["state"] == "queued":
-            row["waiting_for"] = waiting.get(record["job_id"])
-        rows.append(row)
-    return rows
+    return [dict({k: r.get(k) for k in keys},
+                 waiting_for=waiting.get(r["job_id"]) if r["state"] == "queued" else None)
+            for r in store.jobs(states, user=user)]
 
 
 def cancel(job_id, reason="cancelled by request"):
