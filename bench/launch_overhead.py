@@ -33,7 +33,7 @@ api
     (the way an API server such as salt-api or the hub's service calls the runner): the
     client is made once, so a call pays no process start, no config and module loading.
 
-overhead = launch - plain (medians and minima), for salt-run and for the API. Aims:
+overhead = launch - plain (medians), for salt-run and for the API. Aims:
 under 1 s at 3 nodes through the API, and less than 25 % growth from 1 to 3 nodes.
 
 Run as root on the machine that runs the test cluster, from the repository root, holding

@@ -113,6 +113,13 @@ def _settle(engine):
     engine.pool = engine_module.ThreadPoolExecutor(max_workers=8)
 
 
+def _wait_while_queued(store, job_id, timeout=10):
+    """Wait for a worker thread of the engine to start the job (or give up)."""
+    deadline = time.monotonic() + timeout
+    while store.get(job_id)["state"] == "queued" and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _hold_cleanups(transport):
     """Make every clean-up call wait until the returned event is set."""
     release = threading.Event()
@@ -186,9 +193,7 @@ def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
     engine.tick()
     assert store.get(second)["state"] == "queued"  # node slots still held by the first
     release.set()
-    deadline = time.monotonic() + 10
-    while store.get(second)["state"] == "queued" and time.monotonic() < deadline:
-        time.sleep(0.01)  # the clean-up, when done, plans at once
+    _wait_while_queued(store, second)  # the clean-up, when done, plans at once
     _settle(engine)
     assert store.get(first)["closed"]
     assert store.get(second)["state"] == "running"
@@ -205,9 +210,7 @@ def test_a_succeeded_jobs_slots_are_free_before_its_clean_up(world):
     clock.now += 2
     engine.node_report("node1", _running_report(clock, first, launcher_exit_code=0))
     assert store.get(first)["state"] == "succeeded" and not store.get(first)["closed"]
-    deadline = time.monotonic() + 10
-    while store.get(second)["state"] == "queued" and time.monotonic() < deadline:
-        time.sleep(0.01)  # planned at once, not at the next tick
+    _wait_while_queued(store, second)  # planned at once, not at the next tick
     assert store.get(second)["state"] in ("starting", "running")
     release.set()
     _settle(engine)
@@ -232,9 +235,7 @@ def test_slots_being_cleaned_up_are_reserved_for_the_head_of_the_queue(world):
     assert store.get(long_)["state"] == "queued"
     assert store.get_meta("waiting")[long_] == f"reserved for {head}"
     release.set()
-    deadline = time.monotonic() + 10
-    while store.get(head)["state"] == "queued" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_while_queued(store, head)
     _settle(engine)
     assert store.get(head)["state"] == "running"
 
