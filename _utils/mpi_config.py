@@ -23,6 +23,7 @@ library only, no I/O.
 """
 
 import copy
+import hashlib
 import ipaddress
 import math
 import re
@@ -32,7 +33,9 @@ __all__ = [
     "contract",
     "container_name",
     "is_job_id",
+    "is_admin_caller",
     "is_user",
+    "user_for_identity",
     "merge",
     "problems",
     "validate",
@@ -124,12 +127,18 @@ _HOSTNAME_RE = re.compile(
 _INTERFACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}\Z")
 _MOUNT_OPTION_RE = re.compile(r"^[^\s,]+\Z")
 _REGISTRY_RE = re.compile(r"^[^\s/]+(?:/[0-9]{1,2})?\Z")
+_URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])"
+                     r"(?::[0-9]{1,5})?(?:/[^\s]*)?\Z")
+_PINNED_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*\Z")
+#: How users log in to the hub (``mpi:hub:authenticator``).
+HUB_AUTHENTICATORS = ("dummy", "github")
 
 #: Every setting: the keys of each mapping under ``mpi`` (the limits that are not in
 #: defaults.yaml are read by ``mpi_request`` when a site sets them).
 _KEYS = {
     "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "limits",
-         "storage", "docker", "job_network", "images", "job_root", "firewall"),
+         "storage", "docker", "job_network", "images", "job_root", "firewall", "hub",
+         "api"),
     "users": ("uid_min", "uid_max"),
     "ports": PORT_RANGES,
     "guest": ("user", "group", "uid", "gid"),
@@ -142,6 +151,16 @@ _KEYS = {
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries"),
     "job_network": ("name", "addresses", "parent"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
+    "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_ca",
+            "authenticator", "admin_users", "admin_token", "dummy", "github", "pip",
+            "limits", "venv", "state_dir"),
+    "hub:dummy": ("password", "allowed_users"),
+    "hub:github": ("package", "client_id", "client_secret", "callback_url",
+                   "allowed_organizations"),
+    "hub:pip": ("index_url", "find_links", "no_index"),
+    "hub:limits": ("memory_mb", "pids", "cpus"),
+    "api": ("host", "port", "tls_dir", "subject_alt_names", "certificate_days",
+            "token_expire", "auth_dir", "service", "salt_pip", "cherrypy"),
 }
 #: Limits a site may leave out (defaults.yaml has them all but these).
 _OPTIONAL = {"limits": ("max_cmd_words", "max_env_vars")}
@@ -210,6 +229,47 @@ def is_user(value):
         __utils__["mpi_config.is_user"]("alice")  # True
     """
     return isinstance(value, str) and bool(USER_RE.match(value))
+
+
+def is_admin_caller(name, master_user=None):
+    """
+    Whether Salt's name for a runner caller (``__user__``) is an admin's: ``root``, the
+    user the master runs as, or ``sudo_<name>`` (``salt-run`` under sudo). The eauth
+    module refuses such names from the hub, so a hub user can never be taken for one.
+
+    CLI Example:
+
+    .. code-block:: python
+
+        __utils__["mpi_config.is_admin_caller"]("root", "root")  # True
+    """
+    return isinstance(name, str) and (
+        name in ("root", master_user or "root") or name.startswith("sudo_"))
+
+
+def user_for_identity(identity):
+    """
+    The DockerMPI user name (directory, labels, records) of a JupyterHub user: the hub
+    name itself when it is already a valid user name (:data:`USER_RE`), else its
+    lowercased letters and digits with ``-`` for the rest, cut to 40, then ``-`` and 8
+    hex digits of the name's SHA-256 (``Ann.Lee@example.org`` -> ``ann-lee-example-org-
+    <hash>``), so two hub names never share a directory. (Someone may still register a
+    hub name equal to another's mapped name: the master's store binds each user name to
+    the first identity that used it.) ``ValueError`` for an empty or non-text identity.
+
+    CLI Example:
+
+    .. code-block:: python
+
+        __utils__["mpi_config.user_for_identity"]("Ann.Lee@example.org")
+    """
+    if not isinstance(identity, str) or not identity or len(identity) > 255:
+        raise ValueError(f"{_shown(identity)} is not a hub user name")
+    if USER_RE.match(identity):
+        return identity
+    base = re.sub(r"[^a-z0-9]+", "-", identity.lower()).strip("-")[:40].strip("-")
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{base or 'user'}-{digest}"
 
 
 def container_name(job_id, role):
@@ -374,6 +434,8 @@ class _Checker:
         self.check_job_network(sections["job_network"], cluster)
         self.check_images()
         self.check_firewall(sections["firewall"])
+        self.check_hub()
+        self.check_api()
         return self.out, self.found
 
     # ------------------------------------------------------------------- structure
@@ -717,6 +779,134 @@ class _Checker:
         if rules is not None and rules == rules6:
             self.problem(f"mpi:firewall:rules_file_ipv6 {rules6} is the same file as "
                          "mpi:firewall:rules_file")
+
+    def check_hub(self):
+        """``mpi:hub``: the JupyterHub host (salt/dockermpi/hub). What only the hub needs
+        (its URLs, a password or OAuth client) may stay empty here; the hub's own states
+        refuse to run without it."""
+        hub = self.mapping("hub")
+        if hub is None:
+            return
+        self.keys("hub", hub)
+        parts = {}
+        for part in ("dummy", "github", "pip", "limits"):
+            if part in hub:
+                parts[part] = self.mapping("hub", part)
+                if parts[part] is not None:
+                    self.keys(f"hub:{part}", parts[part])
+        self.text("hub", "image", pattern=IMAGE_NAME_RE,
+                  what="an approved image's short name (a key of mpi:images)")
+        for key, schemes, required in (("bind_url", ("http", "https"), True),
+                                       ("hub_bind_url", ("http",), True),
+                                       ("hub_api_url", ("http", "https"), False),
+                                       ("api_url", ("https",), False)):
+            self.url(("hub", key), schemes, required)
+        self.path("hub", "api_ca")
+        self.path("hub", "venv")
+        self.path("hub", "state_dir")
+        kind = hub.get("authenticator", _MISSING)
+        if kind is not _MISSING and kind not in HUB_AUTHENTICATORS:
+            self.problem(f"mpi:hub:authenticator must be one of "
+                         f"{', '.join(HUB_AUTHENTICATORS)}, got {_shown(kind)}")
+        for path in (("admin_users",), ("dummy", "allowed_users"),
+                     ("github", "allowed_organizations")):
+            value = self.get("hub", *path)
+            if value is None:
+                value = []
+                if path[0] in hub and (len(path) == 1 or parts.get(path[0]) is not None):
+                    self.put(("hub",) + path, value)
+            if value is not _MISSING and (
+                    not isinstance(value, list)
+                    or not all(isinstance(v, str) and v.strip() == v and v for v in value)):
+                self.problem(f"{_key('hub', *path)} must be a list of names, got "
+                             f"{_shown(value)}")
+        for path in (("admin_token",), ("dummy", "password"), ("github", "client_id"),
+                     ("github", "client_secret")):
+            value = self.get("hub", *path)
+            if value is not _MISSING and value is not None and not isinstance(value, str):
+                self.problem(f"{_key('hub', *path)} must be text, got a {type(value).__name__}")
+        token = self.get("hub", "admin_token")
+        if isinstance(token, str) and token and len(token) < 16:
+            self.problem("mpi:hub:admin_token must be at least 16 characters (it is an admin "
+                         "API token of the hub), or '' for no admin service")
+        package = self.get("hub", "github", "package")
+        if package is not _MISSING and not (
+                isinstance(package, str) and _PINNED_PACKAGE_RE.match(package)):
+            self.problem("mpi:hub:github:package must be a pinned requirement "
+                         f"name==version, got {_shown(package)}")
+        if kind == "github":
+            for key in ("client_id", "client_secret", "callback_url"):
+                if self.get("hub", "github", key) in ("", None):
+                    self.problem(f"mpi:hub:github:{key} is required when "
+                                 "mpi:hub:authenticator is github")
+            self.url(("hub", "github", "callback_url"), ("https", "http"), False)
+        if parts.get("pip") is not None:
+            self.url(("hub", "pip", "index_url"), ("https", "http"), False)
+            links = self.get("hub", "pip", "find_links")
+            if links not in ("", None, _MISSING) and not (
+                    isinstance(links, str) and not any(c.isspace() for c in links)):
+                self.problem("mpi:hub:pip:find_links must be a directory or URL without "
+                             f"white space, got {_shown(links)}")
+            no_index = self.get("hub", "pip", "no_index")
+            if no_index is not _MISSING and not isinstance(no_index, bool):
+                self.problem(f"mpi:hub:pip:no_index must be true or false, got "
+                             f"{_shown(no_index)}")
+            elif no_index is True and links in ("", None):
+                self.problem("mpi:hub:pip:no_index needs mpi:hub:pip:find_links (where "
+                             "else would pip find the hub's packages?)")
+        if parts.get("limits") is not None:
+            self.whole("hub", "limits", "memory_mb", minimum=64)
+            self.whole("hub", "limits", "pids", minimum=16)
+            cpus = self.get("hub", "limits", "cpus")
+            if cpus is not _MISSING:
+                if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or \
+                        not math.isfinite(cpus) or cpus <= 0:
+                    self.problem("mpi:hub:limits:cpus must be a number above 0 (CPUs of "
+                                 f"a notebook), got {_shown(cpus)}")
+                else:
+                    self.put(("hub", "limits", "cpus"), float(cpus))
+
+    def check_api(self):
+        """``mpi:api``: salt-api on the master (salt/dockermpi/api)."""
+        api = self.mapping("api")
+        if api is None:
+            return
+        self.keys("api", api)
+        host = self.get("api", "host")
+        if host is not _MISSING:
+            try:
+                ipaddress.ip_address(host if isinstance(host, str) else "")
+            except ValueError:
+                self.problem(f"mpi:api:host must be an IP address to listen on, got {_shown(host)}")
+        self.whole("api", "port", minimum=1, maximum=PORT_MAX)
+        self.whole("api", "certificate_days", minimum=31, maximum=3650)
+        self.whole("api", "token_expire", minimum=60)
+        for key in ("tls_dir", "auth_dir", "salt_pip"):
+            self.path("api", key)
+        self.text("api", "service", pattern=_PACKAGE_RE, what="a systemd service name")
+        names = self.get("api", "subject_alt_names")
+        if names is not _MISSING and not (
+                isinstance(names, list) and all(
+                    isinstance(n, str) and re.match(r"^(DNS|IP):[^\s,]+\Z", n) for n in names)):
+            self.problem("mpi:api:subject_alt_names must be a list like ['DNS:master.example.org', "
+                         f"'IP:10.0.0.2'], got {_shown(names)}")
+        package = self.get("api", "cherrypy")
+        if package is not _MISSING and not (
+                isinstance(package, str) and _PINNED_PACKAGE_RE.match(package)):
+            self.problem(f"mpi:api:cherrypy must be a pinned requirement name==version, got "
+                         f"{_shown(package)}")
+
+    def url(self, path, schemes, required):
+        """An absolute URL with one of ``schemes`` and a host; '' allowed unless required."""
+        value = self.get(*path)
+        if value is _MISSING or (not required and value in ("", None)):
+            return None
+        match = isinstance(value, str) and _URL_RE.match(value)
+        if not match or match.group("scheme") not in schemes:
+            shapes = " or ".join(f"{s}://host[:port][/path]" for s in schemes)
+            self.problem(f"{_key(*path)} must be a URL {shapes}, got {_shown(value)}")
+            return None
+        return value
 
 
 class _Missing:

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import time
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 STATES = ("queued",) + ACTIVE + FINAL
@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS users (
     name TEXT PRIMARY KEY,
     uid INTEGER NOT NULL UNIQUE,
     created REAL NOT NULL,
-    dir_ready INTEGER NOT NULL DEFAULT 0
+    dir_ready INTEGER NOT NULL DEFAULT 0,
+    identity TEXT UNIQUE
 );
 """
 
@@ -58,6 +59,9 @@ CREATE TABLE IF NOT EXISTS users (
     dir_ready INTEGER NOT NULL DEFAULT 0
 );
 """,
+    # 3: a user name is bound to the hub identity that first used it (hub logins).
+    2: "ALTER TABLE users ADD COLUMN identity TEXT;\n"
+       "CREATE UNIQUE INDEX IF NOT EXISTS users_identity ON users (identity);\n",
 }
 
 
@@ -78,9 +82,10 @@ class JobStore:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{path} has schema {version}; this code knows {SCHEMA_VERSION}")
-            if version == 0:
+            if version == 0:  # a new store: the current schema, nothing to migrate
                 conn.executescript(_SCHEMA)
-            for step in range(max(version, 1), SCHEMA_VERSION):
+                version = SCHEMA_VERSION
+            for step in range(version, SCHEMA_VERSION):
                 conn.executescript(_MIGRATIONS[step])
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -229,14 +234,26 @@ class JobStore:
         return {r[0]: {"last_seen": r[1], "report": json.loads(r[2])} for r in rows}
 
     # --- users ----------------------------------------------------------------------
-    def user_uid(self, name, uid_min, uid_max):
+    def user_uid(self, name, uid_min, uid_max, identity=None):
         """
         ``(uid, new)``: the user's own uid, allocated from ``[uid_min, uid_max]`` on first
         use. A uid is never handed out twice, even after its user's row is gone: the
         next one only ever grows. StoreError when the range is used up.
+
+        ``identity`` (a hub user name) binds the user name to it on first use; a user
+        name bound to another identity is refused (StoreError), so no hub user can take
+        another's directory by registering a name equal to its mapped name.
         """
         with self.transaction() as conn:
-            row = conn.execute("SELECT uid FROM users WHERE name = ?", (name,)).fetchone()
+            row = conn.execute("SELECT uid, identity FROM users WHERE name = ?",
+                               (name,)).fetchone()
+            if row and identity is not None and row[1] not in (None, identity):
+                raise StoreError(f"the user name {name!r} belongs to another hub user")
+            if row and identity is not None and row[1] is None:
+                if conn.execute("SELECT 1 FROM users WHERE identity = ?",
+                                (identity,)).fetchone():
+                    raise StoreError(f"the hub user {identity!r} already has a user name")
+                conn.execute("UPDATE users SET identity = ? WHERE name = ?", (identity, name))
             if row:
                 return row[0], False
             highest = conn.execute("SELECT MAX(uid) FROM users").fetchone()[0] or 0
@@ -245,8 +262,8 @@ class JobStore:
                 raise StoreError(
                     f"no uid left for user {name!r}: the range {uid_min}-{uid_max} is used up"
                 )
-            conn.execute("INSERT INTO users (name, uid, created) VALUES (?, ?, ?)",
-                         (name, uid, time.time()))
+            conn.execute("INSERT INTO users (name, uid, created, identity) VALUES (?, ?, ?, ?)",
+                         (name, uid, time.time(), identity))
             self.set_meta("next_uid", uid + 1, conn=conn)
             return uid, True
 
@@ -254,8 +271,10 @@ class JobStore:
         """``{name: {"uid": int, "created": t, "dir_ready": bool}}``."""
         with contextlib.ExitStack() as stack:
             conn = conn or stack.enter_context(self._connect())
-            rows = conn.execute("SELECT name, uid, created, dir_ready FROM users").fetchall()
-        return {r[0]: {"uid": r[1], "created": r[2], "dir_ready": bool(r[3])} for r in rows}
+            rows = conn.execute(
+                "SELECT name, uid, created, dir_ready, identity FROM users").fetchall()
+        return {r[0]: {"uid": r[1], "created": r[2], "dir_ready": bool(r[3]),
+                       "identity": r[4]} for r in rows}
 
     def set_user_dir_ready(self, name, ready=True):
         with self.transaction() as conn:

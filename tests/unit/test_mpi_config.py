@@ -271,7 +271,7 @@ CASES = [
     ({"slot_per_node": 4},
      "mpi:slot_per_node is not a DockerMPI setting (the keys of mpi are: users, guest, "
      "cluster_network, ports, slots_per_node, limits, storage, docker, job_network, "
-     "images, job_root, firewall)"),
+     "images, job_root, firewall, hub, api)"),
     ({"storage": {"nfs": {"servr": "x"}}},
      "mpi:storage:nfs:servr is not a DockerMPI setting (the keys of mpi:storage:nfs are: "
      "server, export, mount_options)"),
@@ -658,3 +658,73 @@ def test_state_fails_with_every_problem_one_per_line(test):
         "mpi:slots_per_node must be a whole number of at least 1, got 0",
         "mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999",
     ]
+
+
+# --------------------------------------------------------------------------- mpi:hub
+
+
+def test_hub_defaults_and_shipped_hub_pillars_are_valid():
+    assert DEFAULTS["hub"]["image"] == "notebook"
+    assert _problems(hub=TESTCLUSTER["hub"]) == []
+    hub_secrets = yaml.safe_load((REPO / "pillar/testcluster_hub.sls").read_text())["mpi"]
+    assert _problems(hub=mpi_config.merge(TESTCLUSTER["hub"], hub_secrets["hub"])) == []
+    assert _problems(hub=EXAMPLE["hub"]) == []
+
+
+@pytest.mark.parametrize(
+    "hub,expected",
+    [
+        ({"imagee": "notebook"},
+         "mpi:hub:imagee is not a DockerMPI setting (the keys of mpi:hub are: image, "
+         "bind_url, hub_bind_url, hub_api_url, api_url, api_ca, authenticator, "
+         "admin_users, admin_token, dummy, github, pip, limits, venv, state_dir)"),
+        ({"image": "note book"},
+         "mpi:hub:image 'note book' is not an approved image's short name (a key of "
+         "mpi:images)"),
+        ({"api_url": "http://10.0.0.2:8000"},
+         "mpi:hub:api_url must be a URL https://host[:port][/path], got "
+         "'http://10.0.0.2:8000'"),
+        ({"hub_api_url": "10.0.0.5:8081"},
+         "mpi:hub:hub_api_url must be a URL http://host[:port][/path] or "
+         "https://host[:port][/path], got '10.0.0.5:8081'"),
+        ({"authenticator": "pam"},
+         "mpi:hub:authenticator must be one of dummy, github, got 'pam'"),
+        ({"admin_token": "short"},
+         "mpi:hub:admin_token must be at least 16 characters (it is an admin API token "
+         "of the hub), or '' for no admin service"),
+        ({"admin_users": "alice"},
+         "mpi:hub:admin_users must be a list of names, got 'alice'"),
+        ({"github": {"package": "oauthenticator"}},
+         "mpi:hub:github:package must be a pinned requirement name==version, got "
+         "'oauthenticator'"),
+        ({"pip": {"no_index": True}},
+         "mpi:hub:pip:no_index needs mpi:hub:pip:find_links (where else would pip find "
+         "the hub's packages?)"),
+        ({"limits": {"pids": 0}},
+         "mpi:hub:limits:pids must be a whole number of at least 16, got 0"),
+        ({"state_dir": "var/lib/hub"},
+         "mpi:hub:state_dir must be an absolute path, got 'var/lib/hub'"),
+    ],
+)
+def test_hub_checks_name_the_key_and_the_problem(hub, expected):
+    assert _problems(hub=hub) == [expected]
+
+
+def test_hub_github_needs_its_oauth_client():
+    assert _problems(hub={"authenticator": "github"}) == [
+        "mpi:hub:github:client_id is required when mpi:hub:authenticator is github",
+        "mpi:hub:github:client_secret is required when mpi:hub:authenticator is github",
+        "mpi:hub:github:callback_url is required when mpi:hub:authenticator is github",
+    ]
+    assert _problems(hub={"authenticator": "github", "github": {
+        "client_id": "id", "client_secret": "secret",
+        "callback_url": "https://hub.example.org/hub/oauth_callback",
+        "allowed_organizations": ["lab"]}}) == []
+
+
+def test_hub_settings_normalised():
+    config = mpi_config.validate(_site(hub={"limits": {"cpus": 2}, "admin_users": None,
+                                            "venv": "/opt//hub/"}))
+    assert config["hub"]["limits"]["cpus"] == 2.0
+    assert config["hub"]["admin_users"] == []
+    assert config["hub"]["venv"] == "/opt/hub"

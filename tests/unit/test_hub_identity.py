@@ -1,0 +1,65 @@
+"""Hub identities as DockerMPI users: name mapping, admin names, binding in the store."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.extension import load_extension
+
+mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
+mpi_store = load_extension("_utils/mpi_store.py", "mpi_store")
+
+
+@pytest.mark.parametrize("name", ["alice", "Bob", "a-b_c", "x" * 64])
+def test_a_valid_user_name_is_its_own_user(name):
+    assert mpi_config.user_for_identity(name) == name
+
+
+@pytest.mark.parametrize("name, expected_start", [
+    ("Ann.Lee@example.org", "ann-lee-example-org-"),
+    ("ÄÖ", "user-"),
+    ("-dash", "dash-"),
+    ("x" * 65, "x" * 40 + "-"),
+    ("../../etc", "etc-"),
+])
+def test_other_hub_names_get_a_safe_name_with_a_hash(name, expected_start):
+    user = mpi_config.user_for_identity(name)
+    assert user.startswith(expected_start) and mpi_config.is_user(user)
+    assert len(user) == len(expected_start) + 8
+
+
+@given(st.text(min_size=1, max_size=255))
+def test_every_hub_name_maps_to_a_valid_user_name(name):
+    assert mpi_config.is_user(mpi_config.user_for_identity(name))
+
+
+@pytest.mark.parametrize("bad", ["", None, 5, "x" * 256])
+def test_no_identity_is_refused(bad):
+    with pytest.raises(ValueError):
+        mpi_config.user_for_identity(bad)
+
+
+@pytest.mark.parametrize("name, admin", [
+    ("root", True), ("salt", True), ("sudo_alice", True),
+    ("alice", False), ("Root", False), ("", False), (None, False)])
+def test_admin_names(name, admin):
+    assert mpi_config.is_admin_caller(name, "salt") is admin
+
+
+def test_a_user_name_stays_bound_to_the_hub_identity_that_took_it(tmp_path):
+    store = mpi_store.open_store(str(tmp_path / "jobs.sqlite"))
+    mapped = mpi_config.user_for_identity("Bob.Smith")
+    uid, new = store.user_uid(mapped, 100000, 100010, identity="Bob.Smith")
+    assert new
+    # Someone registers the mapped name itself at the hub: not the same person.
+    with pytest.raises(mpi_store.StoreError, match="belongs to another hub user"):
+        store.user_uid(mapped, 100000, 100010, identity=mapped)
+    assert store.user_uid(mapped, 100000, 100010, identity="Bob.Smith") == (uid, False)
+    assert store.users()[mapped]["identity"] == "Bob.Smith"
+
+
+def test_an_admin_made_user_is_claimed_once_by_its_hub_user(tmp_path):
+    store = mpi_store.open_store(str(tmp_path / "jobs.sqlite"))
+    uid, _ = store.user_uid("carol", 100000, 100010)  # salt-run mpi.add_user carol
+    assert store.user_uid("carol", 100000, 100010, identity="carol") == (uid, False)
+    assert store.users()["carol"]["identity"] == "carol"
