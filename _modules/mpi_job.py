@@ -701,16 +701,31 @@ def jobs(job_root="/var/lib/dockermpi/jobs"):
     return found
 
 
-def _read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes):
-    """The last bytes of a job's output file, read as the job's uid (decoded text)."""
-    data = _userfs("read_tail", uid, gid, root=_users_root(storage_path),
-                   parts=[user, JOBS_SUBDIR, job_id], name=stream, max_bytes=tail_bytes)
-    return data.decode(errors="replace")
+def _read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes, offset=None):
+    """Bytes of a job's output file, read as the job's uid."""
+    return _userfs("read_tail", uid, gid, root=_users_root(storage_path),
+                   parts=[user, JOBS_SUBDIR, job_id], name=stream, max_bytes=tail_bytes,
+                   offset=offset)
 
 
-def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_bytes=TAIL_BYTES):
+def _whole_characters(data):
+    """``data`` without a UTF-8 character cut off at its end (the follower reads it next)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return data
+        if byte >= 0xC0:  # the lead byte of the last character
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if length <= back else data[:-back]
+    return data
+
+
+def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_bytes=TAIL_BYTES,
+                offset=None):
     """
-    Return the tail of a job's standard output or standard error (text).
+    Return the tail of a job's standard output or standard error (text); with
+    ``offset``, ``{"data": text, "offset": where to read next}`` from that byte on (at
+    most ``tail_bytes``), for following a running job.
 
     job_id
         The job id.
@@ -741,8 +756,15 @@ def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_byte
         raise SaltInvocationError(f"tail_bytes must be an integer, got {tail_bytes!r}") from None
     if not 1 <= tail_bytes <= 16 << 20:
         raise SaltInvocationError(f"tail_bytes must be between 1 and 16 MiB, got {tail_bytes}")
+    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)
+                               or offset < 0):
+        raise SaltInvocationError(f"offset must be a non-negative integer, got {offset!r}")
     try:
-        return _read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes)
+        data = _read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes, offset)
+        if offset is None:
+            return data.decode(errors="replace")
+        data = _whole_characters(data)
+        return {"data": data.decode(errors="replace"), "offset": offset + len(data)}
     except CommandExecutionError as exc:
         raise CommandExecutionError(f"cannot read the {stream} of job {job_id}: {exc}") from exc
 
@@ -901,7 +923,7 @@ def _failed_rank(storage_path, job_id, job):
         return None
     try:
         text = _read_tail(storage_path, job["user"], int(job["uid"]), int(job["gid"]), job_id,
-                          "stderr", TAIL_BYTES)
+                          "stderr", TAIL_BYTES).decode(errors="replace")
     except (CommandExecutionError, SaltInvocationError, ValueError, TypeError) as exc:
         log.debug("job %s: cannot read stderr: %s", job_id, exc)
         return None

@@ -22,6 +22,7 @@ when not.
     ``mpi_sched`` and ``mpi_store`` utils modules
 """
 
+import datetime
 import logging
 import os
 import posixpath
@@ -50,6 +51,7 @@ JOBS_SUBDIR = "mpi-jobs"
 ENGINE_SILENCE = 30  # seconds without a sign of the job engine before submit refuses
 CANCEL_WAIT = 15  # seconds cancel waits for the engine to end the job
 _JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
+_JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
 
 
 def __virtual__():
@@ -72,6 +74,41 @@ def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env
         )
     except ValueError as exc:  # mpi_request.RequestError: a clear one-line reason
         raise SaltInvocationError(str(exc)) from None
+
+
+# ------------------------------------------------------------------------ callers
+
+
+def _hub_identity():
+    """The JupyterHub user calling through salt-api (eauth ``jupyterhub``), or None for
+    an admin: root on the master (``salt-run``) or the job engine. Salt sets
+    ``__user__`` to the authenticated name; the eauth module never lets a hub user
+    authenticate under an admin's name (``mpi_config.is_admin_caller``)."""
+    caller = globals().get("__user__")
+    if caller is None or __utils__["mpi_config.is_admin_caller"](caller, __opts__.get("user")):
+        return None
+    return caller
+
+
+def _acting_user(user):
+    """(whose job it is, hub identity or None): an admin names the user; a hub user is
+    themselves, whatever ``user`` says."""
+    identity = _hub_identity()
+    if identity is None:
+        return user, None
+    try:
+        own = __utils__["mpi_config.user_for_identity"](identity)
+    except ValueError as exc:
+        raise SaltInvocationError(str(exc)) from None
+    if user is not None and user not in (identity, own):
+        raise SaltInvocationError(
+            "user cannot be chosen: a hub user's jobs always run as themselves")
+    return own, identity
+
+
+def _require_admin(what):
+    if _hub_identity() is not None:
+        raise SaltInvocationError(f"{what} is for DockerMPI admins only")
 
 
 # ------------------------------------------------------------------- cluster access
@@ -205,14 +242,16 @@ def _storage_owner(config):
     return alive[0], storage["path"]
 
 
-def _user_uid(store, config, user, check_dir=False):
-    """The user's own uid (allocated on first use from ``mpi:users``), with their
-    directory owned by it (made once, or checked again with ``check_dir``: a job that
-    finds it gone resets that); CommandExecutionError when that cannot be had."""
+def _user_uid(store, config, user, check_dir=False, identity=None):
+    """The user's own uid (allocated on first use from ``mpi:users``, bound to the hub
+    ``identity`` when one calls), with their directory owned by it (made once, or
+    checked again with ``check_dir``: a job that finds it gone resets that);
+    CommandExecutionError when that cannot be had."""
     users = config["users"]
     try:
-        uid, _ = store.user_uid(user, int(users["uid_min"]), int(users["uid_max"]))
-    except RuntimeError as exc:  # mpi_store.StoreError: the uid range is used up
+        uid, _ = store.user_uid(user, int(users["uid_min"]), int(users["uid_max"]),
+                                identity=identity)
+    except RuntimeError as exc:  # mpi_store.StoreError: uid range used up, name taken
         raise CommandExecutionError(str(exc)) from None
     if check_dir or not store.users().get(user, {}).get("dir_ready"):
         minion, path = _storage_owner(config)
@@ -220,6 +259,16 @@ def _user_uid(store, config, user, check_dir=False):
               user=user, uid=uid, gid=uid)
         store.set_user_dir_ready(user)
     return uid
+
+
+def _job_name(name):
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _JOB_NAME_RE.match(name):
+        raise SaltInvocationError(
+            f"name {str(name)[:60]!r} is not a job name: letters, digits, '.', '_', '+' "
+            "and '-', starting with a letter or digit, at most 64 characters")
+    return name
 
 
 def _refresh_site(store, minion):
@@ -240,7 +289,7 @@ def _fresh_site(store):
 
 
 def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,
-           walltime=None, env=None, workdir=None):
+           walltime=None, env=None, workdir=None, name=None):
     """
     Queue an MPI job and return its id at once; it starts when all its slots are free.
 
@@ -255,6 +304,8 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         salt-run mpi.submit user=alice image=mpi np=6 cmd='python3 pi.py' walltime=10
     """
     try:
+        user, identity = _acting_user(user)
+        job_name = _job_name(name)
         all_nodes = _mpi_nodes()
         if not all_nodes:
             raise SaltInvocationError("there are no MPI nodes (grain roles:mpi-node)")
@@ -284,7 +335,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
                 f"user {request['user']} already has {queued_limit} jobs queued, the site's "
                 "limit (mpi:limits:max_queued_jobs_per_user); wait for some to start"
             )
-        uid = _user_uid(store, config, request["user"])
+        uid = _user_uid(store, config, request["user"], identity=identity)
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _rejected(exc)
     job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
@@ -293,6 +344,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     now = time.time()
     record = {
         "job_id": job_id,
+        "name": job_name,
         "user": request["user"],
         "uid": uid,
         "image": request["image"],
@@ -331,12 +383,13 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
 
 
 def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,
-           walltime=None, env=None, workdir=None):
+           walltime=None, env=None, workdir=None, name=None):
     """
     Run an MPI program across nodes in an approved image and wait for it to end.
 
     user
-        Whose job it is (a JupyterHub user name). Only ``<storage>/users/<user>`` is
+        Whose job it is (admins only: a hub user calling through salt-api is always
+        themselves, and may not name anyone else). Only ``<storage>/users/<user>`` is
         mounted, at ``/data`` (also HOME); output goes to ``/data/mpi-jobs/<job id>/``.
     image
         Short name of an approved image (pillar ``mpi:images``).
@@ -358,6 +411,9 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         ``{NAME: value}`` exported to every rank.
     workdir
         Working directory of the ranks, relative to the user's directory. Default: it.
+    name
+        A name for the job (like Slurm's ``--job-name``): letters, digits, ``.``, ``_``,
+        ``+``, ``-``, at most 64; ranks see it as ``DMPI_JOB_NAME``.
 
     The job waits in the queue while its slots are taken. Ctrl-C or SIGTERM cancels it
     (like ``srun``); a ``salt-run`` killed otherwise leaves it running and tracked
@@ -379,7 +435,7 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     """
     submitted = submit(user=user, image=image, np=np, cmd=cmd, nodes=nodes,
                        slots_per_node=slots_per_node, walltime=walltime, env=env,
-                       workdir=workdir)
+                       workdir=workdir, name=name)
     if submitted["state"] == "rejected":
         return submitted
     job_id = submitted["job_id"]
@@ -408,12 +464,17 @@ def _trap_sigterm():
 
 
 def _known_job(store, job_id):
-    """The record of an existing job; SaltInvocationError for a bad or unknown id."""
+    """The record of an existing job the caller may see (a hub user sees only their
+    own); SaltInvocationError for a bad id or any other job, alike."""
     if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
-        raise SaltInvocationError(f"{job_id!r} is not a job id (YYYYMMDD-HHMMSS-xxxxxx)")
+        raise SaltInvocationError(f"{str(job_id)[:40]!r} is not a job id (YYYYMMDD-HHMMSS-xxxxxx)")
     record = store.get(job_id)
+    if record is not None and _hub_identity() is not None:
+        own, _ = _acting_user(None)
+        if record["user"] != own:
+            record = None
     if record is None:
-        raise SaltInvocationError(f"no job {job_id}")
+        raise SaltInvocationError(f"no such job: {job_id}")
     return record
 
 
@@ -469,9 +530,21 @@ def status(job_id):
         return _failed_call(str(exc))
 
 
+def _states(state):
+    """The job states a ``state`` argument names (None: all); SaltInvocationError."""
+    if not state:
+        return None
+    states = [s.strip() for s in (state if isinstance(state, list) else str(state).split(","))]
+    unknown = sorted(set(states) - set(("queued",) + ACTIVE + FINAL))
+    if unknown:
+        raise SaltInvocationError(f"unknown job states: {str(unknown)[:200]}")
+    return states
+
+
 def list_(user=None, state=None):
     """
-    List jobs, oldest first: id, user, state, np, placement, times and reason.
+    List jobs, oldest first: id, name, user, state, np, placement, times and reason
+    (a hub user sees only their own).
 
     user
         Only this user's jobs.
@@ -484,14 +557,13 @@ def list_(user=None, state=None):
 
         salt-run mpi.list user=alice state=queued,running
     """
-    states = None
-    if state:
-        states = [s.strip() for s in (state if isinstance(state, list) else str(state).split(","))]
-        unknown = sorted(set(states) - set(("queued",) + ACTIVE + FINAL))
-        if unknown:
-            return _failed_call(f"unknown job states: {unknown}")
-    keys = ("job_id", "user", "state", "np", "placement", "submitted", "started", "ended",
-            "reason")
+    try:
+        user, _ = _acting_user(user)
+        states = _states(state)
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
+    keys = ("job_id", "name", "user", "state", "np", "placement", "submitted", "started",
+            "ended", "reason")
     store = _store()
     waiting = store.get_meta("waiting", {})  # why queued jobs wait, as last planned
     return [dict({k: r.get(k) for k in keys},
@@ -525,7 +597,7 @@ def cancel(job_id, reason="cancelled by request"):
     return ended
 
 
-def logs(job_id, stream="stdout", tail=65536):
+def logs(job_id, stream="stdout", tail=65536, offset=None):
     """
     Return the end of a job's standard output or error (read on one of the nodes).
 
@@ -533,6 +605,9 @@ def logs(job_id, stream="stdout", tail=65536):
         ``stdout`` or ``stderr``.
     tail
         How many bytes from the end, at most.
+    offset
+        Follow a running job instead: return ``{"data": text, "offset": n}``, at most
+        ``tail`` bytes from byte ``offset`` on; call again with ``n``.
 
     CLI Example:
 
@@ -553,10 +628,22 @@ def logs(job_id, stream="stdout", tail=65536):
         text = _call(_client(), readers[:1], "mpi_job.read_output", timeout=15, job_id=job_id,
                      storage_path=config["storage"]["path"], user=record["user"],
                      uid=record["uid"], gid=record["uid"], stream=stream,
-                     tail_bytes=_tail_bytes(tail))[readers[0]]
+                     tail_bytes=_tail_bytes(tail), offset=_offset(offset))[readers[0]]
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _failed_call(str(exc))
     return text
+
+
+def _offset(offset):
+    if offset is None:
+        return None
+    try:
+        offset = int(offset)
+    except (TypeError, ValueError, OverflowError):
+        raise SaltInvocationError(f"offset must be a byte offset, got {str(offset)[:40]!r}") from None
+    if not 0 <= offset < 1 << 62:
+        raise SaltInvocationError("offset must be a byte offset, 0 or more")
+    return offset
 
 
 def _tail_bytes(tail):
@@ -579,6 +666,10 @@ def nodes():
 
         salt-run mpi.nodes
     """
+    try:
+        _require_admin("mpi.nodes")
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
     store = _store()
     now = time.time()
     seen = store.nodes()
@@ -601,7 +692,98 @@ def nodes():
     return result
 
 
+def _moment(value, what):
+    """Epoch seconds from ``value``: a number, or an ISO date/time (UTC unless it says)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        when = datetime.datetime.fromisoformat(str(value)[:40])
+    except ValueError:
+        raise SaltInvocationError(
+            f"{what} must be a date like 2026-12-01 or 2026-12-01T14:30, got "
+            f"{str(value)[:40]!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def history(user=None, since=None, until=None, state=None):
+    """
+    Ended jobs, oldest first, with what they used (like Slurm's ``sacct``): id, name,
+    user, state, exit code, reason, ranks, nodes, submitted/started/ended, queue wait,
+    elapsed seconds and core-hours (ranks x elapsed). A hub user sees only their own.
+
+    user
+        Only this user's jobs (admins).
+    since, until
+        Only jobs that ended in this window: ISO dates or times (UTC unless given),
+        e.g. ``2026-12-01`` or ``2026-12-01T14:30``, or epoch seconds.
+    state
+        Only these final states (comma-separated), e.g. ``failed,timed_out``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.history user=alice since=2026-12-01 --out=json
+    """
+    try:
+        user, _ = _acting_user(user)
+        start, end = _moment(since, "since"), _moment(until, "until")
+        states = _states(state) or list(FINAL)
+        if set(states) - set(FINAL):
+            raise SaltInvocationError(f"history holds ended jobs only: {', '.join(FINAL)}")
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
+    rows = []
+    for record in _store().jobs(states, user=user):
+        ended = record.get("ended") or record.get("submitted")
+        if (start is not None and ended < start) or (end is not None and ended >= end):
+            continue
+        started = record.get("started")
+        elapsed = round(ended - started, 3) if started else 0.0
+        rows.append({
+            "job_id": record["job_id"], "name": record.get("name"), "user": record["user"],
+            "state": record["state"], "exit_code": record.get("exit_code"),
+            "reason": record.get("reason"), "np": record["np"],
+            "nodes": sorted(record.get("placement") or {}),
+            "submitted": record["submitted"], "started": started, "ended": ended,
+            "queue_wait": round((started or ended) - record["submitted"], 3),
+            "elapsed": elapsed, "core_hours": round(record["np"] * elapsed / 3600, 6),
+        })
+    return rows
+
+
 # ------------------------------------------------------------------- public: users
+
+
+def whoami():
+    """
+    Who is calling, as DockerMPI sees it. For a hub user (through salt-api): their hub
+    name, DockerMPI user name, uid and directory, made on first use; JupyterHub's
+    spawner asks this before it starts the user's notebook as that uid. For an admin:
+    ``{"admin": true, "caller": name}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.whoami
+    """
+    try:
+        user, identity = _acting_user(None)
+        if identity is None:
+            return {"admin": True, "caller": globals().get("__user__")}
+        store = _store()
+        config = _fresh_site(store)
+        uid = _user_uid(store, config, user, identity=identity)
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
+    return {"user": identity, "account": user, "uid": uid, "gid": uid,
+            "dir": posixpath.join(config["storage"]["path"], "users", user),
+            "dir_in_job": DATA_MOUNT}
 
 
 def add_user(user):
@@ -617,6 +799,7 @@ def add_user(user):
         salt-run mpi.add_user alice
     """
     try:
+        _require_admin("mpi.add_user")
         if not __utils__["mpi_request.valid_user"](user):
             raise SaltInvocationError(
                 "user is not a valid user name: letters, digits, '-' and '_' only, starting "
@@ -640,6 +823,10 @@ def users():
 
         salt-run mpi.users
     """
+    try:
+        _require_admin("mpi.users")
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
     return _store().users()
 
 
@@ -658,6 +845,7 @@ def migrate_users(from_uid=None):
         salt-run mpi.migrate_users
     """
     try:
+        _require_admin("mpi.migrate_users")
         store = _store()
         config = _fresh_site(store)
         from_uid = int(config["guest"]["uid"] if from_uid is None else from_uid)

@@ -144,6 +144,7 @@ def job_environment(record, job_addresses):
         "DMPI_NTASKS": str(record["np"]),
         "DMPI_NODELIST": ",".join(record["placement"]),
         "DMPI_ADDRESSES": ",".join(job_addresses[n] for n in record["placement"]),
+        "DMPI_JOB_NAME": record.get("name") or "",
     }
 
 

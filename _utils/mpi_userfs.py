@@ -320,9 +320,11 @@ def write_file(root, parts, name, data, mode=0o644):
                     os.unlink(temp, dir_fd=dir_fd)
 
 
-def read_tail(root, parts, name, max_bytes):
+def read_tail(root, parts, name, max_bytes, offset=None):
     """
-    Return the last ``max_bytes`` bytes of the regular file ``root/parts.../name``.
+    Return the last ``max_bytes`` bytes of the regular file ``root/parts.../name``; with
+    ``offset``, at most ``max_bytes`` from there on instead (what a follower reads next;
+    nothing past the end).
 
     Only the tail is read (with ``pread``), so a huge sparse file costs nothing. A FIFO,
     socket or device is refused without blocking.
@@ -351,6 +353,9 @@ def read_tail(root, parts, name, max_bytes):
         raise TypeError(f"max_bytes must be an int, not {type(max_bytes).__name__}")
     if not 0 < max_bytes <= MAX_TAIL_BYTES:
         raise ValueError(f"max_bytes must be between 1 and {MAX_TAIL_BYTES}, not {max_bytes}")
+    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)
+                               or offset < 0):
+        raise ValueError(f"offset must be a non-negative int, not {offset!r}")
     check_component(name)
     with _directory(root, parts) as (dir_fd, shown):
         target = posixpath.join(shown, name)
@@ -362,10 +367,12 @@ def read_tail(root, parts, name, max_bytes):
             found = os.fstat(fd)
             if not stat.S_ISREG(found.st_mode):
                 raise UserPathError(f"{target}: is {_kind(found.st_mode)}, not a regular file")
-            offset = max(0, found.st_size - max_bytes)
+            if offset is None:
+                offset = max(0, found.st_size - max_bytes)
+            end = min(found.st_size, offset + max_bytes)
             chunks = []
-            while offset < found.st_size:
-                chunk = os.pread(fd, found.st_size - offset, offset)
+            while offset < end:
+                chunk = os.pread(fd, end - offset, offset)
                 if not chunk:
                     break  # truncated meanwhile
                 chunks.append(chunk)
