@@ -55,7 +55,7 @@ DEFAULT_WALLTIME = 3600
 # No site limit can allow more; checked before any arithmetic on what the user wrote.
 WALLTIME_CEILING = 3650 * 86400
 WALLTIME_MAX_CHARS = 20
-WALLTIME_FORMS = "use seconds, 90s, 30m, 2h, 1d, MM:SS, HH:MM:SS, D-HH or D-HH:MM:SS"
+WALLTIME_FORMS = "use 90s, 30m, 2h, 1d, MM:SS, HH:MM:SS, D-HH or D-HH:MM:SS"
 MAX_NODES = 1000
 GRAIN_MAX_CHARS = 256
 ENV_NAME_MAX_CHARS = 128
@@ -177,28 +177,28 @@ def parse_walltime(value):
     Seconds from a walltime.
 
     value
-        A whole number of seconds (int, or float without fraction), or text: a number of
-        seconds, a number with a unit (``90s``, ``30m``, ``2h``, ``1d``), or Slurm's
+        Text: a number with a unit (``90s``, ``30m``, ``2h``, ``1d``), or Slurm's
         ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``. ASCII digits
         only, at most 20 characters, case and surrounding blanks ignored.
 
-    A bare number means seconds, not Slurm's minutes: Salt's YAML already turns ``2:00``
-    into 120 on the command line, so seconds is the only reading that stays consistent.
+    A bare number (``90``, or the int 90) is refused: it could mean seconds or, as in
+    Slurm, minutes, and either reading surprises someone. (Salt's YAML also turns ``2:00``
+    typed on the ``salt-run`` command line into the number 120, which is refused too
+    rather than read as two hours.) The ``mpi`` client of the notebook image takes a bare
+    number as minutes, like Slurm's ``-t``, and sends ``<n>m``.
 
     Returns the seconds (an int above zero, at most ten years); raises
     :class:`RequestError` otherwise.
     """
     shown = _shown(value)
-    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
-        raise RequestError(f"walltime {shown} is not a whole number of seconds")
-    if isinstance(value, (int, float)):
-        if value > WALLTIME_CEILING:
-            raise RequestError(f"walltime {shown} is longer than ten years")
-        total = int(value)
-    elif not isinstance(value, str):
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise RequestError(f"walltime {shown} is not a time: {WALLTIME_FORMS}")
-    else:
-        total = _parse_walltime_text(value, shown)
+    if not isinstance(value, str) or value.strip().isascii() and value.strip().isdigit():
+        raise RequestError(
+            f"walltime {shown} has no unit: a bare number could be seconds or minutes; "
+            f"{WALLTIME_FORMS} (on the salt-run command line quote a clock time, "
+            "walltime='\"2:00\"', which Salt would otherwise read as the number 120)")
+    total = _parse_walltime_text(value, shown)
     if total <= 0:
         raise RequestError(f"walltime {shown} must be longer than zero")
     if total > WALLTIME_CEILING:
@@ -218,7 +218,7 @@ def _parse_walltime_text(value, shown):
     if match is None:
         raise RequestError(f"walltime {shown} is not a time: {WALLTIME_FORMS}")
     if match["number"] is not None:
-        return int(match["number"]) * _WALLTIME_UNITS[match["unit"] or "s"]
+        return int(match["number"]) * _WALLTIME_UNITS[match["unit"]]
     parts = [int(part) for part in match["clock"].split(":")]
     if match["days"] is not None:
         parts += [0] * (3 - len(parts))  # D-HH, D-HH:MM: the clock counts from hours

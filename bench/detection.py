@@ -124,7 +124,7 @@ def wait_clean(node, job_id, start, timeout):
 
 
 def one_run(jobs, variant, hold):
-    job_id = jobs.submit(4, "sleep 300", nodes=2, walltime=240)
+    job_id = jobs.submit(4, "sleep 300", nodes=2, walltime="4m")
     job = jobs.wait_state(job_id, ("running",), T_RUNNING)
     first, cut_node = list(job["placement"])[:2]
     time.sleep(2)  # let the job settle (orted up on every node, beacons reporting)

@@ -212,7 +212,7 @@ class Jobs:
         self.user = user
         self.ids = []
 
-    def submit(self, np, cmd, nodes=None, slots_per_node=None, walltime=120, timeout=T_SALT,
+    def submit(self, np, cmd, nodes=None, slots_per_node=None, walltime="2m", timeout=T_SALT,
                session=None):
         """Submit through ``salt-run``, or through ``session`` (a RunnerSession)."""
         kwargs = {"user": self.user, "image": "mpi", "np": np, "cmd": cmd,

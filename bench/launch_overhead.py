@@ -65,7 +65,7 @@ from dmpi_bench import (  # noqa: E402
 
 PROGRAM = ["hostname"]
 BASE_CMD = ["sleep", "600"]
-WALLTIME = 120          # seconds; bounds each launch and the baseline job in the runner
+WALLTIME = "2m"         # bounds each launch and the baseline job in the runner
 T_LAUNCH = 150          # salt-run mpi.launch inside the master (walltime + slack)
 T_MPIRUN = 60           # plain mpirun inside the launcher container
 T_RUNNING = 60          # baseline job: queued -> running

@@ -100,7 +100,7 @@ def main(argv=None):
         def submit(number):
             session = sessions[number % len(sessions)] if sessions else None
             return jobs.submit(np, args.cmd, nodes=2, slots_per_node=args.ranks_per_node,
-                               walltime=120, session=session)
+                               walltime="2m", session=session)
 
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:

@@ -63,7 +63,7 @@ def test_a_start_that_fails_ends_the_job_once_with_the_reason(cluster):
     # once accepted and then sat in "starting" with its worker up.
     cluster.as_user("alice", ["mkdir", "-p", "/srv/dockermpi/users/alice/a b"])
     code, job = cluster.run_json("mpi.launch", user="alice", image="mpi", np=2,
-                                 cmd="hostname", workdir="a b", walltime=60)
+                                 cmd="hostname", workdir="a b", walltime="60s")
     assert code == 1
     if job["state"] != "rejected":
         assert job["state"] == "failed" and job["reason"].startswith("could not start"), job

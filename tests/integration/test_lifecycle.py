@@ -171,13 +171,13 @@ def test_more_jobs_than_capacity_run_in_order_without_double_booking(cluster):
 
 
 def test_backfill_uses_idle_slots_only_when_the_head_cannot_be_delayed(cluster):
-    blocker = submit(cluster, np=4, nodes="node1,node2", cmd=SLEEPER, walltime=60, user="bf-a")
+    blocker = submit(cluster, np=4, nodes="node1,node2", cmd=SLEEPER, walltime="60s", user="bf-a")
     wait_for(cluster, blocker, ("running",), 30)
     # head needs the whole cluster; short ends before the head could start; long_ would
     # hold node3 past that time.
     head = submit(cluster, np=6, cmd="hostname", user="bf-b")
-    short = submit(cluster, np=2, cmd="hostname", walltime=20, user="bf-c")
-    long_ = submit(cluster, np=2, cmd=SLEEPER, walltime=600, user="bf-d")
+    short = submit(cluster, np=2, cmd="hostname", walltime="20s", user="bf-c")
+    long_ = submit(cluster, np=2, cmd=SLEEPER, walltime="10m", user="bf-d")
     assert wait_for(cluster, short, ("succeeded",), 30)["state"] == "succeeded"
     waiting = {j["job_id"]: j for j in run(cluster, "mpi.list", state="queued")[1]}
     assert waiting[head]["waiting_for"] == "resources"
@@ -231,7 +231,7 @@ def test_cancel_of_a_queued_job_takes_it_out_of_the_queue(cluster):
 
 
 def test_walltime_ends_the_job_as_timed_out_and_cleans_within_10s(cluster):
-    job_id = submit(cluster, np=4, cmd=SLEEPER, walltime=4)
+    job_id = submit(cluster, np=4, cmd=SLEEPER, walltime="4s")
     job = wait_for(cluster, job_id, ("timed_out",), 40)
     assert "walltime" in job["reason"]
     overrun = job["ended"] - (entered(job, "running") + 4)
@@ -317,7 +317,7 @@ def test_a_silent_minion_fails_its_job_and_is_not_used_while_down(cluster, resto
 def test_a_master_restart_loses_nothing_and_the_queue_resumes(cluster):
     done = submit(cluster, np=2, cmd="hostname")
     wait_for(cluster, done, ("succeeded",), 30)
-    running = submit(cluster, np=6, cmd="sleep 25", walltime=120)
+    running = submit(cluster, np=6, cmd="sleep 25", walltime="2m")
     wait_for(cluster, running, ("running",), 30)
     queued = submit(cluster, np=2, cmd="hostname")
     cluster.exec("master", ["systemctl", "restart", "salt-master"])
