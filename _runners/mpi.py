@@ -301,7 +301,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
 
     .. code-block:: bash
 
-        salt-run mpi.submit user=alice image=mpi np=6 cmd='python3 pi.py' walltime=10
+        salt-run mpi.submit user=alice image=mpi np=6 cmd='python3 /data/pi.py' walltime=10m
     """
     try:
         user, identity = _acting_user(user)
@@ -371,7 +371,9 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
             "count": count,
             "per_node": request["slots_per_node"],
             "env": request["env"],
-            "workdir": request["workdir"],
+            # Concurrent jobs never share a default working directory: each gets its own.
+            "workdir": request["workdir"] if workdir not in (None, "")
+            else posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
             "config": {k: config[k] for k in ("cluster_network", "job_network", "ports",
                                              "storage", "job_root", "slots_per_node",
                                              "limits")},
@@ -405,12 +407,15 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     slots_per_node
         Ranks per node (at most the node's slots). Default: fill free slots.
     walltime
-        Time limit: seconds, ``30m``, ``2h``, or Slurm's ``MM:SS``, ``HH:MM:SS``,
-        ``D-HH:MM:SS``. Default one hour; at most pillar ``mpi:limits:max_walltime``.
+        Time limit with a unit: ``90s``, ``30m``, ``2h``, ``1d``, or Slurm's ``MM:SS``,
+        ``HH:MM:SS``, ``D-HH:MM:SS``; a bare number is refused (seconds or minutes?).
+        Default one hour; at most pillar ``mpi:limits:max_walltime``.
     env
         ``{NAME: value}`` exported to every rank.
     workdir
-        Working directory of the ranks, relative to the user's directory. Default: it.
+        Working directory of the ranks, relative to the user's directory (``.`` is the
+        directory itself). Default: the job's own directory, ``mpi-jobs/<job id>``, which
+        no other job shares (ranks see it as ``DMPI_JOB_DIR``).
     name
         A name for the job (like Slurm's ``--job-name``): letters, digits, ``.``, ``_``,
         ``+``, ``-``, at most 64; ranks see it as ``DMPI_JOB_NAME``.

@@ -99,7 +99,7 @@ def test_vagrant_up_runs_a_job_over_every_node_and_destroy_leaves_nothing(clean_
 
         # The README's command, through vagrant ssh, as an admin would type it.
         launch = ["sudo", "salt-run", "mpi.launch", "user=demo", "image=mpi",
-                  f"np={2 * len(NODES)}", "cmd=python3 pi.py", "--out=json"]
+                  f"np={2 * len(NODES)}", "cmd=python3 /data/pi.py", "--out=json"]
         started = time.monotonic()
         result = vagrant("ssh", "master", "-c", shlex.join(launch), timeout=300, check=False)
         timings["job"] = time.monotonic() - started
