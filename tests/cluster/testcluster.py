@@ -329,6 +329,13 @@ class TestCluster:
     def mpi_image(self):
         return self.build_image("dockermpi/mpi", REPO / "images" / "mpi")
 
+    def notebook_image(self):
+        """The MPI image plus JupyterLab, jupyterhub-singleuser and the mpi client."""
+        return self.build_image(
+            "dockermpi/notebook", REPO / "images" / "notebook", {"wheelhouse": WHEELHOUSE},
+            {"BASE": self.mpi_image()},
+        )
+
     # --- bring up -------------------------------------------------------------------
     def ensure_network(self, spec):
         name, subnet, gateway = spec

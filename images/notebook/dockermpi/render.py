@@ -1,0 +1,126 @@
+"""Job records and job lists as people read them (the ``mpi`` command's output)."""
+
+import time
+
+
+def clock(epoch):
+    """An epoch time as local ``YYYY-MM-DDTHH:MM:SS`` (like Slurm), ``-`` for none."""
+    if epoch is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
+
+
+def duration(seconds):
+    """Seconds as Slurm shows a time: ``M:SS``, ``H:MM:SS`` or ``D-HH:MM:SS``."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(round(seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def placement_text(placement):
+    """``{"node1": 2, "node2": 2}`` as ``node1:2,node2:2``."""
+    return ",".join(f"{node}:{ranks}" for node, ranks in (placement or {}).items()) or "-"
+
+
+def table(headers, rows):
+    """Rows of cells as left-aligned columns; the last column is never padded."""
+    cells = [headers] + [["-" if cell is None else str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [cell.ljust(width) for cell, width in zip(row[:-1], widths)] + [row[-1]]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
+
+
+def outcome_line(record):
+    """One line on how a job ended (or where it is): state, exit code, explanation."""
+    parts = [f"job {record.get('job_id')} {record.get('state')}"]
+    if record.get("exit_code") is not None:
+        parts.append(f"exit code {record['exit_code']}")
+    if record.get("placement"):
+        parts.append(f"on {placement_text(record['placement'])}")
+    line = "mpi: " + ", ".join(parts)
+    why = record.get("explanation") or record.get("reason")
+    return f"{line}: {why}" if why else line
+
+
+def record_text(record):
+    """A job record as a short report."""
+    elapsed = None
+    if record.get("started") is not None:
+        elapsed = (record.get("ended") or time.time()) - record["started"]
+    state = record.get("state")
+    if state and record.get("closed"):
+        state += " (cleaned up)"
+    lines = [f"job {record.get('job_id')}" + (f" ({record['name']})" if record.get("name") else "")]
+    fields = [
+        ("user", record.get("user")),
+        ("state", state),
+        ("exit code", record.get("exit_code")),
+        ("explanation", record.get("explanation")),
+        ("reason", record.get("reason") if not record.get("explanation") else None),
+        ("failure", record.get("failure")),
+        ("waiting for", record.get("waiting_for")),
+        ("ranks", record.get("np")),
+        ("placement", placement_text(record["placement"]) if record.get("placement") else None),
+        ("submitted", clock(record["submitted"]) if record.get("submitted") else None),
+        ("started", clock(record["started"]) if record.get("started") else None),
+        ("ended", clock(record["ended"]) if record.get("ended") else None),
+        ("elapsed", duration(elapsed) if elapsed is not None else None),
+        ("output", (record.get("output") or {}).get("dir_in_job")),
+    ]
+    width = max(len(label) for label, _ in fields)
+    lines += [f"  {label.ljust(width)}  {value}" for label, value in fields if value is not None]
+    history = record.get("history") or []
+    if history:
+        lines.append("  history")
+        for step in history:
+            reason = f"  {step['reason']}" if step.get("reason") else ""
+            lines.append(f"    {clock(step.get('at'))}  {step.get('state')}{reason}")
+    return "\n".join(lines)
+
+
+def queue_text(rows, now=None):
+    """Queued and running jobs like ``squeue``: TIME is how long a job has run; the last
+    column says where it runs or, in parentheses, why it waits."""
+    now = time.time() if now is None else now
+    lines = []
+    for row in rows:
+        started = row.get("started")
+        if row.get("state") == "queued":
+            where = f"({row.get('waiting_for') or 'waiting'})"
+        else:
+            where = placement_text(row.get("placement"))
+        ran = (row.get("ended") or now) - started if started else 0
+        lines.append([row.get("job_id"), row.get("name"), row.get("user"), row.get("state"),
+                      row.get("np"), duration(ran), where])
+    return table(["JOBID", "NAME", "USER", "STATE", "NP", "TIME", "NODELIST(REASON)"], lines)
+
+
+def history_text(rows):
+    """Ended jobs like ``sacct``."""
+    lines = []
+    for row in rows:
+        core_hours = row.get("core_hours")
+        lines.append([row.get("job_id"), row.get("name"), row.get("state"),
+                      row.get("exit_code"), row.get("np"), duration(row.get("elapsed")),
+                      f"{core_hours:.2f}" if isinstance(core_hours, (int, float)) else None,
+                      clock(row.get("ended")), row.get("explanation")])
+    return table(["JOBID", "NAME", "STATE", "EXIT", "NP", "ELAPSED", "CORE-H", "ENDED",
+                  "EXPLANATION"], lines)
+
+
+def whoami_text(identity):
+    """Who the master takes you for, and where your files are."""
+    return (f"user {identity.get('user')} (account {identity.get('account')}, "
+            f"uid {identity.get('uid')}, gid {identity.get('gid')})\n"
+            f"your directory: {identity.get('dir')} (in jobs: {identity.get('dir_in_job')})")
