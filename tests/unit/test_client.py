@@ -57,7 +57,8 @@ def parse(argv):
 
 
 # --- mpi submit/run arguments -> mpi.submit kwarg ------------------------------------------
-def test_submit_options_map_to_runner_arguments():
+def test_submit_options_map_to_runner_arguments(monkeypatch):
+    monkeypatch.chdir("/tmp")  # -D is relative to where mpi runs, like Slurm's
     args = parse(["submit", "-n", "6", "-N", "3", "--ntasks-per-node", "2", "-t", "30",
                   "-J", "pi", "-D", "work", "--image", "mpi", "--export", "OMP_NUM_THREADS=1",
                   "--export", "GREETING=a=b", "python3", "pi.py"])
@@ -65,7 +66,7 @@ def test_submit_options_map_to_runner_arguments():
         "cmd": ["python3", "pi.py"], "np": 6, "image": "mpi", "name": "pi", "nodes": 3,
         "slots_per_node": 2, "walltime": "30m", "env": {"OMP_NUM_THREADS": "1",
                                                         "GREETING": "a=b"},
-        "workdir": "work",
+        "workdir": "/tmp/work",
     }
 
 

@@ -6,6 +6,7 @@ the way Slurm's commands do.
 import argparse
 import datetime
 import json
+import os
 import sys
 
 from dockermpi.client import FINAL_STATES, Client, DockerMPIError, JobError
@@ -16,8 +17,8 @@ INTERRUPTED = 130  # what a shell reports for a program ended by Ctrl-C
 
 EXAMPLES = """\
 examples:
-  mpi run -n 6 python3 pi.py       run, show the output live, exit with the job's code
-  mpi submit -n 6 -t 30 -J pi python3 pi.py
+  mpi run -n 6 python3 ~/pi.py     run, show the output live, exit with the job's code
+  mpi submit -n 6 -t 30 -J pi -D . python3 pi.py     (-t 30: minutes; -D .: run here)
   mpi list; mpi status JOB; mpi logs -f JOB; mpi cancel JOB; mpi history --since 2026-12-01
 
 Output is for people; --json gives the API's answer as JSON. Configured by
@@ -41,6 +42,13 @@ def node_spec(text):
 def slurm_walltime(text):
     """``-t`` as Slurm reads it: a bare number is minutes (the master wants a unit)."""
     return f"{text}m" if text.isdigit() else text
+
+
+def working_directory(text):
+    """``-D``: relative to where ``mpi`` runs, as Slurm's is. The notebook sees your
+    directory at /data, the same path as the job's ranks, so the absolute path is theirs
+    too (the master refuses anything outside /data)."""
+    return os.path.normpath(os.path.join(os.getcwd(), text))
 
 
 def epoch_time(text):
@@ -69,9 +77,9 @@ def add_job_options(parser):
                         help="wall time: minutes (like Slurm), or 90s, 30m, 2h, 1d, MM:SS, "
                              "HH:MM:SS, D-HH:MM:SS")
     parser.add_argument("-J", "--job-name", dest="name", help="a name for the job")
-    parser.add_argument("-D", "--chdir", dest="workdir", metavar="DIR",
-                        help="working directory, relative to your directory (. is your "
-                             "directory; default: the job's own mpi-jobs/JOBID)")
+    parser.add_argument("-D", "--chdir", dest="workdir", metavar="DIR", type=working_directory,
+                        help="working directory, relative to where you are (-D . runs "
+                             "here; default: the job's own mpi-jobs/JOBID)")
     parser.add_argument("--image", metavar="NAME",
                         help="approved image to run in (default: $DOCKERMPI_IMAGE, this "
                              "notebook's image)")
