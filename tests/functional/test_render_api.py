@@ -20,6 +20,7 @@ def test_hub_tokens_reach_only_the_user_functions_of_the_mpi_runner(api_high):
     assert config["external_auth"] == {
         "jupyterhub": {"^url": HUB_API, "*": [{"@runner": [USER_FUNCTIONS]}]}}
     assert config["auth_dirs"] == ["/var/lib/dockermpi/salt-auth"]
+    assert config["netapi_enable_clients"] == ["runner"]
     assert config["rest_cherrypy"]["ssl_crt"] == "/etc/dockermpi/api/tls.crt"
     assert "disable_ssl" not in config["rest_cherrypy"]
 

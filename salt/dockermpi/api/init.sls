@@ -77,6 +77,10 @@ mpi-api-master-config:
           port: {{ api.port }}
           ssl_crt: {{ (api.tls_dir ~ "/tls.crt") | json }}
           ssl_key: {{ (api.tls_dir ~ "/tls.key") | json }}
+        # salt-api serves the runner client only: no local (minion), wheel or ssh
+        # calls, whoever asks.
+        netapi_enable_clients:
+          - runner
         auth_dirs:
           - {{ api.auth_dir | json }}
         # A salt-api /login token outlives a revoked hub token by at most this long
