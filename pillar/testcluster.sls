@@ -18,3 +18,12 @@ mpi:
   docker:
     insecure_registries:
       - 10.251.1.2:5000
+  # The hub host dmpi-hub (10.251.1.5). Its secrets are in testcluster_hub.sls (hub only).
+  hub:
+    image: notebook
+    hub_api_url: http://10.251.1.5:8081/hub/api
+    api_url: https://10.251.1.2:8000
+    limits:
+      memory_mb: 1024
+      pids: 256
+      cpus: 1.0

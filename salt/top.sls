@@ -8,3 +8,9 @@ base:
   'roles:mpi-node':
     - match: grain
     - dockermpi
+  'roles:mpi-hub':
+    - match: grain
+    - dockermpi.hub
+  'roles:mpi-master':
+    - match: grain
+    - dockermpi.api

@@ -10,9 +10,13 @@ engine are managed as services, as on real hosts. Layout on this machine:
   The kernel here has no NFS, so the platform (a Docker volume) shares it; pillar says
   ``storage.type: preshared``, which is also how a site with a cluster file system runs.
 - volume ``dmpi-<node>-docker``: each node engine's /var/lib/docker (overlay2 needs it).
+- hub host ``dmpi-hub`` (minion ``hub``, 10.251.1.5, role mpi-hub): JupyterHub, spawning
+  each user's notebook on its own engine (volume ``dmpi-hub-docker``); its proxy's port
+  8000 is published on 127.0.0.1:$DMPI_HUB_PORT (18000). The master host also runs a
+  minion (``master``, role mpi-master) for its salt-api; highstate runs there first.
 
 Everything is built offline: a debootstrapped Debian base, a local wheelhouse for Salt,
-and the MPI image pushed to the registry on the master host.
+and the MPI and notebook images pushed to the registry on the master host.
 """
 
 import hashlib
@@ -26,6 +30,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
 
 import docker
 import docker.errors
@@ -47,6 +52,13 @@ REGISTRY_HOST_PORT = int(os.environ.get("DMPI_REGISTRY_PORT", "15000"))
 SHARED_VOLUME = "dmpi-shared"
 SHARED_PATH = "/srv/dockermpi"
 NODE_ROLE_GRAINS = {"roles": ["mpi-node"]}
+MASTER_ROLE_GRAINS = {"roles": ["mpi-master"]}
+HUB = "dmpi-hub"
+HUB_ADDR = "10.251.1.5"
+HUB_ROLE_GRAINS = {"roles": ["mpi-hub"]}
+HUB_HOST_PORT = int(os.environ.get("DMPI_HUB_PORT", "18000"))
+#: The notebook containers' names on the hub host (salt/dockermpi/hub/files/dockermpi_spawner.py).
+NOTEBOOK_PREFIX = "dmpi-notebook"
 
 # What a container needs to boot systemd and run a nested Docker engine on this kernel
 # (--privileged is refused here: the bounding set lacks CAP_SYS_RESOURCE).
@@ -59,6 +71,32 @@ SYSTEMD_HOST_OPTIONS = {
     "cgroupns": "host",
     "environment": {"container": "docker"},
 }
+
+
+#: The hub API as the cluster reaches it (pillar/testcluster.sls mpi:hub:hub_api_url).
+HUB_API_URL = f"http://{HUB_ADDR}:8081/hub/api"
+#: One hub API call, run by python3 on the hub host: argv method, url, token, JSON body;
+#: prints the HTTP status, a newline and the answer's body.
+_HUB_API_CALL = """
+import sys, urllib.error, urllib.request
+method, url, token, body = sys.argv[1:5]
+request = urllib.request.Request(url, method=method, data=body.encode() if body else None,
+                                 headers={"Authorization": "token " + token,
+                                          "Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=60) as response:
+        status, text = response.status, response.read()
+except urllib.error.HTTPError as exc:
+    status, text = exc.code, exc.read()
+print(status)
+print(text.decode(errors="replace"))
+"""
+
+
+def hub_admin_token():
+    """The admin service's token of the test cluster's hub (pillar/testcluster_hub.sls)."""
+    pillar = yaml.safe_load((REPO / "pillar" / "testcluster_hub.sls").read_text())
+    return pillar["mpi"]["hub"]["admin_token"]
 
 
 class ClusterError(Exception):
@@ -126,8 +164,13 @@ class TestCluster:
         """Minion ids of the nodes, in order."""
         return [node_name(i) for i in range(1, self.node_count + 1)]
 
+    @property
+    def minions(self):
+        """Every minion id: the master host's own, the hub's, then the nodes'."""
+        return ["master", "hub", *self.nodes]
+
     def container(self, host):
-        """The container of ``master`` or a node's minion id."""
+        """The container of ``master``, ``hub`` or a node's minion id."""
         name = MASTER if host == "master" else f"dmpi-{host}"
         return self.docker.containers.get(name)
 
@@ -237,6 +280,132 @@ class TestCluster:
                 "--clear-groups", "--"]
         return self.exec(node or self.nodes[-1], drop + list(argv), check=check)
 
+    # --- the hub --------------------------------------------------------------------
+    def hub_api(self, method, path, body=None, token=None, check=True):
+        """Call the hub's REST API (``/hub/api<path>``) from the hub host itself, with
+        the admin service's token unless ``token`` is given; returns (HTTP status,
+        the parsed JSON answer, or its text, or None when empty). ``check`` raises on an
+        answer of 400 or more."""
+        argv = ["python3", "-c", _HUB_API_CALL, method, HUB_API_URL + path,
+                token or hub_admin_token(), "" if body is None else json.dumps(body)]
+        _, output = self.exec("hub", argv)
+        status, _, text = output.partition("\n")
+        status = int(status)
+        try:
+            answer = json.loads(text) if text.strip() else None
+        except json.JSONDecodeError:
+            answer = text
+        if check and status >= 400:
+            raise ClusterError(f"hub API {method} {path} answered {status}: {answer!r}")
+        return status, answer
+
+    def wait_for_hub(self, timeout=90):
+        """Wait until the hub's API answers (its version, without a token)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status, answer = self.hub_api("GET", "/", check=False)
+                if status == 200 and isinstance(answer, dict) and "version" in answer:
+                    return answer["version"]
+            except (ClusterError, ValueError):
+                status = answer = None
+            if time.monotonic() > deadline:
+                _, log = self.exec("hub", ["journalctl", "-u", "dockermpi-hub", "-n", "30",
+                                           "--no-pager"], check=False)
+                raise ClusterError(f"the hub does not answer ({status}: {answer!r}):\n{log}")
+            time.sleep(1)
+
+    def hub_user(self, name):
+        """The hub's model of user ``name``, created if missing."""
+        quoted = urllib.parse.quote(name, safe="")
+        status, found = self.hub_api("GET", f"/users/{quoted}", check=False)
+        if status == 404:
+            _, found = self.hub_api("POST", f"/users/{quoted}")
+        elif status != 200:
+            raise ClusterError(f"hub API GET /users/{name} answered {status}: {found!r}")
+        return found
+
+    def hub_token(self, name, expires_in=None):
+        """A new API token of hub user ``name`` (created if missing), as the user gets
+        one from the hub's token page."""
+        self.hub_user(name)
+        body = {"note": "dmpi-cluster test token"}
+        if expires_in is not None:
+            body["expires_in"] = expires_in
+        _, found = self.hub_api("POST", f"/users/{urllib.parse.quote(name, safe='')}/tokens",
+                                body)
+        return found["token"]
+
+    def notebook_container(self, name):
+        """The name of hub user ``name``'s notebook container on the hub host, or None."""
+        _, ids = self.exec("hub", ["docker", "ps", "-q", "--no-trunc", "--filter",
+                                   "label=io.dockermpi.notebook"], stdout_only=True)
+        if not ids.split():
+            return None
+        _, found = self.exec("hub", ["docker", "inspect", *ids.split()], stdout_only=True)
+        for container in json.loads(found):
+            if f"JUPYTERHUB_USER={name}" in (container["Config"]["Env"] or []):
+                return container["Name"].lstrip("/")
+        return None
+
+    def start_notebook(self, name, timeout=180):
+        """Start hub user ``name``'s notebook server (creating the user if missing) and
+        wait until the hub says it is ready; returns its container's name on the hub
+        host. A failed spawn raises ClusterError with the hub's message."""
+        self.hub_user(name)
+        quoted = urllib.parse.quote(name, safe="")
+        status, answer = self.hub_api("POST", f"/users/{quoted}/server", {}, check=False)
+        if status not in (201, 202, 400):  # 400: already running or pending
+            raise ClusterError(f"starting {name}'s notebook failed ({status}): {answer!r}")
+        deadline = time.monotonic() + timeout
+        while True:
+            _, user = self.hub_api("GET", f"/users/{quoted}")
+            server = (user.get("servers") or {}).get("")
+            if server and server.get("ready"):
+                container = self.notebook_container(name)
+                if container is None:
+                    raise ClusterError(f"{name}'s notebook is ready but has no container")
+                return container
+            if not server or time.monotonic() > deadline:
+                _, log = self.exec("hub", ["journalctl", "-u", "dockermpi-hub", "-n", "20",
+                                           "--no-pager"], check=False)
+                why = "never became ready" if server else "failed to start"
+                raise ClusterError(f"{name}'s notebook {why} ({status}: {answer!r}):\n{log}")
+            time.sleep(1)
+
+    def notebook_exec(self, name, argv, environment=None):
+        """Run argv in hub user ``name``'s notebook container as its user; returns
+        (exit code, stdout and stderr)."""
+        container = self.notebook_container(name)
+        if container is None:
+            raise ClusterError(f"{name} has no running notebook")
+        env = [f"--env={k}={v}" for k, v in (environment or {}).items()]
+        return self.exec("hub", ["docker", "exec", *env, container, *argv], check=False)
+
+    def stop_notebook(self, name, timeout=60):
+        """Stop hub user ``name``'s notebook server and wait until its container is gone."""
+        quoted = urllib.parse.quote(name, safe="")
+        status, answer = self.hub_api("DELETE", f"/users/{quoted}/server", check=False)
+        if status not in (202, 204, 400, 404):
+            raise ClusterError(f"stopping {name}'s notebook failed ({status}): {answer!r}")
+        deadline = time.monotonic() + timeout
+        while True:
+            status, user = self.hub_api("GET", f"/users/{quoted}", check=False)
+            stopped = status == 404 or not (user.get("servers") or {})
+            if stopped and self.notebook_container(name) is None:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{name}'s notebook did not stop: {user!r}")
+            time.sleep(0.5)
+
+    def delete_hub_user(self, name):
+        """Stop hub user ``name``'s notebook and delete the user from the hub."""
+        self.stop_notebook(name)
+        status, answer = self.hub_api("DELETE", f"/users/{urllib.parse.quote(name, safe='')}",
+                                      check=False)
+        if status not in (204, 404):
+            raise ClusterError(f"deleting hub user {name} failed ({status}): {answer!r}")
+
     # --- faults -------------------------------------------------------------------
     def cut(self, side_a, side_b):
         """A real partition: drop every packet between the addresses of side_a and those
@@ -255,6 +424,8 @@ class TestCluster:
         return heal
 
     def host_address(self, host):
+        if host == "hub":
+            return HUB_ADDR
         return MASTER_ADDR if host == "master" else node_address(int(host.removeprefix("node")))
 
     # --- images -------------------------------------------------------------------
@@ -289,7 +460,7 @@ class TestCluster:
         extra = extra or {}
         buildargs = {"BASE": BASE_IMAGE, **(buildargs or {})}
         tag = f"{name}:{tree_digest(context_dir)}"
-        if len(buildargs) > 1:
+        if buildargs != {"BASE": BASE_IMAGE}:  # a new parent image is a new tag
             args = json.dumps(buildargs, sort_keys=True).encode()
             tag += "-" + hashlib.sha256(args).hexdigest()[:8]
         try:
@@ -405,7 +576,7 @@ class TestCluster:
             "dmpi-master-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
             "dmpi-master-cache": {"bind": "/var/cache/salt", "mode": "rw"},
         }
-        for folder in ("_modules", "_states", "_runners", "_utils", "_engines"):
+        for folder in ("_modules", "_states", "_runners", "_utils", "_engines", "_auth"):
             mounts[str(REPO / folder)] = {"bind": f"/srv/salt-ext/{folder}", "mode": "ro"}
         _, created = self.start_host(
             MASTER, "master", image, MASTER_ADDR, mounts,
@@ -421,6 +592,31 @@ class TestCluster:
             self.exec("master", ["chown", "docker-registry:", "/var/lib/docker-registry"])
             self.exec("master", ["systemctl", "enable", "--now", "salt-master",
                                  "docker-registry"])
+            # The master host's own minion: highstate provisions its side (salt-api).
+            minion = {"id": "master", "master": MASTER_ADDR, "grains": MASTER_ROLE_GRAINS}
+            self.put_file("master", "/etc/salt/minion.d/cluster.conf",
+                          yaml.safe_dump(minion).encode())
+            self.exec("master", ["systemctl", "enable", "--now", "salt-minion"])
+
+    def up_hub(self, image):
+        """The hub host: a minion with role mpi-hub, its own engine, the shared storage,
+        the wheelhouse (pip has no index here) and the proxy's port on 127.0.0.1."""
+        mounts = {
+            SHARED_VOLUME: {"bind": SHARED_PATH, "mode": "rw"},
+            "dmpi-hub-docker": {"bind": "/var/lib/docker", "mode": "rw"},
+            "dmpi-hub-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
+            str(WHEELHOUSE): {"bind": str(WHEELHOUSE), "mode": "ro"},
+        }
+        _, created = self.start_host(
+            HUB, "hub", image, HUB_ADDR, mounts,
+            ports={"8000/tcp": ("127.0.0.1", HUB_HOST_PORT)},
+        )
+        self.wait_for_systemd("hub")
+        if created:
+            minion = {"id": "hub", "master": MASTER_ADDR, "grains": HUB_ROLE_GRAINS}
+            self.put_file("hub", "/etc/salt/minion.d/cluster.conf",
+                          yaml.safe_dump(minion).encode())
+            self.exec("hub", ["systemctl", "enable", "--now", "salt-minion"])
 
     def up_node(self, index, image):
         name = node_name(index)
@@ -441,9 +637,10 @@ class TestCluster:
             self.exec(name, ["systemctl", "enable", "--now", "salt-minion"])
 
     def wait_for_minions(self, timeout=120):
-        """Accept the nodes' keys (and only theirs) and wait until all answer."""
+        """Accept the keys of the cluster's minions (and only theirs) and wait until all
+        answer."""
         deadline = time.monotonic() + timeout
-        pending = set(self.nodes)
+        pending = set(self.minions)
         while pending:
             _, keys = self.salt_json(["salt-key", "--list=all"])
             accepted = set(keys.get("minions", []))
@@ -455,22 +652,31 @@ class TestCluster:
             if pending:
                 time.sleep(1)
         while True:
-            _, answers = self.salt_json(["salt", "-L", ",".join(self.nodes), "test.ping",
-                                         "--timeout=5"])
-            missing = [n for n in self.nodes if answers.get(n) is not True]
+            try:
+                _, answers = self.salt_json(["salt", "-L", ",".join(self.minions),
+                                             "test.ping", "--timeout=5"])
+            except ClusterError:  # the master may be restarting
+                answers = {}
+            missing = [n for n in self.minions if answers.get(n) is not True]
             if not missing:
                 return
             if time.monotonic() > deadline:
                 raise ClusterError(f"minions not answering: {missing}")
             time.sleep(1)
 
-    def publish_mpi_image(self, tag):
-        """Push the MPI image to the cluster registry; pin its digest in the pillar."""
-        reference = self.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
-        pillar = {"mpi": {"images": {"mpi": reference}}}
+    def publish_images(self, tags):
+        """Push images ({approved name: local tag}) to the cluster registry; approve them
+        by digest in the pillar; returns {name: reference}."""
+        references = {name: self.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
+                      for name, tag in tags.items()}
+        pillar = {"mpi": {"images": references}}
         self.put_file("master", "/srv/pillar-local/testcluster_images.sls",
                       yaml.safe_dump(pillar).encode())
-        return reference
+        return references
+
+    def publish_mpi_image(self, tag):
+        """Push the MPI image to the cluster registry; pin its digest in the pillar."""
+        return self.publish_images({"mpi": tag})["mpi"]
 
     def push_image(self, tag, push_to, pull_from):
         """Push a local image (name:version) to the registry reachable from here as
@@ -498,13 +704,16 @@ class TestCluster:
         return f"{pull_from}/{repository}@{digest}"
 
     def sync_and_highstate(self):
-        """Sync custom modules everywhere, apply highstate to every node, then check the
-        master really serves the job engine (runner, engine, node reports) before saying so."""
+        """Sync custom modules everywhere, apply highstate to every minion (the master
+        host's first), then check the master really serves the job engine (runner,
+        engine, node reports) and the hub answers before saying so."""
         self.sync_master()
-        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.sync_all"])
-        self.salt(["salt", "-L", ",".join(self.nodes), "saltutil.refresh_pillar", "wait=True"])
+        self.salt(["salt", "-L", ",".join(self.minions), "saltutil.sync_all"])
+        self.salt(["salt", "-L", ",".join(self.minions), "saltutil.refresh_pillar",
+                   "wait=True"])
         results = self.highstate()
         self.verify_master()
+        self.wait_for_hub()
         return results
 
     def sync_master(self, force_restart=False):
@@ -546,14 +755,39 @@ class TestCluster:
         raise ClusterError(f"the master does not serve the job engine: {problem}")
 
     def highstate(self, test=False):
-        """Apply highstate to every node; returns {node: {id: result}}; raises on failure."""
-        argv = ["salt", "-L", ",".join(self.nodes), "state.apply", "--timeout=600"]
+        """Apply highstate to the master host's minion, then to the hub and every node
+        (the hub needs the master's salt-api certificate from the mine); returns
+        {minion: {id: result}}; raises on failure."""
+        results = self._highstate(["master"], test)
+        if not test:
+            # Its state restarts salt-master when the API's configuration changed.
+            self.wait_for_minions()
+            self.wait_for_api_certificate()
+        results.update(self._highstate(["hub", *self.nodes], test))
+        return results
+
+    def wait_for_api_certificate(self, timeout=60):
+        """Wait until the master's salt-api certificate is in the Salt mine."""
+        deadline = time.monotonic() + timeout
+        argv = ["salt", "hub", "mine.get", "roles:mpi-master", "dockermpi_api_certificate",
+                "tgt_type=grain", "--timeout=10"]
+        while True:
+            _, found = self.salt_json(argv)
+            if (found.get("hub") or {}).get("master"):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the master's salt-api certificate never reached the "
+                                   f"mine: {found!r}")
+            time.sleep(1)
+
+    def _highstate(self, minions, test=False):
+        argv = ["salt", "-L", ",".join(minions), "state.apply", "--timeout=600"]
         if test:
             argv.append("test=True")
         started = time.monotonic()
         code, results = self.salt_json(argv)
         failed = {}
-        for node in self.nodes:
+        for node in minions:
             states = results.get(node)
             if not isinstance(states, dict):
                 failed[node] = states
@@ -565,14 +799,14 @@ class TestCluster:
             raise ClusterError("highstate failed:\n" + json.dumps(failed, indent=2))
         changed = {
             node: sorted(k for k, v in results[node].items() if v.get("changes"))
-            for node in self.nodes
+            for node in minions
         }
         step(
-            f"highstate{' (test)' if test else ''} on {len(self.nodes)} nodes took "
+            f"highstate{' (test)' if test else ''} on {', '.join(minions)} took "
             f"{time.monotonic() - started:.0f}s; changed states: "
             + ", ".join(f"{n}={len(c)}" for n, c in changed.items())
         )
-        return results
+        return {node: results[node] for node in minions}
 
     def up(self):
         """Bring the whole cluster up from nothing; safe to run again on a running one."""
@@ -580,21 +814,26 @@ class TestCluster:
         self.ensure_base_image()
         host_image = self.host_image()
         mpi_image = self.mpi_image()
+        notebook_image = self.notebook_image()
         for spec in (CLUSTER_NET, SITE_NET):
             self.ensure_network(spec)
         for volume in self.volume_names():
             self.ensure_volume(volume)  # labelled, so `down` removes every one
         step("starting master host (salt-master, registry)")
         self.up_master(host_image)
+        step("starting the hub host")
+        self.up_hub(host_image)
         for index in range(1, self.node_count + 1):
             step(f"starting {node_name(index)}")
             self.up_node(index, host_image)
         step("accepting minion keys, waiting for minions")
         self.wait_for_minions()
-        step("pushing the MPI image to the cluster registry")
-        reference = self.publish_mpi_image(mpi_image)
-        step(f"approved image mpi = {reference}")
-        step("highstate on all nodes (first run installs Docker on each node)")
+        step("pushing the MPI and notebook images to the cluster registry")
+        references = self.publish_images({"mpi": mpi_image, "notebook": notebook_image})
+        for name, reference in references.items():
+            step(f"approved image {name} = {reference}")
+        step("highstate on the master host, then the hub and all nodes (first run "
+             "installs Docker on each)")
         self.sync_and_highstate()
         step(f"cluster up in {time.monotonic() - started:.0f}s")
 
@@ -608,8 +847,8 @@ class TestCluster:
         self.container(node).put_archive("/var/tmp", tar_of({"pi.py": (FILES / "pi.py").read_bytes()}))
         self.exec(node, as_user + ["cp", "/var/tmp/pi.py", f"{account['dir']}/pi.py"])
         np = 2 * len(self.nodes)
-        step(f"salt-run mpi.launch user={user} image=mpi np={np} cmd='python3 pi.py'")
-        code, job = self.run_json("mpi.launch", user=user, image="mpi", np=np, cmd="python3 pi.py")
+        step(f"salt-run mpi.launch user={user} image=mpi np={np} cmd='python3 /data/pi.py'")
+        code, job = self.run_json("mpi.launch", user=user, image="mpi", np=np, cmd="python3 /data/pi.py")
         if not isinstance(job, dict):
             raise ClusterError(f"salt-run mpi.launch answered {str(job)[:300]!r} (exit {code})")
         if job.get("state") != "succeeded":
@@ -624,7 +863,7 @@ class TestCluster:
 
     def is_up(self):
         running = {c.name for c in self.containers() if c.status == "running"}
-        return {MASTER, *(f"dmpi-{n}" for n in self.nodes)} <= running
+        return {MASTER, HUB, *(f"dmpi-{n}" for n in self.nodes)} <= running
 
     def status(self):
         """Containers, addresses, whether each minion answers and its engine runs."""
@@ -663,7 +902,8 @@ class TestCluster:
 
     def volume_names(self):
         """Every named volume of the cluster's hosts."""
-        names = [SHARED_VOLUME, "dmpi-registry", "dmpi-master-pki", "dmpi-master-cache"]
+        names = [SHARED_VOLUME, "dmpi-registry", "dmpi-master-pki", "dmpi-master-cache",
+                 "dmpi-hub-docker", "dmpi-hub-pki"]
         for node in self.nodes:
             names += [f"dmpi-{node}-docker", f"dmpi-{node}-pki"]
         return names

@@ -1,0 +1,77 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+{%- from tplroot ~ "/map.jinja" import mpi with context %}
+{#- jupyterhub_config.py is the same everywhere; the site's choices reach it as
+    settings.json (0600: admin token, login secrets) rendered from mpi:hub. The spawner
+    module lies beside them, on the service's PYTHONPATH. #}
+{%- set hub = mpi.hub %}
+{%- set settings = {
+      "image": hub.image,
+      "image_reference": (mpi.images or {}).get(hub.image | string, ""),
+      "bind_url": hub.bind_url,
+      "hub_bind_url": hub.hub_bind_url,
+      "hub_api_url": hub.hub_api_url,
+      "api_url": hub.api_url,
+      "api_ca": hub.api_ca,
+      "users_dir": mpi.storage.path ~ "/users",
+      "state_dir": hub.state_dir,
+      "proxy_command": "/usr/bin/configurable-http-proxy",
+      "authenticator": hub.authenticator,
+      "admin_users": hub.admin_users,
+      "admin_token": hub.admin_token,
+      "dummy": hub.dummy,
+      "github": hub.github,
+      "limits": hub.limits,
+    } %}
+
+include:
+  - {{ tplroot }}.config
+  - .settings
+
+mpi-hub-config-directory:
+  file.directory:
+    - name: /etc/dockermpi/hub
+    - user: root
+    - group: root
+    - mode: '0700'
+    - makedirs: True
+    - require:
+      - sls: {{ tplroot }}.config
+      - sls: {{ tplroot }}.hub.settings
+
+mpi-hub-config-settings-json:
+  file.serialize:
+    - name: /etc/dockermpi/hub/settings.json
+    - serializer: json
+    - dataset: {{ settings | json }}
+    - user: root
+    - group: root
+    - mode: '0600'
+    - show_changes: False
+    - require:
+      - sls: {{ tplroot }}.config
+      - sls: {{ tplroot }}.hub.settings
+      - file: mpi-hub-config-directory
+
+mpi-hub-config-jupyterhub-config:
+  file.managed:
+    - name: /etc/dockermpi/hub/jupyterhub_config.py
+    - source: salt://{{ tpldir }}/files/jupyterhub_config.py
+    - user: root
+    - group: root
+    - mode: '0644'
+    - require:
+      - sls: {{ tplroot }}.config
+      - sls: {{ tplroot }}.hub.settings
+      - file: mpi-hub-config-directory
+
+mpi-hub-config-spawner-module:
+  file.managed:
+    - name: /etc/dockermpi/hub/dockermpi_spawner.py
+    - source: salt://{{ tpldir }}/files/dockermpi_spawner.py
+    - user: root
+    - group: root
+    - mode: '0644'
+    - require:
+      - sls: {{ tplroot }}.config
+      - sls: {{ tplroot }}.hub.settings
+      - file: mpi-hub-config-directory

@@ -1,0 +1,176 @@
+"""
+DockerMPI's JupyterHub spawner: DockerSpawner on the hub host's own Docker engine (its
+unix socket), with identity and uid from the DockerMPI master.
+
+Before a user's notebook server starts, the spawner asks the master's salt-api who the
+user is (runner ``mpi.whoami`` through eauth ``jupyterhub``, with the server's own hub
+token as password, TLS verified against the master's certificate). The answer names the
+user's account (a name safe for Docker), uid, gid and directory on the shared storage,
+which the master has created and owns by that uid before it answers. The container then
+runs as ``uid:gid`` with that directory alone bind-mounted at ``/data`` (HOME and working
+directory), every capability dropped, no-new-privileges, memory, pids and CPU limits,
+and the master's certificate mounted read-only for the ``mpi`` client inside.
+
+Installed by the dockermpi.hub state next to jupyterhub_config.py (on PYTHONPATH of the
+dockermpi-hub service).
+
+:depends: jupyterhub, dockerspawner 14, tornado
+"""
+
+import html
+import json
+import os.path
+import re
+
+from dockerspawner import DockerSpawner
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Float, Unicode
+
+#: Where the user's directory appears in the notebook (as in job containers).
+DATA_MOUNT = "/data"
+#: Where the master's certificate appears in the notebook.
+CA_MOUNT = "/etc/dockermpi/api-ca.pem"
+#: The answer of mpi.whoami: every key the spawner needs.
+WHOAMI_KEYS = ("user", "account", "uid", "gid", "dir", "dir_in_job")
+#: An account as the master hands it out (it names a container and a directory).
+ACCOUNT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+#: Lowest uid/gid a user may run as (the master's uid range starts above it).
+ID_FLOOR = 1000
+
+
+class WhoamiError(web.HTTPError):
+    """The master did not give the user's identity; the spawn fails with this message
+    (an HTTP error, so the hub shows it to the user and API callers, not just 'error')."""
+
+    def __init__(self, message):
+        super().__init__(503, "%s", message)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+def _why(body):
+    """What an error answer of salt-api says, in one line: its JSON, or the <p> of the
+    HTML page CherryPy sends."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+    found = re.search(r"<p>(.*?)</p>", text, re.S)
+    if found:
+        text = html.unescape(found.group(1))
+    return " ".join(text.split())[:300]
+
+
+def check_identity(found, user, users_dir):
+    """The master's answer for ``user``, checked: a dict of :data:`WHOAMI_KEYS` whose
+    ``dir`` is ``<users_dir>/<account>``; raises :class:`WhoamiError` saying what is wrong."""
+    if not isinstance(found, dict) or not all(k in found for k in WHOAMI_KEYS):
+        raise WhoamiError(f"mpi.whoami answered {str(found)[:300]!r}, not the keys "
+                          f"{', '.join(WHOAMI_KEYS)}")
+    if found["user"] != user:
+        raise WhoamiError(f"mpi.whoami answered for {found['user']!r}, not {user!r}")
+    account = found["account"]
+    if not isinstance(account, str) or not ACCOUNT_RE.match(account):
+        raise WhoamiError(f"mpi.whoami gave the account {account!r}, which is no safe name")
+    for key in ("uid", "gid"):
+        value = found[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < ID_FLOOR:
+            raise WhoamiError(f"mpi.whoami gave {key} {value!r}: a user never runs as "
+                              f"an id below {ID_FLOOR}")
+    expected = os.path.join(users_dir, account)
+    if found["dir"] != expected:
+        raise WhoamiError(f"mpi.whoami gave the directory {found['dir']!r}, not {expected!r}")
+    return found
+
+
+class DockerMPISpawner(DockerSpawner):
+    """DockerSpawner that runs each notebook as the user's own uid from the master, with
+    only the user's directory mounted. Configure ``api_url``, ``api_ca``, ``users_dir``,
+    ``image_name`` (besides DockerSpawner's ``image``, the approved reference by digest)."""
+
+    api_url = Unicode(
+        help="The master's salt-api (https://host:port), as the hub and notebooks reach it."
+    ).tag(config=True)
+    api_ca = Unicode(
+        help="The master's certificate (PEM) on the hub host: verifies salt-api's TLS and "
+        "is mounted read-only into every notebook."
+    ).tag(config=True)
+    users_dir = Unicode(
+        help="<storage path>/users on the hub host: where mpi.whoami's directories lie."
+    ).tag(config=True)
+    image_name = Unicode(
+        help="Short name of the approved image (DOCKERMPI_IMAGE in the notebook)."
+    ).tag(config=True)
+    whoami_timeout = Float(
+        30.0, help="Seconds to wait for the master's answer to mpi.whoami."
+    ).tag(config=True)
+    name_prefix = Unicode(
+        "dmpi-notebook", help="Notebook containers are named <name_prefix>-<account>."
+    ).tag(config=True)
+
+    async def whoami(self):
+        """The master's mpi.whoami answer for this spawner's user (checked)."""
+        user = self.user.name
+        lowstate = [{"client": "runner", "fun": "mpi.whoami", "eauth": "jupyterhub",
+                     "username": user, "password": self.api_token}]
+        request = HTTPRequest(
+            self.api_url.rstrip("/") + "/run", method="POST", body=json.dumps(lowstate),
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            ca_certs=self.api_ca, validate_cert=True,
+            connect_timeout=self.whoami_timeout, request_timeout=self.whoami_timeout,
+        )
+        where = f"the DockerMPI master ({self.api_url})"
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as exc:
+            body = _why(exc.response.body) if exc.response else ""
+            raise WhoamiError(f"{where} refused mpi.whoami for {user}: HTTP {exc.code} "
+                              f"{body}".rstrip()) from exc
+        except Exception as exc:  # TLS, connection refused, timeout: say which
+            raise WhoamiError(f"{where} could not be asked mpi.whoami for {user}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        try:
+            found = json.loads(response.body)["return"][0]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise WhoamiError(f"{where} answered mpi.whoami for {user} with "
+                              f"{response.body[:300]!r}") from exc
+        if isinstance(found, dict) and found.get("error") and "uid" not in found:
+            raise WhoamiError(f"{where} refused mpi.whoami for {user}: {found['error']}")
+        return check_identity(found, user, self.users_dir)
+
+    async def start(self):
+        # The image is the approved one by digest; a user may not pick another.
+        self.user_options = {}
+        try:
+            identity = await self.whoami()
+        except WhoamiError as exc:
+            self.log.error("Not starting %s's notebook: %s", self.user.name, exc)
+            raise
+        self.log.info("%s is account %s, uid %s, gid %s, directory %s", self.user.name,
+                      identity["account"], identity["uid"], identity["gid"],
+                      identity["dir"])
+        self.object_name = f"{self.name_prefix}-{identity['account']}"
+        self.volumes = {}
+        self.read_only_volumes = {}
+        # Mounts, not binds: a missing source fails the start instead of being created.
+        self.mounts = [
+            {"type": "bind", "source": identity["dir"], "target": DATA_MOUNT,
+             "read_only": False},
+            {"type": "bind", "source": self.api_ca, "target": CA_MOUNT, "read_only": True},
+        ]
+        self.notebook_dir = DATA_MOUNT
+        self.environment = {
+            **self.environment,
+            "HOME": DATA_MOUNT,
+            "DOCKERMPI_API_URL": self.api_url,
+            "DOCKERMPI_API_CA": CA_MOUNT,
+            "DOCKERMPI_IMAGE": self.image_name,
+            "DOCKERMPI_ACCOUNT": identity["account"],
+        }
+        self.extra_create_kwargs = {
+            **self.extra_create_kwargs,
+            "user": f"{identity['uid']}:{identity['gid']}",
+            "working_dir": DATA_MOUNT,
+            "labels": {"io.dockermpi.notebook": identity["account"]},
+        }
+        return await super().start()

@@ -1,0 +1,80 @@
+# JupyterHub configuration of the DockerMPI hub (managed by Salt: dockermpi.hub).
+#
+# The site's choices come from settings.json next to this file, which the state renders
+# from the `mpi:hub` pillar (mode 0600: it holds the admin token and the login secrets).
+# Nothing here is edited per site.
+import json
+import os
+import pathlib
+
+from dockermpi_spawner import DockerMPISpawner
+
+c = get_config()  # noqa: F821 (provided by JupyterHub)
+settings = json.loads(pathlib.Path(
+    os.environ.get("DOCKERMPI_HUB_SETTINGS", "/etc/dockermpi/hub/settings.json")
+).read_text())
+state = pathlib.Path(settings["state_dir"])
+
+# --- the hub, its proxy and its state ------------------------------------------------
+c.JupyterHub.bind_url = settings["bind_url"]
+c.JupyterHub.hub_bind_url = settings["hub_bind_url"]
+# How notebooks (JUPYTERHUB_API_URL) and the proxy reach the hub API.
+c.JupyterHub.hub_connect_url = settings["hub_api_url"]
+c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.command = [settings["proxy_command"]]
+c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
+# Notebooks keep running while the hub restarts (a configuration change restarts it).
+c.JupyterHub.cleanup_servers = False
+
+# --- who may log in ---------------------------------------------------------------------
+c.Authenticator.admin_users = set(settings["admin_users"])
+if settings["authenticator"] == "github":
+    github = settings["github"]
+    c.JupyterHub.authenticator_class = "github"
+    c.GitHubOAuthenticator.client_id = github["client_id"]
+    c.GitHubOAuthenticator.client_secret = github["client_secret"]
+    c.GitHubOAuthenticator.oauth_callback_url = github["callback_url"]
+    c.GitHubOAuthenticator.allowed_organizations = set(github["allowed_organizations"])
+    c.GitHubOAuthenticator.scope = ["read:org"]
+else:
+    dummy = settings["dummy"]
+    c.JupyterHub.authenticator_class = "dummy"
+    if dummy["password"]:
+        c.DummyAuthenticator.password = dummy["password"]
+    if dummy["allowed_users"]:
+        c.Authenticator.allowed_users = set(dummy["allowed_users"])
+    else:
+        c.Authenticator.allow_all = True
+
+# --- the admin service (the test suite, site tooling) -------------------------------------
+if settings["admin_token"]:
+    c.JupyterHub.services = [{"name": "dockermpi-admin", "api_token": settings["admin_token"]}]
+    c.JupyterHub.load_roles = [{
+        "name": "dockermpi-admin",
+        "description": "DockerMPI's admin service: users, their tokens and servers",
+        "scopes": ["admin:users", "admin:servers", "tokens", "read:hub", "list:users"],
+        "services": ["dockermpi-admin"],
+    }]
+
+# --- notebooks: the approved image by digest, the user's uid from the master -------------
+c.JupyterHub.spawner_class = DockerMPISpawner
+c.DockerMPISpawner.image = settings["image_reference"]
+c.DockerMPISpawner.image_name = settings["image"]
+c.DockerMPISpawner.allowed_images = {}
+c.DockerMPISpawner.pull_policy = "never"  # the state pulled it by digest
+c.DockerMPISpawner.api_url = settings["api_url"]
+c.DockerMPISpawner.api_ca = settings["api_ca"]
+c.DockerMPISpawner.users_dir = settings["users_dir"]
+c.DockerMPISpawner.use_internal_ip = True
+c.DockerMPISpawner.network_name = "bridge"
+c.DockerMPISpawner.remove = True
+c.DockerMPISpawner.cmd = ["jupyterhub-singleuser"]
+c.DockerMPISpawner.mem_limit = f"{settings['limits']['memory_mb']}M"
+c.DockerMPISpawner.cpu_limit = float(settings["limits"]["cpus"])
+c.DockerMPISpawner.extra_host_config = {
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "pids_limit": settings["limits"]["pids"],
+    "memswap_limit": f"{settings['limits']['memory_mb']}M",  # no swap beside it
+}

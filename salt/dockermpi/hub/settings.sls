@@ -1,0 +1,27 @@
+{%- set tplroot = tpldir.split('/')[0] %}
+{%- from tplroot ~ "/map.jinja" import mpi with context %}
+{#- What only a hub needs beyond the checked settings (dockermpi.config, which accepts
+    these empty so other hosts need not set them): every other hub state requires this
+    one, so a hub missing them changes nothing, in a real run and with test=True alike. #}
+{%- set hub = mpi.hub if mpi.hub is mapping else {} %}
+{%- set images = mpi.images if mpi.images is mapping else {} %}
+{%- set missing = [] %}
+{%- for key in ("hub_api_url", "api_url") if not hub.get(key) %}
+{%-   do missing.append("mpi:hub:" ~ key ~ " is required on the hub host") %}
+{%- endfor %}
+{%- if hub.get("image") not in images %}
+{%-   do missing.append("mpi:hub:image " ~ (hub.get("image") | string) ~ " is not an approved image (mpi:images has: " ~ (images | list | sort | join(", ") or "none") ~ ")") %}
+{%- endif %}
+
+include:
+  - {{ tplroot }}.config
+
+mpi-hub-settings-complete:
+  test.configurable_test_state:
+    - name: mpi:hub
+    - changes: False
+    - result: {{ not missing }}
+    - allow_test_mode_failure: True
+    - comment: {{ (("The mpi:hub settings are incomplete; the hub is not set up until they are:\n" ~ missing | join("\n")) if missing else "The mpi:hub settings are complete") | json }}
+    - require:
+      - sls: {{ tplroot }}.config

@@ -1,0 +1,165 @@
+"""
+Render the hub host's states (grain role mpi-hub -> dockermpi.hub) with ``salt-call
+--local``, as tests/functional/test_render.py does for the nodes, and check what a hub
+would be given: JupyterHub from pinned packages in its own virtualenv, settings from
+pillar, the notebook image by digest, Docker on its unix socket only, no job network, and
+clear failures when the hub's own settings or the master's certificate are missing.
+"""
+
+import pytest
+
+from tests.functional.test_render import _args, _dry_run, _highstate, _minion
+
+NOTEBOOK = "registry.test:5000/dockermpi/notebook@sha256:" + "ab" * 32
+MPI = "registry.test:5000/dockermpi/mpi@sha256:" + "cd" * 32
+HUB_PILLAR = {
+    "cluster_network": "172.30.0.0/16",
+    "job_network": {"addresses": "172.30.200.0/24"},
+    "storage": {"type": "preshared", "path": "/srv/shared"},
+    "images": {"notebook": NOTEBOOK, "mpi": MPI},
+    "hub": {
+        "hub_api_url": "http://172.30.0.5:8081/hub/api",
+        "api_url": "https://172.30.0.2:8000",
+        "admin_token": "t" * 32,
+        "dummy": {"password": "secret", "allowed_users": ["alice", "bob"]},
+        "pip": {"find_links": "/var/cache/wheels", "no_index": True},
+        "limits": {"memory_mb": 1024, "pids": 256, "cpus": 0.5},
+    },
+}
+GITHUB = {"authenticator": "github", "github": {
+    "client_id": "abc", "client_secret": "s3cret",
+    "callback_url": "https://hub.example.org/hub/oauth_callback",
+    "allowed_organizations": ["lab"]}}
+
+
+def _pillar(**hub):
+    return dict(HUB_PILLAR, hub={**HUB_PILLAR["hub"], **hub})
+
+
+@pytest.fixture(scope="module")
+def hub_high(tmp_path_factory):
+    return _highstate(_minion(tmp_path_factory.mktemp("hub"), ["mpi-hub"], HUB_PILLAR))
+
+
+def test_hub_gets_docker_storage_and_its_own_states_only(hub_high):
+    sls = {body["__sls__"] for body in hub_high.values()}
+    assert {"dockermpi.config", "dockermpi.docker.service", "dockermpi.storage.preshared",
+            "dockermpi.hub.image", "dockermpi.hub.venv", "dockermpi.hub.service"} <= sls
+    # no job network, node engine or MPI firewall: the hub runs no job
+    assert not [s for s in sls if s.startswith(("dockermpi.node", "dockermpi.firewall"))]
+    assert "mpi-docker-network-present" not in hub_high
+    assert "hosts" not in _args(hub_high, "mpi-docker-config-daemon-json",
+                                "file.serialize")["dataset"]
+
+
+def test_every_hub_state_requires_both_checks_and_is_named_by_component(hub_high):
+    hub_ids = [sid for sid, body in hub_high.items() if body["__sls__"].startswith("dockermpi.hub")]
+    assert len(hub_ids) >= 10
+    for sid in hub_ids:
+        assert sid.startswith("mpi-hub-"), sid
+        body = hub_high[sid]
+        args = [a for key, value in body.items() if not key.startswith("__")
+                for a in value if isinstance(a, dict)]
+        requires = [r for a in args for r in a.get("require", [])]
+        assert {"sls": "dockermpi.config"} in requires, sid
+        if sid != "mpi-hub-settings-complete":
+            assert {"sls": "dockermpi.hub.settings"} in requires, sid
+
+
+def test_only_the_notebook_image_pulled_by_digest(hub_high):
+    image = _args(hub_high, "mpi-hub-image-present", "mpi_image.present")
+    assert (image["name"], image["reference"]) == ("notebook", NOTEBOOK)
+    assert not [sid for sid in hub_high if sid.startswith("mpi-images-present-")]
+
+
+def test_pinned_packages_from_the_wheelhouse_in_the_virtualenv(hub_high):
+    venv = _args(hub_high, "mpi-hub-venv-virtualenv-managed", "virtualenv.managed")
+    assert venv["name"] == "/opt/dockermpi/hub"
+    pip = _args(hub_high, "mpi-hub-venv-pip-installed", "pip.installed")
+    assert pip["pkgs"] == ["jupyterhub==5.5.4", "dockerspawner==14.0.0"]
+    assert (pip["bin_env"], pip["find_links"], pip["no_index"]) == (
+        "/opt/dockermpi/hub", "/var/cache/wheels", True)
+    assert "index_url" not in pip
+    assert _args(hub_high, "mpi-hub-proxy-package-installed",
+                 "pkg.installed")["name"] == "node-configurable-http-proxy"
+
+
+def test_settings_json_from_pillar_is_private(hub_high):
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")
+    assert (settings["name"], settings["mode"]) == ("/etc/dockermpi/hub/settings.json", "0600")
+    data = settings["dataset"]
+    assert (data["image"], data["image_reference"]) == ("notebook", NOTEBOOK)
+    assert data["users_dir"] == "/srv/shared/users"
+    assert data["hub_api_url"] == "http://172.30.0.5:8081/hub/api"
+    assert data["api_url"] == "https://172.30.0.2:8000"
+    assert data["api_ca"] == "/etc/dockermpi/api-ca.pem"
+    assert data["admin_token"] == "t" * 32
+    assert data["authenticator"] == "dummy"
+    assert data["dummy"] == {"password": "secret", "allowed_users": ["alice", "bob"]}
+    assert data["limits"] == {"memory_mb": 1024, "pids": 256, "cpus": 0.5}
+    assert data["state_dir"] == "/var/lib/dockermpi-hub"
+    for sid in ("mpi-hub-config-jupyterhub-config", "mpi-hub-config-spawner-module"):
+        assert _args(hub_high, sid, "file.managed")["source"].startswith(
+            "salt://dockermpi/hub/files/")
+
+
+def test_service_runs_jupyterhub_and_restarts_on_every_change(hub_high):
+    unit = _args(hub_high, "mpi-hub-service-unit-file", "file.managed")["contents"]
+    assert "ExecStart=/opt/dockermpi/hub/bin/jupyterhub -f /etc/dockermpi/hub/jupyterhub_config.py" in unit
+    assert "WorkingDirectory=/var/lib/dockermpi-hub" in unit
+    assert "Environment=PYTHONPATH=/etc/dockermpi/hub" in unit
+    service = _args(hub_high, "mpi-hub-service-running", "service.running")
+    assert (service["name"], service["enable"]) == ("dockermpi-hub", True)
+    assert service["watch"] == [
+        {"file": "mpi-hub-service-unit-file"},
+        {"file": "mpi-hub-config-settings-json"},
+        {"file": "mpi-hub-config-jupyterhub-config"},
+        {"file": "mpi-hub-config-spawner-module"},
+        {"pip": "mpi-hub-venv-pip-installed"},
+        {"sls": "dockermpi.hub.apica"},
+    ]
+    assert {"mpi_image": "mpi-hub-image-present"} in service["require"]
+    state_dir = _args(hub_high, "mpi-hub-service-state-directory", "file.directory")
+    assert (state_dir["name"], state_dir["mode"]) == ("/var/lib/dockermpi-hub", "0700")
+
+
+def test_github_login_adds_the_pinned_oauthenticator(tmp_path):
+    high = _highstate(_minion(tmp_path, ["mpi-hub"], _pillar(**GITHUB)))
+    pip = _args(high, "mpi-hub-venv-pip-installed", "pip.installed")
+    assert pip["pkgs"] == ["jupyterhub==5.5.4", "dockerspawner==14.0.0",
+                           "oauthenticator==17.4.0"]
+    data = _args(high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    assert data["authenticator"] == "github"
+    assert data["github"]["callback_url"] == "https://hub.example.org/hub/oauth_callback"
+    assert data["github"]["allowed_organizations"] == ["lab"]
+
+
+def test_without_the_masters_certificate_the_hub_fails_saying_so(hub_high):
+    # salt-call --local has no mine: the state that would write the CA fails clearly
+    ca = _args(hub_high, "mpi-hub-apica-certificate", "test.configurable_test_state")
+    assert ca["result"] is False and ca["allow_test_mode_failure"] is True
+    assert ca["comment"].startswith(
+        "No salt-api certificate in the Salt mine (function dockermpi_api_certificate of "
+        "a minion with grain roles:mpi-master")
+    assert "apply highstate to the master host first" in ca["comment"]
+
+
+def test_missing_hub_settings_fail_before_anything_changes(tmp_path):
+    pillar = _pillar(hub_api_url="", api_url="", image="jupyter")
+    code, ret = _dry_run(_minion(tmp_path, ["mpi-hub"], pillar))
+    assert code != 0
+    by_id = {r["__id__"]: r for r in ret.values()}
+    check = by_id["mpi-hub-settings-complete"]
+    assert check["result"] is False and check["changes"] == {}
+    assert check["comment"].splitlines() == [
+        "The mpi:hub settings are incomplete; the hub is not set up until they are:",
+        "mpi:hub:hub_api_url is required on the hub host",
+        "mpi:hub:api_url is required on the hub host",
+        "mpi:hub:image jupyter is not an approved image (mpi:images has: mpi, notebook)",
+    ]
+    hub_states = {sid: r for sid, r in by_id.items()
+                  if sid.startswith("mpi-hub-") and sid != "mpi-hub-settings-complete"}
+    assert hub_states
+    for sid, r in hub_states.items():
+        assert r["result"] is False and r["changes"] == {}, (sid, r)
+        assert r["comment"].startswith("One or more requisite failed"), (sid, r)

@@ -1,0 +1,170 @@
+"""The hub host of the real test cluster (role mpi-hub, dockermpi.hub): JupyterHub
+answers, users get tokens, and each user's notebook runs on the hub's own engine as the
+uid the master gave, from the approved image by digest, with only that user's directory
+mounted, and no other user's data in reach."""
+
+import json
+import re
+import urllib.request
+
+import pytest
+import yaml
+
+from tests.cluster.testcluster import HUB_HOST_PORT, NOTEBOOK_PREFIX
+
+pytestmark = pytest.mark.cluster
+
+ALICE = "hub-alice"
+#: A hub name that is no safe Docker or directory name: the master maps it.
+BOB = "Bob.Smith@example.org"
+CA_MOUNT = "/etc/dockermpi/api-ca.pem"
+
+
+@pytest.fixture(scope="module")
+def hub(cluster):
+    cluster.wait_for_hub()
+    return cluster
+
+
+def _inspect(cluster, container):
+    _, out = cluster.exec("hub", ["docker", "inspect", container], stdout_only=True)
+    return json.loads(out)[0]
+
+
+def _env(found):
+    return dict(line.split("=", 1) for line in found["Config"]["Env"])
+
+
+@pytest.fixture(scope="module")
+def notebooks(hub):
+    """{hub name: (container name, docker inspect)} of running notebooks; stopped after."""
+    started = {}
+    try:
+        for name in (ALICE, BOB):
+            container = hub.start_notebook(name)
+            started[name] = (container, _inspect(hub, container))
+        yield started
+    finally:
+        for name in (ALICE, BOB):
+            hub.delete_hub_user(name)
+
+
+def _data_dir(found):
+    (mount,) = [m for m in found["Mounts"] if m["Destination"] == "/data"]
+    return mount["Source"]
+
+
+def test_the_hub_answers_with_the_pinned_version(hub):
+    status, answer = hub.hub_api("GET", "/")
+    assert status == 200 and answer["version"] == "5.5.4"
+
+
+def test_the_proxy_is_published_on_localhost_only(hub):
+    with urllib.request.urlopen(f"http://127.0.0.1:{HUB_HOST_PORT}/hub/api/", timeout=30) as r:
+        assert json.loads(r.read())["version"] == "5.5.4"
+    ports = hub.container("hub").attrs["HostConfig"]["PortBindings"]
+    assert ports == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(HUB_HOST_PORT)}]}
+
+
+def test_a_new_user_gets_a_token_that_names_them(hub):
+    hub.hub_user("hub-carol")
+    try:
+        token = hub.hub_token("hub-carol", expires_in=600)
+        status, me = hub.hub_api("GET", "/user", token=token)
+        assert status == 200 and me["name"] == "hub-carol"
+        status, _ = hub.hub_api("GET", "/users", token=token, check=False)
+        assert status == 403  # a user's token is no admin's
+    finally:
+        hub.delete_hub_user("hub-carol")
+
+
+def test_no_tcp_docker_socket_on_the_hub_host(hub):
+    _, listening = hub.exec("hub", ["ss", "-ltnpH"])
+    assert "dockerd" not in listening, listening
+    ports = {line.split()[3].rsplit(":", 1)[1] for line in listening.splitlines()}
+    assert not ports & {"2375", "2376"}, listening
+    _, daemon = hub.exec("hub", ["docker", "info", "--format", "{{json .}}"], stdout_only=True)
+    assert "tcp://" not in daemon
+
+
+@pytest.mark.parametrize("name", [ALICE, BOB])
+def test_notebook_runs_as_the_uid_the_master_gave(hub, notebooks, name):
+    container, found = notebooks[name]
+    _, owner = hub.exec("hub", ["stat", "-c", "%u:%g", _data_dir(found)])
+    uid, gid = owner.strip().split(":")
+    assert int(uid) >= 100000  # the master's uid range, never root or a system account
+    assert found["Config"]["User"] == f"{uid}:{gid}"
+    code, out = hub.notebook_exec(name, ["id", "-u"])
+    assert (code, out.strip()) == (0, uid)
+    code, out = hub.notebook_exec(name, ["id", "-g"])
+    assert (code, out.strip()) == (0, gid)
+
+
+def test_alice_uid_is_the_one_the_master_records(hub, notebooks):
+    _, found = notebooks[ALICE]
+    account = hub.account(ALICE)  # salt-run mpi.add_user: the master's record
+    assert found["Config"]["User"] == f"{account['uid']}:{account['gid']}"
+    assert _data_dir(found) == account["dir"]
+
+
+@pytest.mark.parametrize("name", [ALICE, BOB])
+def test_notebook_mounts_only_the_users_directory(hub, notebooks, name):
+    container, found = notebooks[name]
+    account = _env(found)["DOCKERMPI_ACCOUNT"]
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", account)
+    assert container == f"{NOTEBOOK_PREFIX}-{account}"
+    mounts = sorted((m["Type"], m["Source"], m["Destination"], m["RW"]) for m in found["Mounts"])
+    assert mounts == [
+        ("bind", "/etc/dockermpi/api-ca.pem", CA_MOUNT, False),
+        ("bind", f"/srv/dockermpi/users/{account}", "/data", True),
+    ]
+    assert found["Config"]["WorkingDir"] == "/data"
+    env = _env(found)
+    assert env["HOME"] == "/data"
+    assert env["DOCKERMPI_API_URL"] == "https://10.251.1.2:8000"
+    assert env["DOCKERMPI_API_CA"] == CA_MOUNT
+    assert env["DOCKERMPI_IMAGE"] == "notebook"
+
+
+@pytest.mark.parametrize("name", [ALICE, BOB])
+def test_notebook_is_the_approved_image_by_digest_and_confined(hub, notebooks, name):
+    _, found = notebooks[name]
+    _, pillar = hub.exec("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
+    reference = yaml.safe_load(pillar)["mpi"]["images"]["notebook"]
+    assert "@sha256:" in reference
+    assert found["Config"]["Image"] == reference
+    _, image_id = hub.exec("hub", ["docker", "image", "inspect", "--format", "{{.Id}}",
+                                   reference])
+    assert found["Image"] == image_id.strip()
+    host = found["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["Privileged"] is False
+    assert host["PidsLimit"] == 256
+    assert host["Memory"] == host["MemorySwap"] == 1024 * 1024 * 1024
+    assert host["AutoRemove"] is True
+    assert host["NetworkMode"] == "bridge"
+
+
+def test_bob_cannot_read_alices_data(hub, notebooks):
+    code, _ = hub.notebook_exec(ALICE, ["sh", "-c", "echo alice-only > /data/secret.txt"])
+    assert code == 0
+    alice_dir = _data_dir(notebooks[ALICE][1])
+    _, mode = hub.exec("hub", ["stat", "-c", "%a", alice_dir])
+    assert mode.strip() == "700"
+    code, out = hub.notebook_exec(BOB, ["cat", "/data/secret.txt"])
+    assert code != 0 and "alice-only" not in out
+    for path in (alice_dir, f"{alice_dir}/secret.txt", "/srv/dockermpi/users"):
+        code, out = hub.notebook_exec(BOB, ["cat", path])
+        assert code != 0 and "alice-only" not in out, (path, out)
+    code, out = hub.notebook_exec(ALICE, ["cat", "/data/secret.txt"])
+    assert (code, out.strip()) == (0, "alice-only")
+
+
+def test_a_stopped_notebook_leaves_no_container(hub, notebooks):
+    name = "hub-dave"
+    container = hub.start_notebook(name)
+    hub.stop_notebook(name)
+    code, _ = hub.exec("hub", ["docker", "inspect", container], check=False)
+    assert code != 0
+    hub.delete_hub_user(name)
