@@ -33,8 +33,15 @@ api
     (the way an API server such as salt-api or the hub's service calls the runner): the
     client is made once, so a call pays no process start, no config and module loading.
 
-overhead = launch - plain (medians), for salt-run and for the API. Aims:
-under 1 s at 3 nodes through the API, and less than 25 % growth from 1 to 3 nodes.
+salt-api
+    ``mpi.launch`` the way users call it: from the user's own notebook container on the
+    hub host (started by the hub for the hub user ``--user``), a POST to salt-api's
+    ``/run`` over TLS with the notebook's hub token, which the master's eauth module
+    checks with the hub on every call (what ``mpi run`` does). Timed by Python inside
+    the notebook.
+
+overhead = launch - plain (medians), for salt-run, the in-master API and salt-api.
+Aims: under 1 s at 3 nodes through the API, and less than 25 % growth from 1 to 3 nodes.
 
 Run as root on the machine that runs the test cluster, from the repository root, holding
 the cluster lock::
@@ -330,6 +337,64 @@ class Baseline:
 PHASES = ("queued", "containers_up", "sshd_ready", "mpirun")
 
 
+#: One salt-api call from the notebook, timed there: argv[1] is the runner's kwarg (JSON).
+SALT_API_CALL = r"""
+import json, os, ssl, sys, time, urllib.error, urllib.request
+low = [{"client": "runner", "fun": "mpi.launch", "kwarg": json.loads(sys.argv[1]),
+        "eauth": "jupyterhub", "username": os.environ["JUPYTERHUB_USER"],
+        "password": os.environ["JUPYTERHUB_API_TOKEN"]}]
+context = ssl.create_default_context(cafile=os.environ["DOCKERMPI_API_CA"])
+request = urllib.request.Request(os.environ["DOCKERMPI_API_URL"] + "/run",
+                                 data=json.dumps(low).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          "Accept": "application/json"})
+started = time.monotonic()
+try:
+    with urllib.request.urlopen(request, context=context, timeout=300) as answer:
+        status, body = answer.status, answer.read()
+except urllib.error.HTTPError as exc:
+    status, body = exc.code, exc.read()
+print(json.dumps({"seconds": time.monotonic() - started, "status": status,
+                  "body": body.decode(errors="replace")}))
+"""
+
+
+class SaltApiLauncher:
+    """Times ``mpi.launch`` through salt-api from the hub user's own notebook."""
+
+    def __init__(self, user):
+        sys.path.insert(0, str(REPO))
+        from tests.cluster.testcluster import TestCluster  # pylint: disable=import-outside-toplevel
+
+        self.cluster = TestCluster(nodes=len(NODES))
+        self.user = user
+        self.job_ids = []
+        self.cluster.start_notebook(user)
+
+    def once(self, nodes):
+        kwarg = {"image": "mpi", "np": SLOTS_PER_NODE * len(nodes), "nodes": nodes_arg(nodes),
+                 "slots_per_node": SLOTS_PER_NODE, "walltime": WALLTIME, "cmd": PROGRAM}
+        code, output = self.cluster.notebook_exec(
+            self.user, ["python3", "-c", SALT_API_CALL, json.dumps(kwarg)])
+        try:
+            timed = json.loads(output.strip().splitlines()[-1])
+            job = json.loads(timed["body"])["return"][0]
+        except (ValueError, IndexError, KeyError, TypeError):
+            raise BenchError(f"salt-api launch on {nodes} gave no record (exit {code}): "
+                             f"{output[-2000:]}") from None
+        job = job if isinstance(job, dict) else {}
+        if job.get("job_id"):
+            self.job_ids.append(job["job_id"])
+        if timed["status"] != 200 or job.get("state") != "succeeded":
+            raise BenchError(f"salt-api launch on {nodes} did not succeed ({timed['status']}): "
+                             f"{json.dumps(job)[:3000]}")
+        check_hostnames(node_exec(nodes[0], ["cat", job["output"]["stdout"]]).stdout, nodes)
+        return timed["seconds"], job["timings"], job["job_id"]
+
+    def close(self):
+        self.cluster.stop_notebook(self.user)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per side and node count")
@@ -352,16 +417,18 @@ def main(argv=None):
 
     jobs = Jobs(args.user)
     launcher = Launcher(args.user)
-    api = None
+    api = salt_api = None
     rows, failure, incomplete = [], None, []
     try:
         api = ApiLauncher(args.user)
+        salt_api = SaltApiLauncher(args.user)
         for count in counts:
             nodes = NODES[:count]
-            launch_s, timings, api_s, plain_s = [], [], [], []
+            launch_s, timings, api_s, salt_api_s, plain_s = [], [], [], [], []
             # Launch sides first (no baseline job holds the slots), one warm-up not counted.
             launcher.once(nodes)
             api.once(nodes)
+            salt_api.once(nodes)
             for i in range(args.repeat):
                 seconds, t, job_id = launcher.once(nodes)
                 launch_s.append(seconds)
@@ -372,6 +439,9 @@ def main(argv=None):
                 seconds, t, job_id = api.once(nodes)
                 api_s.append(seconds)
                 log(f"{count} node(s) api {i + 1}/{args.repeat}: {seconds:.2f}s {job_id} {t}")
+                seconds, t, job_id = salt_api.once(nodes)
+                salt_api_s.append(seconds)
+                log(f"{count} node(s) salt-api {i + 1}/{args.repeat}: {seconds:.2f}s {job_id}")
             baseline = Baseline(jobs, nodes)
             try:
                 baseline.start()
@@ -382,7 +452,8 @@ def main(argv=None):
             finally:
                 baseline.stop()
             rows.append({"nodes": count, "np": SLOTS_PER_NODE * count, "launch": launch_s,
-                         "api": api_s, "timings": timings, "plain": plain_s})
+                         "api": api_s, "salt_api": salt_api_s, "timings": timings,
+                         "plain": plain_s})
     except (KeyboardInterrupt, Terminated) as exc:
         failure = f"interrupted ({type(exc).__name__})"
     except BenchError as exc:
@@ -395,6 +466,12 @@ def main(argv=None):
         if api is not None:
             api.close()
             jobs.ids += api.job_ids
+        if salt_api is not None:
+            jobs.ids += salt_api.job_ids
+            try:
+                salt_api.close()
+            except Exception as exc:  # pylint: disable=broad-except
+                failure = (failure or "") + f"\nstopping the notebook: {exc}"
         jobs.ids += launcher.job_ids
         try:
             jobs.close()
@@ -403,17 +480,20 @@ def main(argv=None):
 
     if rows:
         print(f"salt-run: wall time of `salt-run mpi.launch` inside {MASTER}; api: mpi.launch "
-              f"through one long-lived RunnerClient in {MASTER}; plain: mpirun in a running "
+              f"through one long-lived RunnerClient in {MASTER}; salt-api: from the user's "
+              f"notebook with the hub token; plain: mpirun in a running "
               f"job's launcher container; program {shlex.join(PROGRAM)}, {SLOTS_PER_NODE} "
               f"ranks/node, {args.repeat} runs each after 1 warm-up (seconds, medians)")
-        header = ["nodes", "np", "salt-run", "api", "plain", "overhead salt-run",
-                  "overhead api"]
+        header = ["nodes", "np", "salt-run", "api", "salt-api", "plain", "overhead salt-run",
+                  "overhead api", "overhead salt-api"]
         body = []
         for r in rows:
             r["over_med"] = median(r["launch"]) - median(r["plain"])
             r["over_api"] = median(r["api"]) - median(r["plain"])
+            r["over_salt_api"] = median(r["salt_api"]) - median(r["plain"])
             body.append([r["nodes"], r["np"], median(r["launch"]), median(r["api"]),
-                         median(r["plain"]), r["over_med"], r["over_api"]])
+                         median(r["salt_api"]), median(r["plain"]), r["over_med"],
+                         r["over_api"], r["over_salt_api"]])
         print(table(header, body))
         print()
         print("the job's own timings in the salt-run launches, medians (s; the clean-up "
@@ -433,7 +513,8 @@ def main(argv=None):
         by_nodes = {r["nodes"]: r for r in rows}
         print()
         if 3 in by_nodes:
-            for key, label in (("over_med", "salt-run"), ("over_api", "api")):
+            for key, label in (("over_med", "salt-run"), ("over_api", "api"),
+                               ("over_salt_api", "salt-api")):
                 print(f"launch_overhead_{label.replace('-', '_')}_3_nodes_s "
                       f"{by_nodes[3][key]:.2f}")
             aim = "MEETS" if by_nodes[3]["over_api"] < 1 else "MISSES"
