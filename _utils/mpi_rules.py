@@ -10,6 +10,8 @@ Evidence of a node is what the engine knows of it::
                failed, or the engine missed a change), so only silence counts}
 """
 
+import signal
+
 NODE_TIMEOUT = 5  # seconds without a heartbeat before a node counts as lost
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
 RESTART_GRACE = 15  # seconds after the engine starts before silent nodes count as lost
@@ -49,8 +51,20 @@ def outcome(code, failure, program):
         return "failed", (f"rank {failure['rank']}: program {str(program[0])[:100]!r} "
                           f"{SHELL_EXITS[failure['exit_code']]}")
     if failure:
-        return "failed", f"rank {failure['rank']} exited with code {failure['exit_code']}"
-    return "failed", f"mpirun exited with code {code}"
+        return "failed", (f"rank {failure['rank']} exited with code {failure['exit_code']}"
+                          f"{_signal_meaning(failure['exit_code'])}")
+    return "failed", f"mpirun exited with code {code}{_signal_meaning(code)}"
+
+
+def _signal_meaning(code):
+    """What a shell's exit code above 128 says: 128 + the number of the signal that
+    killed the program it ran (137: SIGKILL, the out-of-memory killer's, or kill -9)."""
+    if isinstance(code, bool) or not isinstance(code, int) or not 128 < code < 128 + 65:
+        return ""
+    try:
+        return f" (128 + {code - 128}: the program was killed by {signal.Signals(code - 128).name})"
+    except ValueError:
+        return ""
 
 
 def limit_reason(limit, node, limits):

@@ -70,14 +70,25 @@ def refused(status, answer):
     return status == 401 or status == 400 and "Client disabled" in str(answer)
 
 
+def no_such_function(status, answer):
+    """salt-api's answer for a runner function that does not exist, before any check of
+    who asks: 500 and nothing else."""
+    return status == 500 and answer == {"return": "An unexpected error occurred",
+                                        "status": 500}
+
+
 def mpi(cluster, user, *argv):
     """Run the notebook's ``mpi`` command as the user does; (exit code, output)."""
     return cluster.notebook_exec(user, ["mpi", *argv])
 
 
 def mpi_json(cluster, user, *argv):
-    code, output = mpi(cluster, user, *argv, "--json")
-    return code, json.loads(output)
+    """``mpi ... --json``: (exit code, the answer). Progress lines (``mpi run`` prints
+    them on stderr, which docker exec hands back with stdout) come before the JSON."""
+    # (--json right after the command: after the program, it would be the program's)
+    code, output = mpi(cluster, user, argv[0], "--json", *argv[1:])
+    start = min((i for i in (output.find("{"), output.find("[")) if i >= 0), default=0)
+    return code, json.JSONDecoder().raw_decode(output[start:])[0]
 
 
 def account(cluster, user):
@@ -139,7 +150,7 @@ def test_exit_codes_are_explained(cluster, notebooks):
     code, output = mpi(cluster, ANN, "run", "-n", "1", "no-such-program")
     assert code != 0 and "not found" in output, output
     code, output = mpi(cluster, ANN, "run", "-n", "1", "/bin/sh", "-c", "kill -KILL $$")
-    assert code != 0 and "SIGKILL" in output, output
+    assert code != 0 and "killed by SIGKILL" in output, output
 
 
 def test_a_bare_walltime_number_is_minutes_in_the_mpi_command_and_refused_by_the_api(
@@ -254,13 +265,10 @@ def test_a_service_token_is_not_a_user(cluster, notebooks):
     ("local", "cmd.run", {"tgt": "*", "arg": ["id"]}),
     ("local", "state.apply", {"tgt": "node1"}),
     ("local", "mpi_job.jobs", {"tgt": "node1"}),
-    ("runner", "mpi.node_report", {}),
-    ("runner", "mpi.tick", {}),
     ("runner", "mpi.add_user", {"kwarg": {"user": "x"}}),
     ("runner", "mpi.users", {}),
     ("runner", "mpi.nodes", {}),
     ("runner", "mpi.migrate_users", {}),
-    ("runner", "mpi.submitx", {}),
     ("runner", "jobs.list_jobs", {}),
     ("runner", "saltutil.sync_all", {}),
     ("runner", "state.orchestrate", {"kwarg": {"mods": "x"}}),
@@ -271,6 +279,18 @@ def test_a_hub_token_calls_nothing_but_the_users_job_functions(cluster, notebook
                                                                fun, extra):
     status, answer = api(cluster, ANN, fun, client=client, **extra)
     assert refused(status, answer), answer
+
+
+@pytest.mark.parametrize("fun", ["mpi.node_report", "mpi.tick", "mpi.schedule",
+                                 "mpi.submitx", "mpi_engine.public"])
+def test_the_engine_has_no_entry_point_a_hub_token_or_anyone_could_call(cluster, notebooks,
+                                                                         fun):
+    # The job engine is a process in the master, not a Salt function; a name the ACL's
+    # anchored pattern does not cover is not callable either.
+    status, answer = api(cluster, ANN, fun)
+    assert refused(status, answer) or no_such_function(status, answer), answer
+    code, output = cluster.salt(["salt-run", fun], check=False)
+    assert "is not available" in output, output
 
 
 # ------------------------------------------------------------- who runs what, where

@@ -71,6 +71,17 @@ def test_outcomes_are_explained(failure, reason):
     assert state == "failed" and text.startswith(reason)
 
 
+@pytest.mark.parametrize("code, failure, reason", [
+    (137, None, "mpirun exited with code 137 (128 + 9: the program was killed by SIGKILL)"),
+    (1, {"rank": 3, "exit_code": 143},
+     "rank 3 exited with code 143 (128 + 15: the program was killed by SIGTERM)"),
+    (200, None, "mpirun exited with code 200"),
+    (128, None, "mpirun exited with code 128"),
+])
+def test_a_shells_exit_code_above_128_names_the_signal(code, failure, reason):
+    assert rules.outcome(code, failure, ["sh"]) == ("failed", reason)
+
+
 def test_a_limit_names_the_reason_even_when_mpirun_reports_the_exit():
     nodes = _nodes(node1=_job(launcher_exit_code=137),
                    node2=_job(containers={"worker": "running"}, limits_hit=["memory"]))
