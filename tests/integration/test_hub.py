@@ -148,9 +148,11 @@ def test_a_job_sees_its_id_name_ranks_and_nodes_like_slurm_jobs_do(cluster, note
 
 def test_exit_codes_are_explained(cluster, notebooks):
     code, output = mpi(cluster, ANN, "run", "-n", "1", "no-such-program")
-    assert code != 0 and "not found" in output, output
+    assert code != 0 and "not found" in output.strip().splitlines()[-1], output
     code, output = mpi(cluster, ANN, "run", "-n", "1", "/bin/sh", "-c", "kill -KILL $$")
-    assert code != 0 and "killed by SIGKILL" in output, output
+    # mpirun sees either the rank die of the signal or its shell exit 137: both named.
+    final = output.strip().splitlines()[-1]
+    assert code != 0 and "SIGKILL" in final, output
 
 
 def test_a_bare_walltime_number_is_minutes_in_the_mpi_command_and_refused_by_the_api(
