@@ -243,6 +243,43 @@ def ensure_user_dir(storage_path, user, uid, gid):
         raise CommandExecutionError(f"cannot prepare users/{user}: {exc}") from exc
 
 
+def prune_job_dirs(storage_path, user, uid, gid, older_than, keep=None):
+    """
+    Remove a user's job directories (``users/<user>/mpi-jobs/<job id>``) of jobs
+    submitted before ``older_than`` in which nothing changed since, except the jobs in
+    ``keep`` (queued or running). Runs as the user's uid and never follows a link
+    (``mpi_userfs.prune_job_dirs``). Run it on the host that owns the shared storage.
+
+    storage_path
+        Where the shared storage is on this host.
+    user, uid, gid
+        The user and their own ids.
+    older_than
+        Unix time.
+    keep
+        Job ids whose directories stay.
+
+    Returns the job ids whose directories were removed.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.prune_job_dirs /srv/dockermpi alice 100000 100000 1767225600
+    """
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
+    try:
+        older_than = float(older_than)
+    except (TypeError, ValueError):
+        raise SaltInvocationError("older_than must be a Unix time") from None
+    keep = [str(job_id) for job_id in keep or []]
+    if not all(_JOB_ID_RE.match(job_id) for job_id in keep):
+        raise SaltInvocationError("keep must be a list of job ids")
+    return _userfs("prune_job_dirs", uid, gid, root=_users_root(storage_path),
+                   parts=[user, JOBS_SUBDIR], older_than=older_than, keep=keep)
+
+
 def migrate_user_dir(storage_path, user, from_uid, uid, gid):
     """
     Hand a directory tree that the old shared guest uid owned to the user's own uid:
