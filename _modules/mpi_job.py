@@ -91,6 +91,14 @@ SECRET_FILE_MAX = 1 << 20  # bytes; the job's own files are small
 # What a job container is given when the runner names no limits (a worker that only
 # holds the job's network namespace and sshd, on the launcher's node).
 SMALL_LIMITS = {"memory": 256 << 20, "pids": 64, "nano_cpus": 500_000_000, "tmp_size": 64 << 20}
+DAEMON_JSON = "/etc/docker/daemon.json"  # written by highstate (dockermpi.docker.config)
+# Seconds a Docker engine with live-restore may stay silent before the node says so as a
+# fault: a restart of dockerd (highstate changed daemon.json, a docker.io upgrade) leaves
+# job containers running, and a restart takes seconds, not this long.
+ENGINE_RESTART_GRACE = 30
+# When this process (the mpi_node engine keeps this module loaded) first saw the Docker
+# engine not answering; None while it answers.
+_ENGINE_OUTAGE = {"since": None}
 
 
 def __virtual__():
@@ -233,6 +241,43 @@ def ensure_user_dir(storage_path, user, uid, gid):
         raise
     except Exception as exc:  # pylint: disable=broad-except
         raise CommandExecutionError(f"cannot prepare users/{user}: {exc}") from exc
+
+
+def prune_job_dirs(storage_path, user, uid, gid, older_than, keep=None):
+    """
+    Remove a user's job directories (``users/<user>/mpi-jobs/<job id>``) of jobs
+    submitted before ``older_than`` in which nothing changed since, except the jobs in
+    ``keep`` (queued or running). Runs as the user's uid and never follows a link
+    (``mpi_userfs.prune_job_dirs``). Run it on the host that owns the shared storage.
+
+    storage_path
+        Where the shared storage is on this host.
+    user, uid, gid
+        The user and their own ids.
+    older_than
+        Unix time.
+    keep
+        Job ids whose directories stay.
+
+    Returns the job ids whose directories were removed.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.prune_job_dirs /srv/dockermpi alice 100000 100000 1767225600
+    """
+    _check_user(user)
+    uid, gid = _check_ids(uid, gid)
+    try:
+        older_than = float(older_than)
+    except (TypeError, ValueError):
+        raise SaltInvocationError("older_than must be a Unix time") from None
+    keep = [str(job_id) for job_id in keep or []]
+    if not all(_JOB_ID_RE.match(job_id) for job_id in keep):
+        raise SaltInvocationError("keep must be a list of job ids")
+    return _userfs("prune_job_dirs", uid, gid, root=_users_root(storage_path),
+                   parts=[user, JOBS_SUBDIR], older_than=older_than, keep=keep)
 
 
 def migrate_user_dir(storage_path, user, from_uid, uid, gid):
@@ -961,7 +1006,9 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
     ``peers`` holds, while the job's worker or launcher runs, whether each other
     container of the job (its address in the hostfile) accepts a TCP connection on the
     job's sshd port. With the engine down, jobs come from ``job_root`` only and nothing
-    is probed. Nothing a job wrote can make this raise: at worst that job's failure
+    is probed; while an engine with live-restore has been down for less than
+    ``ENGINE_RESTART_GRACE`` seconds (a restart), the report also carries ``error``
+    saying so, and the master judges the node's jobs by its silence only. Nothing a job wrote can make this raise: at worst that job's failure
     stays unknown.
 
     CLI Example:
@@ -981,12 +1028,14 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
         raise SaltInvocationError("probe_timeout and engine_timeout must be positive")
     now = time.time()
 
-    engine = "ok"
+    engine, outage = "ok", None
     try:
         found = _engine_jobs(engine_timeout)
+        _ENGINE_OUTAGE["since"] = None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         engine = str(exc) or type(exc).__name__
         found = {}
+        outage = _engine_outage(now)
     try:
         names = os.listdir(job_root)
     except FileNotFoundError:
@@ -1008,4 +1057,33 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
     results = _probe_all({t for targets in wanted.values() for t in targets}, probe_timeout)
     for job_id, targets in wanted.items():
         found[job_id]["peers"] = {address: results[(address, port)] for address, port in targets}
-    return {"engine": engine, "jobs": found, "time": now}
+    result = {"engine": engine, "jobs": found, "time": now}
+    if outage:
+        result["error"] = outage
+    return result
+
+
+def _live_restore():
+    """Whether the Docker engine is configured to keep containers running while it is
+    down (``live-restore`` in daemon.json); False when that cannot be read."""
+    try:
+        with open(DAEMON_JSON, encoding="utf-8") as handle:
+            return json.load(handle).get("live-restore") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _engine_outage(now):
+    """While a Docker engine with live-restore has been silent for less than
+    ENGINE_RESTART_GRACE: why this report says nothing yet about the node's jobs (the
+    master then takes it as a heartbeat, not as evidence). None once the outage is
+    longer, or without live-restore (a stopped engine stopped the containers): then the
+    silent engine is a fault of the node's jobs."""
+    since = _ENGINE_OUTAGE["since"] = _ENGINE_OUTAGE["since"] or now
+    if now - since >= ENGINE_RESTART_GRACE or not _live_restore():
+        return None
+    # Constant during the outage, so the report's fingerprint is too (heartbeats only).
+    stamp = time.strftime("%H:%M:%S", time.gmtime(since))
+    return (f"the Docker engine has not answered since {stamp} UTC (restarting?); with "
+            f"live-restore its job containers keep running, so this node's jobs are judged "
+            f"on its report only if it still does not answer after {ENGINE_RESTART_GRACE} s")

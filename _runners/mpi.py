@@ -1,6 +1,7 @@
 """
 Run users' MPI programs across DockerMPI nodes, from the Salt master: the commands users
-and admins call (submit, launch, wait, status, list, cancel, logs, nodes, users).
+and admins call (submit, launch, wait, status, list, cancel, logs, nodes, users,
+history, usage, prune, backup, restore).
 
 ``salt-run mpi.submit`` validates a job and queues it; the queue starts jobs first come,
 first served, all or nothing across nodes, backfilling smaller jobs only where that
@@ -19,7 +20,7 @@ when not.
 
 :depends: the ``mpi_master`` engine on the master; the ``mpi_job`` execution module and
     ``mpi_node`` engine on the nodes; the ``mpi_engine``, ``mpi_request``, ``mpi_rules``,
-    ``mpi_sched`` and ``mpi_store`` utils modules
+    ``mpi_sched``, ``mpi_store`` and ``mpi_account`` utils modules
 """
 
 import datetime
@@ -714,7 +715,20 @@ def _moment(value, what):
     return when.timestamp()
 
 
-def history(user=None, since=None, until=None, state=None):
+def _ended_rows(user, since, until, state):
+    """History rows (``mpi_account``) of the caller's ended jobs in the window."""
+    user, _ = _acting_user(user)
+    start, end = _moment(since, "since"), _moment(until, "until")
+    states = _states(state) or list(FINAL)
+    if set(states) - set(FINAL):
+        raise SaltInvocationError(f"history holds ended jobs only: {', '.join(FINAL)}")
+    rows = [__utils__["mpi_account.history_row"](record)
+            for record in _store().jobs(states, user=user)]
+    return user, end, [row for row in rows
+                       if __utils__["mpi_account.in_window"](row, start, end)]
+
+
+def history(user=None, since=None, until=None, state=None, format=None):  # pylint: disable=redefined-builtin
     """
     Ended jobs, oldest first, with what they used (like Slurm's ``sacct``): id, name,
     user, state, exit code, reason, ranks, nodes, submitted/started/ended, queue wait,
@@ -727,38 +741,197 @@ def history(user=None, since=None, until=None, state=None):
         e.g. ``2026-12-01`` or ``2026-12-01T14:30``, or epoch seconds.
     state
         Only these final states (comma-separated), e.g. ``failed,timed_out``.
+    format
+        ``json`` (the default): a list of rows (print it with ``--out=json``);
+        ``csv``: one text, a header line then one line per job, for a spreadsheet
+        (``--out=txt`` prints it as it is).
 
     CLI Example:
 
     .. code-block:: bash
 
         salt-run mpi.history user=alice since=2026-12-01 --out=json
+        salt-run mpi.history since=2026-12-01 format=csv --out=txt > jobs.csv
     """
     try:
-        user, _ = _acting_user(user)
-        start, end = _moment(since, "since"), _moment(until, "until")
-        states = _states(state) or list(FINAL)
-        if set(states) - set(FINAL):
-            raise SaltInvocationError(f"history holds ended jobs only: {', '.join(FINAL)}")
+        if format not in (None, "json", "csv"):
+            raise SaltInvocationError("format must be json or csv")
+        _, _, rows = _ended_rows(user, since, until, state)
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
-    rows = []
-    for record in _store().jobs(states, user=user):
-        ended = record.get("ended") or record.get("submitted")
-        if (start is not None and ended < start) or (end is not None and ended >= end):
+    return __utils__["mpi_account.to_csv"](rows) if format == "csv" else rows
+
+
+def usage(user=None, since=None, until=None):
+    """
+    Usage per user and in total, like Slurm's ``sreport``: jobs by final state, core-hours
+    (ranks x elapsed), elapsed seconds, queue wait mean and max (of jobs that started),
+    over the jobs that ended in the window; without ``until``, jobs queued or running
+    now are counted too (``queued``, ``running``), using nothing yet. Admins see every
+    user; a hub user (through salt-api) sees only themselves.
+
+    user
+        Only this user.
+    since, until
+        The window on the jobs' end: ISO dates or times (UTC unless given) or epoch
+        seconds.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.usage since=2026-12-01 until=2027-01-01
+        salt-run mpi.usage user=alice
+    """
+    try:
+        user, end, rows = _ended_rows(user, since, until, None)
+    except SaltInvocationError as exc:
+        return _failed_call(str(exc))
+    active = _store().jobs(["queued"] + list(ACTIVE), user=user) if end is None else []
+    return __utils__["mpi_account.usage"](rows, active)
+
+
+# ------------------------------------------------------------------ public: admin
+
+
+def _retention():
+    """Pillar ``mpi:retention`` as the nodes see it, checked."""
+    return _fresh_site(_store())["retention"]
+
+
+def prune(job_records_days=None, job_dirs_days=None):
+    """
+    Apply the retention settings (pillar ``mpi:retention``): remove the master's
+    records of jobs that ended more than ``job_records_days`` ago (never a queued or
+    running job), and, when ``job_dirs_days`` is set, the users' job directories
+    (``<storage>/users/<user>/mpi-jobs/<job id>``) of jobs submitted more than that many
+    days ago and untouched since, by a node, as each user's own uid, never following a
+    link; a job still queued or running keeps its directory. 0 means keep forever. The
+    master runs this every hour (``schedule`` in its configuration).
+
+    job_records_days, job_dirs_days
+        Override the pillar's for this run.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.prune
+        salt-run mpi.prune job_records_days=30
+    """
+    try:
+        _require_admin("mpi.prune")
+        retention = _retention() if None in (job_records_days, job_dirs_days) else {}
+        records_days = _days(job_records_days, retention.get("job_records_days"),
+                             "job_records_days")
+        dirs_days = _days(job_dirs_days, retention.get("job_dirs_days"), "job_dirs_days")
+        store = _store()
+        now = time.time()
+        pruned = store.prune(now - records_days * 86400) if records_days else []
+        dirs = _prune_job_dirs(store, dirs_days, now) if dirs_days else {}
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
+    if pruned:
+        log.info("mpi.prune removed %d job records", len(pruned))
+    return {"job_records_removed": len(pruned), "job_records_days": records_days,
+            "job_dirs_removed": dirs, "job_dirs_days": dirs_days}
+
+
+def _days(value, default, what):
+    value = default if value is None else value
+    try:
+        days = float(value)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"{what} must be a number of days, got {str(value)[:40]!r}"
+                                  ) from None
+    if not 0 <= days < 100000:
+        raise SaltInvocationError(f"{what} must be 0 (keep forever) or more days")
+    return days
+
+
+def _prune_job_dirs(store, days, now):
+    """``{user: [job ids removed]}``: old job directories, removed on the host that owns
+    the shared storage as each user's uid."""
+    config = (store.get_meta("site") or {}).get("config") or _fresh_site(store)
+    minion, path = _storage_owner(config)
+    keep = {}
+    for record in store.jobs(["queued"] + list(ACTIVE)):
+        keep.setdefault(record["user"], []).append(record["job_id"])
+    removed = {}
+    for user, info in sorted(store.users().items()):
+        if not info["dir_ready"]:
             continue
-        started = record.get("started")
-        elapsed = round(ended - started, 3) if started else 0.0
-        rows.append({
-            "job_id": record["job_id"], "name": record.get("name"), "user": record["user"],
-            "state": record["state"], "exit_code": record.get("exit_code"),
-            "reason": record.get("reason"), "np": record["np"],
-            "nodes": sorted(record.get("placement") or {}),
-            "submitted": record["submitted"], "started": started, "ended": ended,
-            "queue_wait": round((started or ended) - record["submitted"], 3),
-            "elapsed": elapsed, "core_hours": round(record["np"] * elapsed / 3600, 6),
-        })
-    return rows
+        gone = _call(_client(), [minion], "mpi_job.prune_job_dirs", timeout=120,
+                     storage_path=path, user=user, uid=info["uid"], gid=info["uid"],
+                     older_than=now - days * 86400, keep=keep.get(user, []))[minion]
+        if gone:
+            removed[user] = gone
+    return removed
+
+
+def backup(path=None):
+    """
+    Copy the master's job store (records, users and their uids) to a new file with
+    SQLite's online backup API, consistent while jobs run. The file is mode 0600 (it
+    names users and their jobs); an existing file is never overwritten.
+
+    path
+        Absolute path of the new file on the master. Default:
+        ``<cachedir>/dockermpi/backups/jobs-<UTC time>.sqlite``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.backup
+        salt-run mpi.backup /var/backups/dockermpi-jobs.sqlite
+    """
+    try:
+        _require_admin("mpi.backup")
+        if path is None:
+            folder = os.path.join(__opts__["cachedir"], "dockermpi", "backups")
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            path = os.path.join(folder, time.strftime("jobs-%Y%m%d-%H%M%S.sqlite", time.gmtime()))
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise SaltInvocationError("path must be an absolute path on the master")
+        try:
+            schema = _store().backup(path)
+        except FileExistsError:
+            raise CommandExecutionError(f"{path} exists; a backup never overwrites") from None
+        except (OSError, RuntimeError) as exc:
+            raise CommandExecutionError(f"cannot back up the job store to {path}: {exc}") from None
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
+    return {"path": path, "bytes": os.path.getsize(path), "schema": schema}
+
+
+def restore(path):
+    """
+    Replace the master's job records with those of a backup (``mpi.backup``), e.g. on a
+    rebuilt master. Refused while any job is queued or running (cancel them or wait);
+    a backup of an older schema is migrated (in a copy), a newer one refused. Users are
+    merged, never lost, and no uid is ever handed out twice; node reports stay live;
+    jobs the backup caught queued or running are recorded as failed (outcome unknown).
+
+    path
+        The backup file on the master.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.restore /var/backups/dockermpi-jobs.sqlite
+    """
+    try:
+        _require_admin("mpi.restore")
+        if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path):
+            raise SaltInvocationError("path must be the absolute path of a backup file on the master")
+        try:
+            return _store().restore(path)
+        except RuntimeError as exc:  # mpi_store.StoreError
+            raise CommandExecutionError(f"not restored: {exc}") from None
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
 
 
 # ------------------------------------------------------------------- public: users

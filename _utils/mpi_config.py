@@ -137,7 +137,7 @@ HUB_AUTHENTICATORS = ("dummy", "github")
 #: defaults.yaml are read by ``mpi_request`` when a site sets them).
 _KEYS = {
     "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "limits",
-         "storage", "docker", "job_network", "images", "job_root", "firewall", "hub",
+         "retention", "storage", "docker", "job_network", "images", "job_root", "firewall", "hub",
          "api"),
     "users": ("uid_min", "uid_max"),
     "ports": PORT_RANGES,
@@ -148,6 +148,7 @@ _KEYS = {
                "cpus_per_slot", "tmp_size_mb"),
     "storage": ("type", "path", "nfs"),
     "storage:nfs": ("server", "export", "mount_options"),
+    "retention": ("job_records_days", "job_dirs_days"),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries"),
     "job_network": ("name", "addresses", "parent"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
@@ -411,7 +412,7 @@ class _Checker:
             return self.config, self.found
         self.out = copy.deepcopy(self.config)
         sections = {}
-        for section in ("users", "guest", "ports", "limits", "storage", "docker",
+        for section in ("users", "guest", "ports", "limits", "retention", "storage", "docker",
                         "job_network", "firewall"):
             sections[section] = self.mapping(section)
         self.keys("", self.out)
@@ -429,6 +430,10 @@ class _Checker:
         slots = self.whole("slots_per_node", minimum=1)
         self.check_ports(sections["ports"], slots)
         self.check_limits(sections["limits"])
+        if sections["retention"] is not None:
+            for name in ("job_records_days", "job_dirs_days"):
+                self.whole("retention", name, minimum=0, maximum=36500,
+                           note=" (days; 0: keep forever)")
         self.check_storage(sections["storage"], nfs)
         self.check_docker(sections["docker"])
         self.check_job_network(sections["job_network"], cluster)

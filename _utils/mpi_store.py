@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import tempfile
 import time
 
 SCHEMA_VERSION = 3
@@ -295,6 +296,114 @@ class JobStore:
                 " DO UPDATE SET value = excluded.value",
                 (key, json.dumps(value)),
             )
+
+
+    # --- retention and backups ------------------------------------------------------
+    def prune(self, ended_before):
+        """Remove the records of jobs that ended before ``ended_before`` (Unix time);
+        queued and active jobs are never removed, whatever their age. Returns the ids
+        removed."""
+        final = ",".join("?" * len(FINAL))
+        with self.transaction() as conn:
+            gone = [row[0] for row in conn.execute(
+                f"SELECT id FROM jobs WHERE state IN ({final})"
+                " AND json_extract(record, '$.ended') < ?", FINAL + (float(ended_before),))]
+            conn.executemany("DELETE FROM jobs WHERE id = ?", [(j,) for j in gone])
+        return gone
+
+    def backup(self, dest):
+        """Copy the whole store to the new file ``dest`` with SQLite's online backup
+        API (consistent while the engine writes). Returns ``dest``'s schema version."""
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        target = sqlite3.connect(dest)
+        try:
+            with self._connect() as conn:
+                conn.backup(target)
+            target.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
+            return target.execute("PRAGMA user_version").fetchone()[0]
+        finally:
+            target.close()
+
+    def restore(self, source):
+        """
+        Replace the job records with those of the backup ``source`` (a file
+        :meth:`backup` wrote, of this schema or an older one, which is migrated first
+        in a copy; ``source`` itself is not changed). Refused while any job is queued
+        or active here.
+
+        What is live stays: node reports, the engine's bookkeeping and the site
+        settings. Users are merged, never lost: a user this store knows keeps their
+        uid, and no uid ever handed out is handed out again. Jobs the backup holds as
+        queued or active (it was taken while they ran) are recorded as failed, their
+        outcome unknown. Job sequence numbers only grow, so the running engine sees
+        jobs submitted after the restore. Returns ``{"jobs", "users_added",
+        "unfinished_failed", "schema"}``.
+        """
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(self.path)) as scratch:
+            copy = os.path.join(scratch, "restore.sqlite")
+            source_conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+            try:
+                schema = source_conn.execute("PRAGMA user_version").fetchone()[0]
+                if schema == 0:
+                    raise StoreError(f"{source} is not a DockerMPI job store")
+                target = sqlite3.connect(copy)
+                try:
+                    source_conn.backup(target)
+                finally:
+                    target.close()
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{source} cannot be read as a job store: {exc}") from None
+            finally:
+                source_conn.close()
+            JobStore(copy)  # migrates the copy to this schema, or refuses a newer one
+            # ATTACH is not allowed inside a transaction: attach, then take the lock.
+            with self._connect() as conn:
+                conn.execute("ATTACH DATABASE ? AS backup", (copy,))
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = self._restore_attached(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                finally:
+                    conn.execute("DETACH DATABASE backup")
+        return dict(result, schema=schema)
+
+    def _restore_attached(self, conn):
+        """:meth:`restore`'s changes, in ``conn``'s transaction, the backup attached."""
+        final = ",".join("?" * len(FINAL))
+        busy = conn.execute(f"SELECT COUNT(*) FROM jobs WHERE state NOT IN ({final})",
+                            FINAL).fetchone()[0]
+        if busy:
+            raise StoreError(f"{busy} jobs are queued or running; restore replaces every job "
+                             "record, so wait for them or cancel them first")
+        users_before = conn.execute("SELECT COUNT(*) FROM users").fetchone()[0]
+        conn.execute("INSERT OR IGNORE INTO users SELECT name, uid, created, dir_ready, identity"
+                     " FROM backup.users")
+        users_added = conn.execute("SELECT COUNT(*) FROM users").fetchone()[0] - users_before
+        backup_next = conn.execute("SELECT value FROM backup.meta WHERE key = 'next_uid'"
+                                   ).fetchone()
+        highest_uid = conn.execute("SELECT COALESCE(MAX(uid), 0) FROM users").fetchone()[0]
+        self.set_meta("next_uid", max(int(self.get_meta("next_uid", 0, conn=conn)),
+                                      highest_uid + 1,
+                                      int(json.loads(backup_next[0])) if backup_next else 0),
+                      conn=conn)
+        # Inserted without their sequence numbers: AUTOINCREMENT numbers them above any
+        # this store ever gave, and the running engine reads new jobs by that number.
+        conn.execute("DELETE FROM jobs")
+        conn.execute("INSERT INTO jobs (id, user, state, port_slot, record) "
+                     "SELECT id, user, state, port_slot, record FROM backup.jobs ORDER BY seq")
+        unfinished = [row[0] for row in conn.execute(
+            f"SELECT id FROM jobs WHERE state NOT IN ({final}) ORDER BY seq", FINAL)]
+        for job_id in unfinished:
+            was = self.get(job_id, conn)["state"]
+            self.transition(job_id, "failed", conn=conn, ended=time.time(), closed=True,
+                            reason=f"restored from a backup taken while it was {was}; its "
+                                   "real outcome is unknown")
+        jobs = conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+        return {"jobs": jobs, "users_added": users_added, "unfinished_failed": unfinished}
 
 
 def open_store(path):

@@ -29,11 +29,13 @@ on stdin, so it imports nothing but the standard library.
 """
 
 import base64
+import calendar
 import contextlib
 import errno
 import json
 import os
 import posixpath
+import re
 import secrets
 import select
 import selectors
@@ -55,6 +57,7 @@ __all__ = [
     "ensure_owned_dir",
     "chown_tree",
     "run_confined",
+    "prune_job_dirs",
     "CHILD_PYTHON",
 ]
 
@@ -63,7 +66,7 @@ MAX_TAIL_BYTES = 16 * 1024 * 1024
 #: Deepest tree :func:`chown_tree` walks; it holds one descriptor per level.
 MAX_TREE_DEPTH = 256
 #: Operations :func:`run_confined` accepts; the others need root.
-CONFINED_OPS = frozenset({"makedirs", "write_file", "read_tail"})
+CONFINED_OPS = frozenset({"makedirs", "write_file", "read_tail", "prune_job_dirs"})
 #: Interpreter of the confined child; the target uid must be able to execute it.
 CHILD_PYTHON = sys.executable
 
@@ -523,6 +526,105 @@ def chown_tree(root, name, from_uid, to_uid, to_gid):
             os.close(dir_fd)
 
 
+def _remove_tree(parent_fd, name, shown):
+    """Remove the directory ``name`` of ``parent_fd`` and everything in it, opening each
+    subdirectory relative to its parent with O_NOFOLLOW (a link is removed, never
+    followed)."""
+    stack = [[_open_dir(parent_fd, name, shown), shown, name, None]]
+    stack[-1][3] = _listing(stack[-1][0], shown)
+    try:
+        while stack:
+            dir_fd, shown_dir, _, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                os.close(dir_fd)
+                above = stack[-1][0] if stack else parent_fd
+                try:
+                    os.rmdir(_name_of(shown_dir), dir_fd=above)
+                except OSError as exc:
+                    raise _error(shown_dir, exc) from None
+                continue
+            entry_shown = posixpath.join(shown_dir, entry)
+            try:
+                found = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(found.st_mode):
+                    os.unlink(entry, dir_fd=dir_fd)
+                    continue
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _error(entry_shown, exc) from None
+            if len(stack) >= MAX_TREE_DEPTH:
+                raise UserPathError(f"{entry_shown}: tree is deeper than {MAX_TREE_DEPTH} levels")
+            stack.append([_open_dir(dir_fd, entry, entry_shown), entry_shown, entry, None])
+            stack[-1][3] = _listing(stack[-1][0], entry_shown)
+    finally:
+        for dir_fd, _, _, _ in stack:
+            os.close(dir_fd)
+
+
+def _name_of(shown):
+    return posixpath.basename(shown)
+
+
+def prune_job_dirs(root, parts, older_than, keep=()):
+    """
+    Remove the job directories in ``root/parts...`` (a user's ``mpi-jobs``) whose job
+    was submitted before ``older_than`` (Unix time, read from the job id) and in which
+    nothing changed since (the directory and its entries, by ``lstat``), except those in
+    ``keep``. Entries that are not job directories are left alone. Returns the job ids
+    removed, sorted.
+
+    Example:
+
+    .. code-block:: python
+
+        __utils__["mpi_userfs.run_confined"](
+            "prune_job_dirs", uid=100000, gid=100000, root="/srv/dockermpi/users",
+            parts=["alice", "mpi-jobs"], older_than=time.time() - 30 * 86400, keep=[])
+    """
+    older_than = float(older_than)
+    removed = []
+    try:
+        context = _directory(root, parts)
+        dir_fd, shown = context.__enter__()
+    except UserPathError as exc:
+        if str(exc).endswith(_REASONS[errno.ENOENT]):
+            return removed  # no job ever ran: nothing to prune
+        raise
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            if name in keep or not _JOB_DIR_RE.match(name):
+                continue
+            submitted = calendar.timegm(time.strptime(name[:15], "%Y%m%d-%H%M%S"))  # UTC
+            if submitted >= older_than:
+                continue
+            try:
+                top = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(top.st_mode):
+                    continue
+                sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                try:
+                    newest = max([top.st_mtime] + [
+                        os.stat(entry, dir_fd=sub, follow_symlinks=False).st_mtime
+                        for entry in os.listdir(sub)])
+                finally:
+                    os.close(sub)
+            except OSError:
+                continue  # changed meanwhile: next time
+            if newest >= older_than:
+                continue
+            _remove_tree(dir_fd, name, posixpath.join(shown, name))
+            removed.append(name)
+    finally:
+        context.__exit__(None, None, None)
+    return removed
+
+
+_JOB_DIR_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
+
+
 def _listing(dir_fd, shown):
     try:
         return iter(os.listdir(dir_fd))
@@ -530,7 +632,8 @@ def _listing(dir_fd, shown):
         raise _error(shown, exc) from None
 
 
-_OPS = {"makedirs": makedirs, "write_file": write_file, "read_tail": read_tail}
+_OPS = {"makedirs": makedirs, "write_file": write_file, "read_tail": read_tail,
+        "prune_job_dirs": prune_job_dirs}
 _ERROR_KINDS = {"UserPathError": UserPathError, "ValueError": ValueError, "TypeError": TypeError}
 
 

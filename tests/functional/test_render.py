@@ -226,6 +226,7 @@ def test_docker_daemon_json(nfs_high):
         "log-driver": "json-file",
         "log-opts": {"max-size": "10m", "max-file": "3"},
         "insecure-registries": [],
+        "live-restore": True,
     }
     assert "hosts" not in cfg["dataset"]
     svc = _args(nfs_high, "mpi-docker-service-running", "service.running")

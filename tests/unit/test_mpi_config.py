@@ -270,8 +270,17 @@ CASES = [
     # structure
     ({"slot_per_node": 4},
      "mpi:slot_per_node is not a DockerMPI setting (the keys of mpi are: users, guest, "
-     "cluster_network, ports, slots_per_node, limits, storage, docker, job_network, "
-     "images, job_root, firewall, hub, api)"),
+     "cluster_network, ports, slots_per_node, limits, retention, storage, docker, "
+     "job_network, images, job_root, firewall, hub, api)"),
+    ({"retention": {"job_records_days": -1}},
+     "mpi:retention:job_records_days must be a whole number from 0 to 36500 (days; 0: keep "
+     "forever), got -1"),
+    ({"retention": {"job_dirs_days": "30d"}},
+     "mpi:retention:job_dirs_days must be a whole number from 0 to 36500 (days; 0: keep "
+     "forever), got '30d'"),
+    ({"retention": {"keep_days": 3}},
+     "mpi:retention:keep_days is not a DockerMPI setting (the keys of mpi:retention are: "
+     "job_records_days, job_dirs_days)"),
     ({"storage": {"nfs": {"servr": "x"}}},
      "mpi:storage:nfs:servr is not a DockerMPI setting (the keys of mpi:storage:nfs are: "
      "server, export, mount_options)"),

@@ -53,6 +53,17 @@ def child_python(monkeypatch):
     monkeypatch.setattr(mpi_userfs, "CHILD_PYTHON", "/usr/bin/python3")
 
 
+@pytest.fixture(autouse=True)
+def daemon_json(tmp_path, monkeypatch):
+    """The node's daemon.json (without live-restore unless a test writes it), and no
+    engine outage remembered from another test."""
+    path = tmp_path / "daemon.json"
+    path.write_text("{}")
+    monkeypatch.setattr(mpi_job, "DAEMON_JSON", str(path))
+    monkeypatch.setitem(mpi_job._ENGINE_OUTAGE, "since", None)
+    return path
+
+
 @pytest.fixture
 def storage():
     # Outside pytest's own temporary tree, which only root may enter: the user's uid
@@ -253,6 +264,60 @@ def test_engine_down_reports_the_error_and_jobs_from_secrets_only(storage, job_r
             "peers": {},
         }
     }
+
+
+def test_engine_down_without_live_restore_is_a_fault_at_once(storage, job_root):
+    down = docker.errors.DockerException("Error while fetching server API version")
+    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert "fetching server API version" in ret["engine"]
+    assert "error" not in ret  # the master judges the node's jobs on it
+
+
+def test_a_restarting_live_restore_engine_is_not_a_fault_until_the_grace_ends(
+        storage, job_root, daemon_json):
+    daemon_json.write_text('{"live-restore": true, "log-driver": "json-file"}')
+    _secrets(job_root, JOB, [OWN], 2222)
+    down = docker.errors.DockerException("Error while fetching server API version")
+    clock = [1000.0]
+    with patch.object(mpi_job.docker, "from_env", side_effect=down), \
+            patch.object(mpi_job.time, "time", lambda: clock[0]):
+        first = mpi_job.report(str(storage), str(job_root))
+        clock[0] += mpi_job.ENGINE_RESTART_GRACE - 1
+        later = mpi_job.report(str(storage), str(job_root))
+        clock[0] += 1
+        over = mpi_job.report(str(storage), str(job_root))
+    # The truth about the engine is kept; "error" tells the master not to judge on it.
+    assert "fetching server API version" in first["engine"]
+    assert "live-restore" in first["error"] and "restarting" in first["error"]
+    assert first["jobs"][JOB]["secrets"] is True
+    # The same words all through the outage: the node's fingerprint does not change,
+    # so it sends heartbeats, not a report a second.
+    assert later["error"] == first["error"]
+    assert "error" not in over and "fetching server API version" in over["engine"]
+
+
+def test_an_engine_that_answers_again_starts_a_new_grace(storage, job_root, daemon_json):
+    daemon_json.write_text('{"live-restore": true}')
+    down = docker.errors.DockerException("connection refused")
+    clock = [1000.0]
+    with patch.object(mpi_job.time, "time", lambda: clock[0]):
+        with patch.object(mpi_job.docker, "from_env", side_effect=down):
+            mpi_job.report(str(storage), str(job_root))
+        clock[0] += 20
+        with _engine():
+            assert mpi_job.report(str(storage), str(job_root))["engine"] == "ok"
+        clock[0] += 20
+        with patch.object(mpi_job.docker, "from_env", side_effect=down):
+            again = mpi_job.report(str(storage), str(job_root))
+    assert "error" in again  # 40 s after the first outage began, but 0 s into this one
+
+
+def test_an_unreadable_daemon_json_means_no_grace(storage, job_root, daemon_json):
+    daemon_json.write_text("not json")
+    down = docker.errors.DockerException("connection refused")
+    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+        assert "error" not in mpi_job.report(str(storage), str(job_root))
 
 
 def test_jobs_are_merged_from_containers_and_secret_dirs_and_junk_is_ignored(storage,

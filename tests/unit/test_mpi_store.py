@@ -343,3 +343,162 @@ def test_two_processes_racing_to_end_jobs_each_job_ends_once(tmp_path):
         assert record["state"] == "failed"
         assert record["reason"] == winner
         assert [h["state"] for h in record["history"]] == ["running", "failed"]
+
+
+# ------------------------------------------------------------- schema moves on
+
+
+# The schema of version 3 exactly as it is today: a store written now must survive the
+# next schema change with its records intact.
+_SCHEMA_V3 = """
+CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+    user TEXT NOT NULL, state TEXT NOT NULL, port_slot INTEGER, record TEXT NOT NULL);
+CREATE INDEX jobs_state ON jobs (state);
+CREATE TABLE nodes (id TEXT PRIMARY KEY, last_seen REAL NOT NULL, report TEXT NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE users (name TEXT PRIMARY KEY, uid INTEGER NOT NULL UNIQUE, created REAL NOT NULL,
+    dir_ready INTEGER NOT NULL DEFAULT 0, identity TEXT UNIQUE);
+PRAGMA user_version = 3;
+"""
+
+
+def test_todays_schema_is_version_3_as_frozen_here(tmp_path):
+    """If this fails the schema changed: add a migration from 3 and a frozen copy of 4."""
+    store = mpi_store.open_store(str(tmp_path / "new.sqlite"))
+    frozen = sqlite3.connect(":memory:")
+    frozen.executescript(_SCHEMA_V3)
+
+    def columns(conn):
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'sqlite_sequence'")]
+        return {t: [r[1:3] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+
+    with store._connect() as conn:
+        assert columns(conn) == columns(frozen)
+    assert mpi_store.SCHEMA_VERSION == 3
+
+
+def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_moves_on(
+        tmp_path, monkeypatch):
+    path = str(tmp_path / "jobs.sqlite")
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_V3)
+    conn.execute("INSERT INTO jobs (id, user, state, port_slot, record) VALUES (?, ?, ?, ?, ?)",
+                 ("j1", "alice", "succeeded", 3, json.dumps(_record("j1", state="succeeded",
+                                                                    ended=5.0))))
+    conn.execute("INSERT INTO users VALUES ('alice', 100000, 1.0, 1, 'alice@hub')")
+    conn.execute("INSERT INTO meta VALUES ('next_uid', '100001')")
+    conn.commit()
+    conn.close()
+    # The next version adds a column; the step from 3 must keep every record.
+    monkeypatch.setattr(mpi_store, "SCHEMA_VERSION", 4)
+    monkeypatch.setitem(mpi_store._MIGRATIONS, 3, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
+    store = mpi_store.open_store(path)
+    record = store.get("j1")
+    assert (record["state"], record["ended"], record["port_slot"]) == ("succeeded", 5.0, 3)
+    assert store.users()["alice"] == {"uid": 100000, "created": 1.0, "dir_ready": True,
+                                      "identity": "alice@hub"}
+    assert store.user_uid("bob", 100000, 100009) == (100001, True)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert "ended" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
+    conn.close()
+
+
+# ------------------------------------------------------------------ retention
+
+
+def _ended(store, job_id, state, ended, user="alice"):
+    store.add(_record(job_id, user=user))
+    store.transition(job_id, state, ended=ended)
+
+
+def test_prune_removes_only_jobs_that_ended_before_the_cutoff(store):
+    _ended(store, "old-ok", "succeeded", 100.0)
+    _ended(store, "old-failed", "failed", 150.0)
+    _ended(store, "new", "succeeded", 300.0)
+    store.add(_record("queued-long-ago", submitted=1.0))
+    store.add(_record("running-long-ago"))
+    store.transition("running-long-ago", "running", started=2.0, ended=3.0)  # no end: active
+    assert sorted(store.prune(200.0)) == ["old-failed", "old-ok"]
+    assert [r["job_id"] for r in store.jobs()] == ["new", "queued-long-ago", "running-long-ago"]
+    assert store.prune(200.0) == []
+
+
+# --------------------------------------------------------------- backup, restore
+
+
+def test_backup_then_restore_gives_back_the_records(store, tmp_path):
+    _ended(store, "j1", "succeeded", 10.0)
+    _ended(store, "j2", "failed", 20.0, user="bob")
+    store.user_uid("alice", 100000, 100009, identity="alice@hub")
+    store.set_meta("engine", {"pid_alive": 1.0})
+    backup = str(tmp_path / "backup.sqlite")
+    assert store.backup(backup) == mpi_store.SCHEMA_VERSION
+    assert oct(__import__("os").stat(backup).st_mode & 0o777) == "0o600"
+    # Later: more jobs, a new user, then something goes wrong and the backup comes back.
+    _ended(store, "j3", "succeeded", 30.0)
+    store.user_uid("carol", 100000, 100009)
+    with store.transaction() as conn:
+        conn.execute("DELETE FROM jobs WHERE id = 'j1'")
+    done = store.restore(backup)
+    assert done == {"jobs": 2, "users_added": 0, "unfinished_failed": [],
+                    "schema": mpi_store.SCHEMA_VERSION}
+    assert [r["job_id"] for r in store.jobs()] == ["j1", "j2"]
+    assert store.get("j2")["user"] == "bob" and store.get("j1")["ended"] == 10.0
+    # Users are never lost and no uid is handed out twice.
+    assert store.users()["carol"]["uid"] == 100001
+    assert store.user_uid("dave", 100000, 100009) == (100002, True)
+    # New jobs come after every restored one in sequence (the engine reads by it).
+    store.add(_record("j4"))
+    seqs = dict((r["job_id"], s) for s, r in store.jobs_after(0))
+    assert seqs["j4"] > max(seqs["j1"], seqs["j2"])
+
+
+def test_restore_refuses_while_jobs_are_queued_or_running(store, tmp_path):
+    backup = str(tmp_path / "backup.sqlite")
+    store.backup(backup)
+    store.add(_record("waiting"))
+    with pytest.raises(mpi_store.StoreError, match="1 jobs are queued or running"):
+        store.restore(backup)
+    assert store.get("waiting")["state"] == "queued"
+
+
+def test_restore_fails_jobs_the_backup_caught_running_and_keeps_users_it_adds(tmp_path):
+    old = mpi_store.open_store(str(tmp_path / "old.sqlite"))
+    old.add(_record("caught"))
+    old.transition("caught", "running", started=5.0)
+    old.user_uid("erin", 100000, 100009)
+    backup = str(tmp_path / "backup.sqlite")
+    old.backup(backup)
+    fresh = mpi_store.open_store(str(tmp_path / "fresh.sqlite"))  # a master rebuilt
+    done = fresh.restore(backup)
+    assert done["unfinished_failed"] == ["caught"] and done["users_added"] == 1
+    record = fresh.get("caught")
+    assert record["state"] == "failed" and "backup taken while it was running" in record["reason"]
+    assert fresh.user_uid("frank", 100000, 100009) == (100001, True)
+
+
+def test_restore_refuses_a_newer_schema_and_files_that_are_not_stores(store, tmp_path):
+    newer = tmp_path / "newer.sqlite"
+    conn = sqlite3.connect(newer)
+    conn.execute(f"PRAGMA user_version = {mpi_store.SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(mpi_store.StoreError, match="has schema"):
+        store.restore(str(newer))
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"not a database" * 100)
+    with pytest.raises(mpi_store.StoreError):
+        store.restore(str(junk))
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).close()
+    with pytest.raises(mpi_store.StoreError, match="not a DockerMPI job store"):
+        store.restore(str(empty))
+
+
+def test_backup_never_overwrites(store, tmp_path):
+    existing = tmp_path / "there"
+    existing.write_text("keep me")
+    with pytest.raises(FileExistsError):
+        store.backup(str(existing))
+    assert existing.read_text() == "keep me"

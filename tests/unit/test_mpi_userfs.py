@@ -797,3 +797,63 @@ def test_whatever_alice_plants_nothing_outside_her_directory_changes(users, tree
     assert _victims(users) == before
     assert sorted(os.listdir(users)) == ["alice", "bob"]
     assert sorted(os.listdir(users.parent)) == ["outside", "users"]
+
+
+# ------------------------------------------------------------------ prune_job_dirs
+
+OLD_JOB, NEW_JOB, KEPT_JOB = "20200101-000000-aaaaaa", "20991231-000000-bbbbbb", \
+    "20200101-000001-cccccc"
+
+
+def _aged_job_dir(users, name, age_days):
+    top = users / "alice" / "mpi-jobs" / name
+    (top / "sub").mkdir(parents=True)
+    (top / "stdout").write_text("out")
+    (top / "sub" / "deep").write_text("x")
+    then = time.time() - age_days * 86400
+    for path in (top / "sub" / "deep", top / "sub", top / "stdout", top):
+        os.utime(path, (then, then), follow_symlinks=False)
+    return top
+
+
+def test_prune_job_dirs_removes_old_untouched_job_dirs_only(users, tmp_path):
+    outside = tmp_path / "victim"
+    outside.mkdir()
+    (outside / "precious").write_text("keep")
+    old = _aged_job_dir(users, OLD_JOB, 100)
+    os.symlink(outside, old / "sub" / "link")  # a link inside is removed, never followed
+    for path in (old / "sub", old):
+        os.utime(path, (time.time() - 100 * 86400,) * 2)
+    _aged_job_dir(users, NEW_JOB, 0)
+    _aged_job_dir(users, KEPT_JOB, 100)
+    touched = _aged_job_dir(users, "20200102-000000-dddddd", 100)
+    (touched / "stdout").write_text("the user changed it today")
+    (users / "alice" / "mpi-jobs" / "notes").write_text("not a job dir")
+    removed = mpi_userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"],
+                                        time.time() - 30 * 86400, keep=[KEPT_JOB])
+    assert removed == [OLD_JOB]
+    assert sorted(os.listdir(users / "alice" / "mpi-jobs")) == sorted(
+        [NEW_JOB, KEPT_JOB, "20200102-000000-dddddd", "notes"])
+    assert (outside / "precious").read_text() == "keep"
+
+
+def test_prune_job_dirs_of_a_user_without_jobs_removes_nothing(users):
+    assert mpi_userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"], time.time()) == []
+
+
+def test_prune_job_dirs_refuses_a_linked_mpi_jobs(users, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", users / "alice" / "mpi-jobs")
+    with pytest.raises(mpi_userfs.UserPathError, match="symbolic link"):
+        mpi_userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"], time.time())
+
+
+def test_prune_job_dirs_runs_confined_as_the_user(shared_users):
+    _aged_job_dir(shared_users, OLD_JOB, 100)
+    for path, _, files in os.walk(shared_users / "alice"):
+        for name in [path] + [os.path.join(path, f) for f in files]:
+            os.lchown(name, ALICE_UID, ALICE_GID)
+    removed = mpi_userfs.run_confined("prune_job_dirs", uid=ALICE_UID, gid=ALICE_GID,
+                                      root=str(shared_users), parts=["alice", "mpi-jobs"],
+                                      older_than=time.time() - 86400, keep=[])
+    assert removed == [OLD_JOB]

@@ -5,7 +5,10 @@ include:
   - {{ tplroot }}.config
   - .package
 {#- No `hosts` key: the engine keeps its default unix socket only (a `hosts`
-    key would also clash with dockerd's `-H fd://` in Debian's unit). #}
+    key would also clash with dockerd's `-H fd://` in Debian's unit).
+    live-restore: a restart of dockerd (this file changed, a docker.io upgrade) leaves
+    running job containers running; the node reports the outage as "not yet known"
+    for a grace period (mpi_job.report) so their jobs are not failed for it. #}
 {%- set daemon = {
       "log-driver": "json-file",
       "log-opts": {
@@ -13,6 +16,7 @@ include:
         "max-file": mpi.docker.log_max_file | string,
       },
       "insecure-registries": mpi.docker.insecure_registries,
+      "live-restore": true,
     } %}
 
 mpi-docker-config-daemon-json:

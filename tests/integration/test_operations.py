@@ -1,0 +1,89 @@
+"""Operations an admin does while users run jobs (issue 10): a highstate that restarts
+the nodes' Docker engines (live-restore), usage accounting, backups of the job store.
+
+Run on the real cluster only: ``tests/run tests/integration/test_operations.py``.
+"""
+
+import json
+import time
+
+import pytest
+import yaml
+
+from tests.integration.test_lifecycle import (nothing_left_behind, run, status,  # noqa: F401
+                                              submit, wait_for)
+
+pytestmark = pytest.mark.cluster
+
+IMAGES_PILLAR = "/srv/pillar-local/testcluster_images.sls"
+
+
+def _dockerd_pid(cluster, node):
+    _, out = cluster.exec(node, ["systemctl", "show", "-p", "MainPID", "--value", "docker"],
+                          stdout_only=True)
+    return out.strip()
+
+
+def test_a_highstate_that_restarts_dockerd_leaves_a_running_job_running(cluster):
+    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    pillar = yaml.safe_load(original) or {}
+    changed = json.loads(json.dumps(pillar))
+    changed.setdefault("mpi", {}).setdefault("docker", {})["log_max_file"] = 4
+    job_id = submit(cluster, user="operations", np=4, slots_per_node=2, nodes="node1,node2",
+                    walltime="5m", cmd=["python3", "-c",
+                                        "import time; from mpi4py import MPI; time.sleep(45); "
+                                        "MPI.COMM_WORLD.Barrier(); print('done')"])
+    job = wait_for(cluster, job_id, ("running",), 60)
+    before = {node: _dockerd_pid(cluster, node) for node in job["placement"]}
+    try:
+        cluster.put_file("master", IMAGES_PILLAR, yaml.safe_dump(changed).encode())
+        cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+        cluster._highstate(list(job["placement"]))
+        for node in job["placement"]:
+            _, text = cluster.exec(node, ["cat", "/etc/docker/daemon.json"], stdout_only=True)
+            daemon = json.loads(text)
+            assert daemon["log-opts"]["max-file"] == "4" and daemon["live-restore"] is True
+            assert _dockerd_pid(cluster, node) != before[node], f"dockerd on {node} did not restart"
+        assert status(cluster, job_id)["state"] == "running"
+        code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=120)
+        assert code == 0 and done["state"] == "succeeded", done
+        _, out = run(cluster, "mpi.logs", job_id=job_id)
+        assert out.split().count("done") == 4
+    finally:
+        cluster.put_file("master", IMAGES_PILLAR, original.encode())
+        cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+        cluster._highstate(cluster.nodes)
+
+
+def test_usage_counts_each_users_jobs_and_core_hours(cluster):
+    user = f"usage{int(time.time())}"
+    since = time.time() - 1
+    ok = submit(cluster, user=user, np=2, cmd=["sleep", "2"])
+    bad = submit(cluster, user=user, np=1, cmd=["sh", "-c", "exit 3"])
+    records = [run(cluster, "mpi.wait", job_id=j, timeout=120)[1] for j in (ok, bad)]
+    assert [r["state"] for r in records] == ["succeeded", "failed"], records
+    code, usage = run(cluster, "mpi.usage", user=user, since=since)
+    assert code == 0, usage
+    mine = usage["users"][user]
+    assert mine["jobs"]["succeeded"] == 1 and mine["jobs"]["failed"] == 1
+    assert mine["jobs"]["total"] == 2 and list(usage["users"]) == [user]
+    # core-hours: np x (ended - started) of each job, as recorded
+    expected = sum(r["np"] * (r["ended"] - r["started"]) for r in records) / 3600
+    assert mine["core_hours"] == pytest.approx(expected, abs=1e-5)
+    assert 2 * 2 / 3600 <= mine["core_hours"] < 2 * 30 / 3600  # the sleep took 2 s on 2 ranks
+    assert mine["queue_wait_max"] >= mine["queue_wait_mean"] >= 0
+    _, csv_text = run(cluster, "mpi.history", user=user, since=since, format="csv")
+    lines = csv_text.strip().splitlines()
+    assert lines[0].startswith("job_id,") and len(lines) == 3
+
+
+def test_backup_is_written_and_restore_refuses_while_a_job_runs(cluster):
+    code, made = run(cluster, "mpi.backup")
+    assert code == 0 and made["path"].endswith(".sqlite") and made["bytes"] > 0, made
+    job_id = submit(cluster, user="operations", np=1, cmd=["sleep", "30"])
+    wait_for(cluster, job_id, ("running",), 60)
+    code, refused = run(cluster, "mpi.restore", path=made["path"])
+    assert code == 1 and "queued or running" in refused["error"], refused
+    assert status(cluster, job_id)["state"] == "running"
+    run(cluster, "mpi.cancel", job_id=job_id)
+    cluster.exec("master", ["rm", "-f", made["path"]])
