@@ -11,7 +11,7 @@ server as ``password``; this module asks the hub whose token it is.
         ^url: http://hub.example.org:8081/hub/api   # the hub's REST API
         '*':
           - '@runner':
-            - '^mpi\\.(whoami|submit|launch|wait|status|list|history|logs|cancel)$'
+            - '^mpi\\.(whoami|submit|launch|wait|status|list|history|usage|logs|cancel)$'
 
 A token is accepted only when the hub answers ``GET /user`` with a *user* (not a
 service) of exactly that name; a forged, expired or revoked token, or one of a user the

@@ -5,7 +5,7 @@ import pytest
 from tests.functional.test_render import PRESHARED_PILLAR, _args, _highstate, _minion
 
 HUB_API = "http://hub.test:8081/hub/api"
-USER_FUNCTIONS = "^mpi\\.(whoami|submit|launch|wait|status|list|history|logs|cancel)$"
+USER_FUNCTIONS = "^mpi\\.(whoami|submit|launch|wait|status|list|history|usage|logs|cancel)$"
 
 
 @pytest.fixture(scope="module")

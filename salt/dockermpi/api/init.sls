@@ -91,7 +91,7 @@ mpi-api-master-config:
             ^url: {{ mpi.hub.hub_api_url | json }}
             '*':
               - '@runner':
-                - '^mpi\.(whoami|submit|launch|wait|status|list|history|logs|cancel)$'
+                - '^mpi\.(whoami|submit|launch|wait|status|list|history|usage|logs|cancel)$'
     - require:
       - sls: {{ tplroot }}.config
 
