@@ -274,6 +274,54 @@ def test_a_version_1_store_is_migrated_with_its_records_intact(tmp_path):
     conn.close()
 
 
+# The schema 3 store (hub identities, before drains), as the previous release left it.
+_SCHEMA_V3 = _SCHEMA_V1.replace("PRAGMA user_version = 1;", "") + """
+CREATE TABLE users (name TEXT PRIMARY KEY, uid INTEGER NOT NULL UNIQUE, created REAL NOT NULL,
+    dir_ready INTEGER NOT NULL DEFAULT 0, identity TEXT);
+CREATE UNIQUE INDEX users_identity ON users (identity);
+PRAGMA user_version = 3;
+"""
+
+
+def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_V3)
+    conn.execute("INSERT INTO jobs (id, user, state, port_slot, record) VALUES (?, ?, ?, ?, ?)",
+                 ("j1", "alice", "running", None, json.dumps(_record("j1"))))
+    conn.execute("INSERT INTO users (name, uid, created, dir_ready, identity) "
+                 "VALUES ('alice', 100004, 1.0, 1, 'Alice@hub')")
+    conn.execute("INSERT INTO nodes (id, last_seen, report) VALUES ('node1', 5.0, '{}')")
+    conn.execute("INSERT INTO meta (key, value) VALUES ('next_uid', '100005')")
+    conn.commit()
+    conn.close()
+    store = mpi_store.open_store(str(path))
+    assert store.get("j1")["job_id"] == "j1" and store.jobs(["running"])[0]["job_id"] == "j1"
+    assert store.users()["alice"] == {"uid": 100004, "created": 1.0, "dir_ready": True,
+                                      "identity": "Alice@hub"}
+    assert store.nodes() == {"node1": {"last_seen": 5.0, "report": {}}}
+    assert store.get_meta("next_uid") == 100005
+    assert store.drains() == {}
+    store.drain("node1", "maintenance")
+    assert mpi_store.open_store(str(path)).drains()["node1"]["reason"] == "maintenance"
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == mpi_store.SCHEMA_VERSION == 4
+    conn.close()
+
+
+# -------------------------------------------------------------------------- drains
+
+
+def test_a_drain_is_kept_until_resumed_and_a_second_drain_keeps_its_start(store):
+    first = store.drain("node2", "disk swap", by="root")
+    assert first["reason"] == "disk swap" and first["by"] == "root"
+    again = store.drain("node2", "disk swap, then firmware")
+    assert again["since"] == first["since"] and again["reason"] == "disk swap, then firmware"
+    assert set(store.drains()) == {"node2"}
+    assert store.resume("node2")["reason"] == "disk swap, then firmware"
+    assert store.drains() == {} and store.resume("node2") is None
+
+
 # ---------------------------------------------------------------------------- users
 
 
