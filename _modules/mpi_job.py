@@ -665,19 +665,26 @@ def write_status(job_id, storage_path, user, uid, gid, status):
     return True
 
 
-def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs"):
+def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health=None):
     """
     Whether this minion was started with the ``mpi_node`` engine configured for these
     paths (minion engines are read at start only, so a newer configuration needs a
     restart of the minion).
 
+    health
+        The seconds between health looks the engine should run with, when its
+        configuration names them (since it reports health: a minion started before that
+        runs an engine without it, and restarts).
+
     CLI Example:
 
     .. code-block:: bash
 
-        salt '*' mpi_job.node_engine_running /srv/dockermpi
+        salt '*' mpi_job.node_engine_running /srv/dockermpi health=10
     """
     wanted = {"storage_path": storage_path, "job_root": job_root}
+    if health is not None:
+        wanted["health"] = health
     for engine in __opts__.get("engines") or []:
         if isinstance(engine, dict) and engine.get("mpi_node") == wanted:
             return True

@@ -287,6 +287,19 @@ def test_node_job_root_root_owned_0711_with_namespace_tools(request, high, job_r
     assert pkg["pkgs"] == ["util-linux", "iptables", "openssh-client"]
 
 
+def test_the_node_engine_runs_with_health_reports_and_restarts_the_minion_until_it_does(
+        preshared_high):
+    # The master schedules nothing on a node without health evidence: a minion whose
+    # engine was configured before health reports must restart into one that sends them.
+    config = _args(preshared_high, "mpi-node-engine-config", "file.serialize")
+    wanted = {"storage_path": "/data/cluster", "job_root": "/var/local/mpi-jobs",
+              "health": 10}
+    assert config["dataset"] == {"engines": [{"mpi_node": wanted}]}
+    restart = _args(preshared_high, "mpi-node-engine-minion-restart", "module.run")
+    unless = restart["unless"][0]
+    assert unless.pop("fun") == "mpi_job.node_engine_running" and unless == wanted
+
+
 def test_job_network_on_cluster_network_after_docker_service(nfs_high):
     net = _args(nfs_high, "mpi-docker-network-present", "mpi_network.present")
     assert net["name"] == "dmpi-jobs"

@@ -440,3 +440,12 @@ def test_a_hanging_storage_check_is_reported_and_not_waited_for_again(storage, m
         assert mpi_job.health(str(storage))["storage"].startswith("not responding (a check")
         assert time.monotonic() - started < 0.2
     release.set()
+
+
+def test_a_minion_whose_engine_predates_health_reports_is_not_running_the_wanted_engine():
+    old = {"storage_path": "/srv/dockermpi", "job_root": "/var/lib/dockermpi/jobs"}
+    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": old}]}):
+        assert mpi_job.node_engine_running("/srv/dockermpi")
+        assert not mpi_job.node_engine_running("/srv/dockermpi", health=10)
+    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": dict(old, health=10)}]}):
+        assert mpi_job.node_engine_running("/srv/dockermpi", health=10)
