@@ -91,6 +91,7 @@ OUTPUT_STREAMS = ("stdout", "stderr")
 TAIL_BYTES = 65536
 USERFS_TIMEOUT = 10  # seconds any file operation in a user's directory may take
 STORAGE_CHECK_TIMEOUT = 2  # seconds the storage check may take (a hung mount must not hang us)
+HEALTH_DIR = ".dockermpi-health"  # under the storage path: the storage states make it
 HEALTH_IMAGES_MAX = 500  # image digests a health report carries at most
 _NODE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]")
 SECRET_FILE_MAX = 1 << 20  # bytes; the job's own files are small
@@ -1038,9 +1039,14 @@ def _storage_state(storage_path, probe_name):
         # An empty directory where the shared file system should be would split the
         # cluster's data: a preshared path below a mount point still holds users/.
         return f"not mounted: {storage_path} is no mount point and has no users/"
-    # The probe file lies at the storage root, which only root writes: never in a
-    # user's directory, where a job could have put a symlink or a FIFO.
-    probe = os.path.join(storage_path, probe_name)
+    # The probe file lies in the storage's health directory (highstate makes it, owned by
+    # whom root is on the storage: root, or nobody under NFS root_squash), or at the
+    # storage root before that: never in a user's directory, where a job could have put
+    # a symlink or a FIFO.
+    health_dir = os.path.join(storage_path, HEALTH_DIR)
+    if not (os.path.isdir(health_dir) and not os.path.islink(health_dir)):
+        health_dir = storage_path
+    probe = os.path.join(health_dir, probe_name)
     try:
         try:
             os.unlink(probe)  # left by a check that was cut short
@@ -1089,8 +1095,9 @@ def health(storage_path, engine_timeout=5):
 
     Returns ``{"docker": "ok" or why not, "storage": "ok" or why not ("not mounted:
     ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...]}``:
-    the storage is a mount point (or holds ``users/``) and a root-owned probe file at its
-    root can be written and removed; ``images`` are the digest references of every
+    the storage is a mount point (or holds ``users/``) and a probe file can be written
+    and removed in its ``.dockermpi-health`` directory (at its root before highstate
+    made that); ``images`` are the digest references of every
     local image (the master keeps those of approved images). Never raises for what it
     finds.
 

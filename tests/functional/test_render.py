@@ -199,6 +199,19 @@ def test_preshared_checks_path_without_creating_it(preshared_high):
     assert not [sid for sid in preshared_high if "nfs" in sid]
 
 
+@pytest.mark.parametrize("high, name, owner", [
+    ("nfs_high", "/export/mpi/.dockermpi-health", ("nobody", "nogroup")),
+    ("preshared_high", "/data/cluster/.dockermpi-health", ("root", "root")),
+])
+def test_a_health_directory_for_the_nodes_storage_probe(request, high, name, owner):
+    # Written by root on the nodes: under NFS root_squash that root is nobody.
+    state = "mpi-storage-nfs-server-health-directory" if high == "nfs_high" \
+        else "mpi-storage-preshared-health-directory"
+    found = _args(request.getfixturevalue(high), state, "file.directory")
+    assert found["name"] == name and (found["user"], found["group"]) == owner
+    assert found["mode"] == "0700"
+
+
 def test_preshared_node_without_nfs_role_gets_no_server(preshared_high):
     assert not [
         sid for sid, body in preshared_high.items() if "nfs" in body["__sls__"]

@@ -449,3 +449,19 @@ def test_a_minion_whose_engine_predates_health_reports_is_not_running_the_wanted
         assert not mpi_job.node_engine_running("/srv/dockermpi", health=10)
     with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": dict(old, health=10)}]}):
         assert mpi_job.node_engine_running("/srv/dockermpi", health=10)
+
+
+def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, monkeypatch):
+    (storage / ".dockermpi-health").mkdir(mode=0o700)
+    written = []
+    plain_open = os.open
+
+    def recording_open(path, *args, **kwargs):
+        written.append(str(path))
+        return plain_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(mpi_job.os, "open", recording_open)
+    with _images_engine():
+        assert mpi_job.health(str(storage))["storage"] == "ok"
+    assert written == [str(storage / ".dockermpi-health" / ".dockermpi-health-node1")]
+    assert os.listdir(storage / ".dockermpi-health") == []
