@@ -260,6 +260,8 @@ def test_a_service_token_is_not_a_user(cluster, notebooks):
     ("runner", "mpi.users", {}),
     ("runner", "mpi.nodes", {}),
     ("runner", "mpi.migrate_users", {}),
+    ("runner", "mpi.drain", {"kwarg": {"node": "node1", "reason": "mine now"}}),
+    ("runner", "mpi.resume", {"kwarg": {"node": "node1"}}),
     ("runner", "mpi.submitx", {}),
     ("runner", "jobs.list_jobs", {}),
     ("runner", "saltutil.sync_all", {}),
