@@ -211,7 +211,8 @@ class JobEngine:
         for node, seen in store.nodes().items():
             report = seen["report"] if isinstance(seen["report"], dict) else {}
             self.nodes[node] = {"last_seen": seen["last_seen"], "report": report,
-                                "digest": report.get("digest"), "usable": not report.get("error")}
+                                "digest": report.get("digest"), "usable": not report.get("error"),
+                                "health": report.get("health")}
         self.started_at = now
         # Nodes heard since this engine started. Minions need a while to reconnect after
         # a master restart; until a node is heard again (or restart_grace passed) its

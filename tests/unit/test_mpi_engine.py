@@ -648,3 +648,16 @@ def test_a_node_without_health_evidence_takes_no_job(world):
     engine.job_requested(job_id)
     _settle(engine)
     assert store.get_meta("waiting")[job_id] == "node3 unhealthy: no health report yet"
+
+
+def test_a_restarted_engine_knows_the_nodes_health_from_the_store(world):
+    store, transport, clock, engine = world
+    clock.now += engine_module.FLUSH_SECONDS
+    engine.tick()  # flushes the nodes' reports to the store
+    clock.now += 1
+    engine.pool.shutdown(wait=True)
+    engine = engine_module.new_engine(store, transport, LIB, clock)
+    job_id = _submit(store, clock, np=2)
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get(job_id)["state"] == "running"
