@@ -26,6 +26,7 @@ Minion configuration (highstate writes it: ``dockermpi.node.engine``):
       - mpi_node:
           storage_path: /srv/dockermpi
           job_root: /var/lib/dockermpi/jobs
+          health: 10
 
 Every ``health`` seconds, and at once when Docker says an image was pulled, loaded,
 tagged or removed, it also looks at the node's health (:func:`mpi_job.health
