@@ -6,9 +6,13 @@ It reads, from the master's event bus:
 
 - ``mpi/node/<id>/report``: a node's evidence, sent when it changes (and now and then);
 - ``mpi/node/<id>/alive``: a node's heartbeat, with the fingerprint of its evidence;
-- ``mpi/job/<id>/queued`` and ``mpi/job/<id>/cancel``: fired by the ``mpi`` runner.
+- ``mpi/job/<id>/queued`` and ``mpi/job/<id>/cancel``: fired by the ``mpi`` runner;
+- ``mpi/drains/changed``: an admin drained or resumed a node (``mpi.drain``,
+  ``mpi.resume``); the drains themselves are read from the job store.
 
-and once a second walks the clock (walltimes, silent nodes, the queue). The node's id
+and once a second walks the clock (walltimes, silent nodes, the queue). A node silent
+for a few seconds gets its host probed (a TCP connect to pillar
+``mpi:engine:probe_port`` on its cluster address, in a thread of the engine's own). The node's id
 is the one the master authenticated, never one the event carries. Nothing here is a
 Salt function: users cannot call the engine, only ask the ``mpi`` runner.
 
@@ -43,6 +47,7 @@ __virtualname__ = "mpi_master"
 
 _JOB_TAG = re.compile(r"^mpi/job/([0-9]{8}-[0-9]{6}-[0-9a-f]{6})/(queued|cancel)\Z")
 _NODE_TAG = re.compile(r"^mpi/node/[^/]+/(report|alive)\Z")
+_DRAINS_TAG = "mpi/drains/changed"
 
 
 def __virtual__():
@@ -119,6 +124,8 @@ def _dispatch(engine, tag, data):
     match = _JOB_TAG.match(tag)
     if match:
         engine.job_requested(match.group(1))
+    elif tag == _DRAINS_TAG:
+        engine.drains_changed()  # what changed is read from the store, not the event
 
 
 def _loaded(dunder):

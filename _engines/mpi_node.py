@@ -26,8 +26,16 @@ Minion configuration (highstate writes it: ``dockermpi.node.engine``):
       - mpi_node:
           storage_path: /srv/dockermpi
           job_root: /var/lib/dockermpi/jobs
+          health: 10
+
+Every ``health`` seconds, and at once when Docker says an image was pulled, loaded,
+tagged or removed, it also looks at the node's health (:func:`mpi_job.health
+<_modules.mpi_job.health>`: the Docker engine answering, shared storage mounted and
+writable, the image digests present) and sends it in ``health`` with the reports; the
+master schedules new jobs only on healthy nodes holding the job's image.
 
 Optional: ``interval`` (default 1), ``heartbeat`` (default 2), ``refresh`` (default 10),
+``health`` (default 10),
 ``probe_timeout`` (seconds per TCP probe, default 0.5; probes run in parallel) and
 ``failures`` (consecutive failed probes before a peer is unreachable, default 2).
 
@@ -57,12 +65,15 @@ DEFAULTS = {
     "interval": 1.0,
     "heartbeat": 2.0,  # well inside the master's 5 s before a silent node is lost
     "refresh": 10.0,
+    "health": 10.0,
     "probe_timeout": 0.5,
     "failures": 2,
 }
 JOB_LABEL = "io.dockermpi.job"  # mpi_job.LABEL_JOB: every job container has it
 # Container events after which the node's evidence has changed.
 _CHANGES = ("start", "die", "destroy", "oom", "kill")
+# Image events after which the node's health (the images it holds) has changed.
+_IMAGE_CHANGES = ("pull", "load", "import", "tag", "untag", "delete")
 
 
 def __virtual__():
@@ -77,7 +88,7 @@ def check_config(config):
     for key in ("storage_path", "job_root"):
         if not isinstance(conf.get(key), str) or not os.path.isabs(conf[key]):
             raise ValueError(f"mpi_node needs an absolute path in {key}, got {conf.get(key)!r}")
-    for key in ("interval", "heartbeat", "refresh", "probe_timeout"):
+    for key in ("interval", "heartbeat", "refresh", "health", "probe_timeout"):
         try:
             conf[key] = float(conf[key])
         except (TypeError, ValueError):
@@ -101,10 +112,14 @@ class Reporter:
     """What to send after each look at the node: builds the report, counts failed
     probes per job and peer, and chooses between a report and a heartbeat."""
 
-    def __init__(self, conf, report_fn, clock=time.time):
+    def __init__(self, conf, report_fn, clock=time.time, health_fn=None):
         self.conf = conf
         self.report_fn = report_fn
         self.clock = clock
+        self.health_fn = health_fn
+        self.health = None
+        self.health_at = None
+        self.health_due = threading.Event()  # set when Docker says the images changed
         self.failures = {}
         self.sent_digest = None
         self.sent_report = 0.0
@@ -130,8 +145,29 @@ class Reporter:
             log.exception("mpi_node: the report failed")
             report = {"engine": "ok", "jobs": {}, "time": self.clock(),
                       "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        self._add_health(report)
         report["digest"] = fingerprint(report)
         return report
+
+    def _add_health(self, report):
+        """Health is looked at every ``health`` seconds or when the images changed; the
+        last look travels with every report (its content, without a time, so an
+        unchanged health does not change the report's fingerprint)."""
+        if self.health_fn is None:
+            return
+        now = self.clock()
+        if self.health is None or self.health_due.is_set() or \
+                now - self.health_at >= self.conf["health"]:
+            self.health_due.clear()
+            try:
+                # Short bounds: the heartbeat waits for this look.
+                self.health = self.health_fn(self.conf["storage_path"], engine_timeout=2)
+            except Exception as exc:  # pylint: disable=broad-except
+                log.exception("mpi_node: the health check failed")
+                self.health = {"docker": "unknown", "storage": "unknown", "images": [],
+                               "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            self.health_at = now
+        report["health"] = self.health
 
     def next_event(self):
         """(tag suffix, data) to send now, or None."""
@@ -148,15 +184,30 @@ class Reporter:
 
 def _watch_containers(wake):
     """Wake the reporter whenever a job container changes (Docker's event stream)."""
+    _watch(wake, {"type": "container", "label": JOB_LABEL}, _CHANGES)
+
+
+def _watch_images(wake, health_due):
+    """Wake the reporter, with its health due, whenever the node's images change."""
+    _watch(wake, {"type": "image"}, _IMAGE_CHANGES, health_due)
+
+
+def _watch(wake, filters, actions, due=None):
+    """Follow Docker's events matching ``filters``; each of ``actions`` wakes the
+    reporter (and sets ``due``). Reconnects when the stream ends (the engine restarted:
+    everything may have changed)."""
     while True:
         try:
             client = docker.from_env()
-            for event in client.events(decode=True, filters={"type": "container",
-                                                             "label": JOB_LABEL}):
-                if event.get("Action", event.get("status")) in _CHANGES:
+            for event in client.events(decode=True, filters=filters):
+                if event.get("Action", event.get("status")) in actions:
+                    if due is not None:
+                        due.set()
                     wake.set()
         except Exception as exc:  # pylint: disable=broad-except
             log.debug("mpi_node: Docker event stream ended (%s); reconnecting", exc)
+        if due is not None:
+            due.set()
         wake.set()  # the engine may have restarted: look now
         time.sleep(1)
 
@@ -168,10 +219,12 @@ def start(**config):
     except ValueError as exc:
         log.error("%s; the node sends no reports and will be seen as lost", exc)
         return
-    reporter = Reporter(conf, __salt__["mpi_job.report"])
+    reporter = Reporter(conf, __salt__["mpi_job.report"], health_fn=__salt__["mpi_job.health"])
     wake = threading.Event()
     threading.Thread(target=_watch_containers, args=(wake,), daemon=True,
                      name="mpi-node-docker-events").start()
+    threading.Thread(target=_watch_images, args=(wake, reporter.health_due), daemon=True,
+                     name="mpi-node-image-events").start()
     prefix = f"mpi/node/{__opts__['id']}/"
     log.info("DockerMPI node reporter started")
     while True:

@@ -19,6 +19,9 @@ local disk:
   exit and the failing rank, limits hit, Docker engine, reachability of the job's other
   nodes); the ``mpi_jobs`` beacon fires it as an event every interval. It never raises
   on anything a job wrote.
+- :func:`health` is the node's fitness for new jobs: the Docker engine answering, the
+  shared storage mounted and writable, the image digests present; the ``mpi_node``
+  engine adds it to its reports now and then.
 - :func:`read_output` returns the tail of a job's standard output or error.
 - :func:`ensure_user_dir`, :func:`migrate_user_dir` and :func:`user_dirs` give a
   user's directory to the user's own uid and list them (run on the host that is root
@@ -87,6 +90,10 @@ _PORT_RE = re.compile(r"^\s*Port\s+([0-9]{1,5})\s*$", re.IGNORECASE | re.MULTILI
 OUTPUT_STREAMS = ("stdout", "stderr")
 TAIL_BYTES = 65536
 USERFS_TIMEOUT = 10  # seconds any file operation in a user's directory may take
+STORAGE_CHECK_TIMEOUT = 2  # seconds the storage check may take (a hung mount must not hang us)
+HEALTH_DIR = ".dockermpi-health"  # under the storage path: the storage states make it
+HEALTH_IMAGES_MAX = 500  # image digests a health report carries at most
+_NODE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]")
 SECRET_FILE_MAX = 1 << 20  # bytes; the job's own files are small
 # What a job container is given when the runner names no limits (a worker that only
 # holds the job's network namespace and sshd, on the launcher's node).
@@ -704,19 +711,26 @@ def write_status(job_id, storage_path, user, uid, gid, status):
     return True
 
 
-def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs"):
+def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health=None):
     """
     Whether this minion was started with the ``mpi_node`` engine configured for these
     paths (minion engines are read at start only, so a newer configuration needs a
     restart of the minion).
 
+    health
+        The seconds between health looks the engine should run with, when its
+        configuration names them (since it reports health: a minion started before that
+        runs an engine without it, and restarts).
+
     CLI Example:
 
     .. code-block:: bash
 
-        salt '*' mpi_job.node_engine_running /srv/dockermpi
+        salt '*' mpi_job.node_engine_running /srv/dockermpi health=10
     """
     wanted = {"storage_path": storage_path, "job_root": job_root}
+    if health is not None:
+        wanted["health"] = health
     for engine in __opts__.get("engines") or []:
         if isinstance(engine, dict) and engine.get("mpi_node") == wanted:
             return True
@@ -1087,3 +1101,104 @@ def _engine_outage(now):
     return (f"the Docker engine has not answered since {stamp} UTC (restarting?); with "
             f"live-restore its job containers keep running, so this node's jobs are judged "
             f"on its report only if it still does not answer after {ENGINE_RESTART_GRACE} s")
+
+
+# --------------------------------------------------------------------------- health
+
+_STORAGE_CHECKS = {}  # storage path -> the check thread still running (a hung mount)
+
+
+def _storage_state(storage_path, probe_name):
+    """'ok', or why the shared storage cannot take jobs (the words follow 'storage ')."""
+    if not os.path.isdir(storage_path):
+        return f"not mounted: {storage_path} does not exist"
+    if not os.path.ismount(storage_path) and \
+            not os.path.isdir(os.path.join(storage_path, "users")):
+        # An empty directory where the shared file system should be would split the
+        # cluster's data: a preshared path below a mount point still holds users/.
+        return f"not mounted: {storage_path} is no mount point and has no users/"
+    # The probe file lies in the storage's health directory (highstate makes it, owned by
+    # whom root is on the storage: root, or nobody under NFS root_squash), or at the
+    # storage root before that: never in a user's directory, where a job could have put
+    # a symlink or a FIFO.
+    health_dir = os.path.join(storage_path, HEALTH_DIR)
+    if not (os.path.isdir(health_dir) and not os.path.islink(health_dir)):
+        health_dir = storage_path
+    probe = os.path.join(health_dir, probe_name)
+    try:
+        try:
+            os.unlink(probe)  # left by a check that was cut short
+        except FileNotFoundError:
+            pass
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, b"dockermpi storage check\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"not writable: {exc.strerror or exc}"
+    return "ok"
+
+
+def _storage_health(storage_path, probe_name, timeout):
+    """The storage state, bounded by ``timeout``: a hung mount leaves its check thread
+    behind (marked), and the node stays reporting, saying the storage does not respond."""
+    running = _STORAGE_CHECKS.get(storage_path)
+    if running is not None and running.is_alive():
+        return "not responding (a check is still hanging)"
+    result = {}
+
+    def check():
+        result["state"] = _storage_state(storage_path, probe_name)
+
+    thread = threading.Thread(target=check, daemon=True, name="mpi-storage-check")
+    _STORAGE_CHECKS[storage_path] = thread
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return f"not responding (the check took over {timeout} s)"
+    return result.get("state", "not checked")
+
+
+def health(storage_path, engine_timeout=5):
+    """
+    Whether this node can take new jobs, in evidence the master's job engine judges.
+
+    storage_path
+        Where the shared storage is on this node.
+    engine_timeout
+        Seconds the Docker engine has to answer.
+
+    Returns ``{"docker": "ok" or why not, "storage": "ok" or why not ("not mounted:
+    ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...]}``:
+    the storage is a mount point (or holds ``users/``) and a probe file can be written
+    and removed in its ``.dockermpi-health`` directory (at its root before highstate
+    made that); ``images`` are the digest references of every
+    local image (the master keeps those of approved images). Never raises for what it
+    finds.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_job.health /srv/dockermpi
+    """
+    _check_abs(str(storage_path), "storage path")
+    docker_state, images = "ok", []
+    try:
+        client = docker.from_env(timeout=float(engine_timeout))
+        try:
+            for image in client.images.list():
+                images.extend(d for d in image.attrs.get("RepoDigests") or []
+                              if isinstance(d, str) and "@sha256:" in d)
+        finally:
+            client.close()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        docker_state = str(exc)[:300] or type(exc).__name__
+    node_id = _NODE_ID_RE.sub("_", str(__opts__.get("id") or "node"))[:64]
+    storage = _storage_health(str(storage_path), f".dockermpi-health-{node_id}",
+                              STORAGE_CHECK_TIMEOUT)
+    return {"docker": docker_state, "storage": storage,
+            "images": sorted(set(images))[:HEALTH_IMAGES_MAX]}

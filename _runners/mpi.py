@@ -664,7 +664,10 @@ def _tail_bytes(tail):
 
 def nodes():
     """
-    Show every MPI node: slots, used slots, running jobs, whether it reports, its engine.
+    Show every MPI node: slots, used slots, running jobs, whether it reports, its engine,
+    its health (Docker engine, shared storage, approved images present), whether an admin
+    drained it (why, since when, by whom), whether it may take new jobs and, if not, why;
+    for a silent node running jobs, whether its host still answers the engine's probe.
 
     CLI Example:
 
@@ -681,12 +684,20 @@ def nodes():
     seen = store.nodes()
     alive = __utils__["mpi_rules.alive"](seen, now)
     site = store.get_meta("site") or {}
-    slots = int((site.get("config") or {}).get("slots_per_node", 0))
+    config = site.get("config") or {}
+    slots = int(config.get("slots_per_node", 0))
+    approved = {ref: name for name, ref in (config.get("images") or {}).items()}
+    drains = store.drains()
+    silent = store.get_meta("silent_nodes", {})
     jobs = store.jobs(ACTIVE)
     result = {}
     for node in sorted(set(_mpi_nodes()) | set(seen)):
         info = seen.get(node)
         mine = [j for j in jobs if node in (j.get("placement") or {})]
+        health = (info or {}).get("report", {}).get("health")
+        drain = drains.get(node)
+        problem = __utils__["mpi_rules.node_problem"]({"health": health}, drain) \
+            if info and node in alive else "not reporting"
         result[node] = {
             "slots": slots,
             "used": sum(j["placement"][node] for j in mine),
@@ -694,8 +705,90 @@ def nodes():
             "reachable": bool(info) and node in alive,
             "last_report_seconds_ago": round(now - info["last_seen"], 1) if info else None,
             "engine": info["report"].get("engine") if info else None,
+            "health": None if not isinstance(health, dict) else {
+                "docker": health.get("docker"), "storage": health.get("storage"),
+                "images": sorted(approved[r] for r in health.get("images") or []
+                                 if r in approved)},
+            "drained": None if drain is None else dict(
+                drain, since_utc=_utc(drain["since"])),
+            "eligible": problem is None,
+            "not_eligible_because": problem,
+            "silent": silent.get(node),
         }
     return result
+
+
+def _utc(moment):
+    return datetime.datetime.fromtimestamp(moment, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def _known_node(node):
+    """A node id the master knows as an MPI node (grain roles:mpi-node) or has heard."""
+    if not isinstance(node, str) or node not in set(_mpi_nodes()) | set(_store().nodes()):
+        raise SaltInvocationError(f"{str(node)[:100]!r} is not an MPI node")
+    return node
+
+
+def _drains_changed():
+    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
+        bus.fire_event({}, "mpi/drains/changed")
+
+
+def drain(node, reason=None):
+    """
+    Drain a node for maintenance: jobs running there finish, no new job starts there
+    (queued jobs that can only run there wait, saying so). Kept across master restarts
+    until :func:`resume`. Admins only.
+
+    node
+        The node's minion id.
+    reason
+        Why (shown by ``mpi.nodes`` and in queued jobs' ``waiting_for``); required.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.drain node2 reason='disk swap, ticket 4711'
+    """
+    try:
+        _require_admin("mpi.drain")
+        _known_node(node)
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > 200:
+            raise SaltInvocationError(
+                "reason is required: why the node is drained, in at most 200 characters")
+        store = _store()
+        drained = store.drain(node, reason.strip(), by=globals().get("__user__") or "root")
+        _drains_changed()
+    except (SaltInvocationError, CommandExecutionError, RuntimeError) as exc:
+        return _failed_call(str(exc))
+    running = [j["job_id"] for j in store.jobs(ACTIVE) if node in (j.get("placement") or {})]
+    return {"node": node, "drained": dict(drained, since_utc=_utc(drained["since"])),
+            "running_jobs": running}
+
+
+def resume(node):
+    """
+    Undo :func:`drain`: the node takes new jobs again (when it is healthy). Admins only.
+
+    node
+        The node's minion id.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.resume node2
+    """
+    try:
+        _require_admin("mpi.resume")
+        _known_node(node)
+        lifted = _store().resume(node)
+        _drains_changed()
+    except (SaltInvocationError, CommandExecutionError, RuntimeError) as exc:
+        return _failed_call(str(exc))
+    return {"node": node, "drained": None, "was": lifted}
 
 
 def _moment(value, what):

@@ -137,8 +137,8 @@ HUB_AUTHENTICATORS = ("dummy", "github")
 #: defaults.yaml are read by ``mpi_request`` when a site sets them).
 _KEYS = {
     "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "limits",
-         "retention", "storage", "docker", "job_network", "images", "job_root", "firewall", "hub",
-         "api"),
+         "retention", "storage", "docker", "job_network", "images", "job_root", "firewall",
+         "hub", "api", "engine"),
     "users": ("uid_min", "uid_max"),
     "ports": PORT_RANGES,
     "guest": ("user", "group", "uid", "gid"),
@@ -162,6 +162,7 @@ _KEYS = {
     "hub:limits": ("memory_mb", "pids", "cpus"),
     "api": ("host", "port", "tls_dir", "subject_alt_names", "certificate_days",
             "token_expire", "auth_dir", "service", "salt_pip", "cherrypy"),
+    "engine": ("probe_port", "silent_grace"),
 }
 #: Limits a site may leave out (defaults.yaml has them all but these).
 _OPTIONAL = {"limits": ("max_cmd_words", "max_env_vars")}
@@ -441,6 +442,7 @@ class _Checker:
         self.check_firewall(sections["firewall"])
         self.check_hub()
         self.check_api()
+        self.check_engine()
         return self.out, self.found
 
     # ------------------------------------------------------------------- structure
@@ -870,6 +872,19 @@ class _Checker:
                                  f"a notebook), got {_shown(cpus)}")
                 else:
                     self.put(("hub", "limits", "cpus"), float(cpus))
+
+    def check_engine(self):
+        """``mpi:engine``: how the master's job engine judges a silent node (mpi_rules)."""
+        engine = self.mapping("engine")
+        if engine is None:
+            return
+        self.keys("engine", engine)
+        self.whole("engine", "probe_port", minimum=1, maximum=PORT_MAX,
+                   note=" (a TCP port every node's host answers or refuses on)")
+        # Longer than a node's heartbeat timeout, or the grace could never apply; a day
+        # at most, so a node that never comes back still ends its jobs.
+        self.whole("engine", "silent_grace", minimum=0, maximum=86400,
+                   note=" (seconds; 0: a silent node's jobs fail after 5 s, as before)")
 
     def check_api(self):
         """``mpi:api``: salt-api on the master (salt/dockermpi/api)."""

@@ -22,6 +22,7 @@ import ipaddress
 import logging
 import posixpath
 import re
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,35 @@ MIB = 1 << 20
 SLOT_OVERHEAD_MIB = 64  # sshd and orted beside a node's ranks
 SLOT_OVERHEAD_PIDS = 32
 ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")  # a POSIX account name
+# pillar mpi:engine when a site's settings (read by mpi.submit) predate it
+ENGINE_DEFAULTS = {"probe_port": 22, "silent_grace": 90}
+PROBE_TIMEOUT = 1.0  # seconds a TCP connect to a silent node's host may take
+PULL_RETRY = 60  # seconds before a node is asked again to pull an image a job waits for
+
+
+def probe_host(address, port, timeout=PROBE_TIMEOUT):
+    """
+    Whether a host is up, by one TCP connect to ``address:port``: ``(answered, words)``.
+    An accepted connection and a refused one (the host's kernel sent a reset) both
+    prove the host and the path to it are up; a timeout or an unreachable host or
+    network prove nothing is answering there.
+    """
+    try:
+        with socket.create_connection((address, int(port)), timeout=timeout):
+            return True, f"its host answers on port {port} (connection accepted)"
+    except ConnectionRefusedError:
+        return True, f"its host answers on port {port} (connection refused)"
+    except socket.timeout:
+        return False, f"no answer from {address} port {port} within {timeout} s"
+    except OSError as exc:
+        return False, f"{address} port {port}: {exc.strerror or exc}"
+
+
+def engine_settings(site_config):
+    """The job engine's settings (pillar ``mpi:engine``) from the site's settings."""
+    found = dict(ENGINE_DEFAULTS)
+    found.update((site_config or {}).get("engine") or {})
+    return found
 
 
 class StartError(Exception):
@@ -181,7 +211,8 @@ class JobEngine:
         for node, seen in store.nodes().items():
             report = seen["report"] if isinstance(seen["report"], dict) else {}
             self.nodes[node] = {"last_seen": seen["last_seen"], "report": report,
-                                "digest": report.get("digest"), "usable": not report.get("error")}
+                                "digest": report.get("digest"), "usable": not report.get("error"),
+                                "health": report.get("health")}
         self.started_at = now
         # Nodes heard since this engine started. Minions need a while to reconnect after
         # a master restart; until a node is heard again (or restart_grace passed) its
@@ -208,6 +239,17 @@ class JobEngine:
         # the store keeps them across restarts).
         self.address_holds = store.get_meta("address_holds", {})
         self.waiting = store.get_meta("waiting", {})  # as last written
+        # Maintenance: nodes an admin drained ({node: {reason, since, by}}, the store's).
+        self.drains = store.drains()
+        self.settings = engine_settings((store.get_meta("site") or {}).get("config"))
+        # Host probes of silent nodes run in threads of their own, never in the loop and
+        # never behind a job's start: {node: when the last one started}.
+        self.probe_host = probe_host
+        self.probes = {}
+        self.probe_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mpi-probe")
+        self.host_address_cache = {}
+        self.pulls = {}  # (node, image_ref) -> when the node was asked to pull it
+        self.silent_view = store.get_meta("silent_nodes", {})  # as last written
 
     # ------------------------------------------------------------------ evidence in
 
@@ -220,8 +262,14 @@ class JobEngine:
             seen = self.nodes.get(node)
             was_alive = seen is not None and node in self.lib["mpi_rules.alive"]({node: seen},
                                                                                  now)
+            health = report.get("health")
+            if not isinstance(health, dict):
+                # Health travels with reports when the node has it; keep the last.
+                health = (seen or {}).get("health")
+            elif health != (seen or {}).get("health"):
+                self.plan_due = True  # the node may take jobs it could not, or not
             self.nodes[node] = {"last_seen": now, "report": report, "digest": report.get("digest"),
-                                "usable": not report.get("error")}
+                                "usable": not report.get("error"), "health": health}
             self.heard.add(node)
             self.unflushed.add(node)
             if report.get("error"):
@@ -269,6 +317,14 @@ class JobEngine:
             self.plan_due = True
         self.plan()
 
+    def drains_changed(self):
+        """An admin drained or resumed a node (``mpi.drain``/``mpi.resume``, in the
+        store): read the drains again and plan."""
+        with self.lock:
+            self.drains = self.store.drains()
+            self.plan_due = True
+        self.plan()
+
     def tick(self):
         """The clock's pass (about every second): every active job is reconciled
         (walltimes, silent nodes, starts that take too long), then the queue."""
@@ -281,8 +337,10 @@ class JobEngine:
             self.last_pass = now
             if now - self.last_reload >= RELOAD_SECONDS:
                 self._reload(now)  # catches a cancel whose event was missed
+                self.drains = self.store.drains()  # and a drain whose event was missed
             if self._new_jobs():
                 self.plan_due = True  # a job whose queued event was missed
+            self._probe_silent(now)
             for record in list(self.active.values()):
                 self._reconcile(record, now)
             for record in [r for r in self.queue.values() if r.get("cancel_requested")]:
@@ -294,6 +352,57 @@ class JobEngine:
 
     def alive(self, now=None):
         return self.lib["mpi_rules.alive"](self.nodes, self.clock() if now is None else now)
+
+    # ---------------------------------------------------------------- host probes
+
+    def _probe_silent(self, now):
+        """Probe the hosts of silent nodes that run jobs, in the probe threads: the
+        answer is in before the node's silence is judged (``mpi_rules.silence``)."""
+        due = [node for node, jobs in self.on_node.items()
+               if jobs and node in self.nodes
+               and self.lib["mpi_rules.probe_due"](self.nodes[node], now, self.probes.get(node))]
+        if not due:
+            return
+        site = self.store.get_meta("site") or {}
+        network = (site.get("config") or {}).get("cluster_network")
+        for node in due:
+            self.probes[node] = now
+            try:
+                self.probe_pool.submit(self._probe, node, now, network,
+                                       int(self.settings["probe_port"]))
+            except RuntimeError:  # the engine is stopping
+                return
+
+    def _probe(self, node, started, network, port):
+        """One TCP connect to a node's host (a probe thread); the answer goes on the
+        node's evidence, unless the node spoke meanwhile."""
+        try:
+            address = self.host_address_cache.get(node)
+            if address is None:
+                address = self.transport.host_addresses([node], network)[node]
+                self.host_address_cache[node] = address
+            answered, detail = self.probe_host(address, port)
+        except Exception as exc:  # pylint: disable=broad-except
+            answered, detail = False, f"its host cannot be probed: {str(exc)[:200]}"
+        with self.lock:
+            seen = self.nodes.get(node)
+            if seen is not None and seen["last_seen"] < started:
+                seen["probe"] = {"started": started, "answered": answered, "detail": detail}
+        log.info("%s is silent; probe of its host: %s", node, detail)
+
+    def _silent_nodes(self, now):
+        """What ``mpi.nodes`` shows of silent nodes running jobs and their hosts'
+        probes; written to the store when it changes."""
+        view = {}
+        for node, jobs in self.on_node.items():
+            seen = self.nodes.get(node)
+            if not jobs or seen is None or now - seen["last_seen"] <= \
+                    self.lib["mpi_rules.timeouts"]()["node"]:
+                continue
+            probe = seen.get("probe") or {}
+            view[node] = {"since": seen["last_seen"], "host_answers": probe.get("answered"),
+                          "probe": probe.get("detail")}
+        return view
 
     # ------------------------------------------------------------------ job view
 
@@ -351,12 +460,38 @@ class JobEngine:
         if self.lib["mpi_rules.is_final"](record["state"]):
             return None
         evidence = self._evidence(now, record.get("placement") or ())
+        grace = int(self.settings["silent_grace"])
+        judge_silence = now >= self.grace_until
         verdict = self.lib["mpi_rules.verdict"](record, evidence, now,
-                                                 judge_silence=now >= self.grace_until)
+                                                 judge_silence=judge_silence,
+                                                 silent_grace=grace)
         if verdict is None:
+            if record["state"] == "running" and judge_silence:
+                self._note_silence(record, evidence, now, grace)
             return None
         state, reason, fields = verdict
         return self._finish(record, state, reason, fields, now)
+
+    def _note_silence(self, record, evidence, now, grace):
+        """Say on a job's record which of its silent nodes it is kept for, and why
+        (``silent_nodes`` while it lasts; ``silences`` keeps each one for the record)."""
+        kept = {node: {k: v for k, v in judged.items() if k != "lost"}
+                for node, judged in self.lib["mpi_rules.silence"](record, evidence, now,
+                                                                   grace).items()
+                if not judged["lost"]}
+        if kept == (record.get("silent_nodes") or {}):
+            return
+        fields = {"silent_nodes": kept}
+        new = [n for n in kept if n not in (record.get("silent_nodes") or {})]
+        if new:
+            fields["silences"] = list(record.get("silences") or []) + [
+                {"node": n, "since": kept[n]["since"], "kept_until": kept[n]["kept_until"],
+                 "host": kept[n]["host"]} for n in new]
+            log.info("job %s: kept while %s %s silent (the host answers)", record["job_id"],
+                     ", ".join(new), "is" if len(new) == 1 else "are")
+        updated = self.store.update(record["job_id"], **fields)
+        if updated is not None:
+            self._track(updated)
 
     def _finish(self, record, state, reason, fields, now):
         """Record the final state and announce it; the clean-up follows in the background."""
@@ -468,6 +603,10 @@ class JobEngine:
             self.store.nodes_seen({n: (self.nodes[n]["last_seen"], self.nodes[n]["report"])
                                    for n in self.unflushed})
         self.unflushed.clear()
+        silent = self._silent_nodes(now)
+        if silent != self.silent_view:
+            self.store.set_meta("silent_nodes", silent)
+            self.silent_view = silent
         self.last_flush = now
         self.store.set_meta("engine", {"pid_alive": now})
 
@@ -482,6 +621,7 @@ class JobEngine:
             site = self.store.get_meta("site")
             if not site:
                 return []
+            self.settings = engine_settings(site["config"])
             started = self._plan(site["config"], now)
         for record in started:
             self.transport.fire(f"mpi/job/{record['job_id']}/starting",
@@ -512,14 +652,26 @@ class JobEngine:
             mine["slots"] += job["np"]
             running.append({"placement": job["placement"],
                             "end": job.get("deadline") or now + job["walltime"]})
-        free = {n: node_slots - used.get(n, 0) for n in sorted(self.alive(now))}
+        rules = self.lib
+        alive = sorted(self.alive(now))
+        # Drained and unhealthy nodes take no new job; running ones go on there.
+        problems = {}
+        for node in alive:
+            problem = rules["mpi_rules.node_problem"](self.nodes[node], self.drains.get(node))
+            if problem:
+                problems[node] = problem
+        free = {n: node_slots - used.get(n, 0) for n in alive if n not in problems}
         any_node = sorted(self.nodes)  # one list shared by every job that takes any node
-        waiting = [
-            {"id": j["job_id"], "user": j["user"], "np": j["np"],
-             "walltime": j["walltime"], "candidates": j["spec"]["candidates"] or any_node,
-             "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]}
-            for j in queued
-        ]
+        images = {}
+        waiting = []
+        for j in queued:
+            fit = self._image_candidates(images, j["spec"]["candidates"] or any_node,
+                                         j["spec"]["image_ref"], free)
+            waiting.append(
+                {"id": j["job_id"], "user": j["user"], "np": j["np"],
+                 "walltime": j["walltime"], "candidates": fit["holders"],
+                 "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]})
+        self._ask_pulls(images, now)
         starts, blocked = self.lib["mpi_sched.plan"](
             waiting, free, running, now, node_slots,
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),
@@ -550,11 +702,67 @@ class JobEngine:
                 self._track(record)
                 self.starting.add(job_id)
                 started.append(record)
+            if problems or any(fit["missing"] for fit in images.values()):
+                blocked = self._explain(blocked, queued, images, problems, any_node)
             # Why each job waits, in one row (mpi.list and mpi.status show it).
             if blocked != self.waiting:
                 store.set_meta("waiting", blocked, conn=conn)
                 self.waiting = blocked
         return started
+
+    def _image_candidates(self, images, candidates, image_ref, free):
+        """For a job's candidate list and image, once per pass and list: the candidates
+        that hold the image (the very list when all do, so jobs keep sharing one) and the
+        usable nodes among them that lack it."""
+        key = (id(candidates), image_ref)
+        fit = images.get(key)
+        if fit is None:
+            has_image = self.lib["mpi_rules.has_image"]
+            holders = [n for n in candidates if has_image(self.nodes.get(n) or {}, image_ref)]
+            if len(holders) == len(candidates):
+                holders = candidates
+            held = set(holders)
+            fit = images[key] = {"candidates": candidates, "image_ref": image_ref,
+                                 "holders": holders,
+                                 "missing": [n for n in candidates if n in free and n not in held]}
+        return fit
+
+    def _ask_pulls(self, images, now):
+        """Ask usable nodes that lack a queued job's image to pull it (in the background:
+        ``mpi_image.pull`` by digest), so no job waits on a pull once started. Asked
+        again after PULL_RETRY while the node still lacks it."""
+        asked = {}
+        for fit in images.values():
+            for node in fit["missing"]:
+                key = (node, fit["image_ref"])
+                if now - self.pulls.get(key, 0) >= PULL_RETRY:
+                    self.pulls[key] = now
+                    asked.setdefault(fit["image_ref"], []).append(node)
+        for key in [k for k, t in self.pulls.items() if now - t > 10 * PULL_RETRY]:
+            del self.pulls[key]
+        for image_ref, nodes in asked.items():
+            log.info("asking %s to pull %s for queued jobs", ", ".join(nodes), image_ref)
+            try:
+                self.pool.submit(self.transport.call_async, nodes, "mpi_image.pull",
+                                 reference=image_ref)
+            except RuntimeError:  # the engine is stopping
+                return
+
+    def _explain(self, blocked, queued, images, problems, any_node):
+        """The scheduler's reasons, with the nodes a waiting job cannot use named."""
+        explained, texts = dict(blocked), {}
+        for job in queued:
+            base = blocked.get(job["job_id"])
+            if base != "resources":
+                continue
+            candidates = job["spec"]["candidates"] or any_node
+            key = (id(candidates), job["spec"]["image_ref"], job["image"])
+            if key not in texts:
+                fit = images[key[:2]]
+                texts[key] = self.lib["mpi_rules.waiting_reason"](
+                    base, candidates, problems, set(fit["missing"]), job["image"])
+            explained[job["job_id"]] = texts[key]
+        return explained
 
     # ---------------------------------------------------------------------- start
 

@@ -7,7 +7,17 @@ Evidence of a node is what the engine knows of it::
     {"last_seen": unix time of its last heartbeat or report,
      "report": its latest report (``mpi_job.report`` plus ``unreachable_peers``),
      "usable": False while that report cannot be trusted (the node said its report
-               failed, or the engine missed a change), so only silence counts}
+               failed, or the engine missed a change), so only silence counts,
+     "health": the node's latest health evidence (``mpi_job.health``), kept from the
+               last report that carried it,
+     "probe": the engine's last look at the node's host while it was silent:
+              {"started": unix time, "answered": bool, "detail": words}}
+
+A silent node is not always a lost one: a minion restart or a Salt upgrade silences
+the node while its Docker engine, containers and network are fine. So silence alone
+ends a job only when the engine could not reach the node's host either, when a peer
+says the job's containers there are unreachable, or when the silence outlasted the
+grace (pillar ``mpi:engine:silent_grace``).
 """
 
 import signal
@@ -16,6 +26,12 @@ NODE_TIMEOUT = 5  # seconds without a heartbeat before a node counts as lost
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
 RESTART_GRACE = 15  # seconds after the engine starts before silent nodes count as lost
 REPORT_SKEW = 1  # seconds a node's clock and report may lag behind the master
+PROBE_AFTER = 3  # seconds of silence before the engine probes the node's host
+PROBE_EVERY = 2  # seconds between probes of a host while its node stays silent
+# A probe's answer speaks for the host for this long: a new one is due after
+# PROBE_EVERY and takes at most a second, so a host that stops answering is judged lost
+# within PROBE_EVERY + probe timeout + a pass of the clock.
+PROBE_FRESH = 5
 
 QUEUED = "queued"
 ACTIVE = ("starting", "running")
@@ -103,13 +119,86 @@ def _limit_hit(record, nodes):
     return None
 
 
-def _lost(record, nodes, now):
-    lost = [n for n in record["placement"]
-            if now - (nodes.get(n) or {}).get("last_seen", 0) > NODE_TIMEOUT]
+def probe_due(seen, now, last_probe):
+    """Whether the engine should probe a node's host now: it is silent for over
+    PROBE_AFTER (before NODE_TIMEOUT, so the answer is in when silence is judged) and
+    its last probe (``last_probe``: when it started, or None) is older than PROBE_EVERY."""
+    if now - seen.get("last_seen", 0) <= PROBE_AFTER:
+        return False
+    return last_probe is None or now - last_probe >= PROBE_EVERY
+
+
+def _peers_cut_off(node, record, nodes, now):
+    """The job's other nodes, reporting now, that say they cannot reach the job's
+    container on ``node``."""
+    address = (record.get("job_addresses") or {}).get(node)
+    if not address:
+        return []
+    found = []
+    for peer in record["placement"]:
+        seen = nodes.get(peer) or {}
+        if peer == node or now - seen.get("last_seen", 0) > NODE_TIMEOUT:
+            continue
+        _, info = _job_evidence(nodes, peer, record["job_id"])
+        unreachable = (info or {}).get("unreachable_peers")
+        if isinstance(unreachable, list) and address in unreachable:
+            found.append(peer)
+    return found
+
+
+def silence(record, nodes, now, silent_grace=0):
+    """
+    How to take the silence of a running job's nodes: ``{node: judgement}`` for each
+    node of its placement silent for over NODE_TIMEOUT, where a judgement is
+    ``{"lost": True, "why": words}`` or, while the job is kept,
+    ``{"lost": False, "since": last heard, "kept_until": time, "host": words}``.
+
+    A silent node is kept while its host answered the engine's latest probe (taken
+    during this silence and at most PROBE_FRESH old), no peer of the job reports the
+    job's container there unreachable, and the silence is shorter than
+    ``silent_grace`` seconds. Anything else is lost, as fast as silence alone was.
+    """
+    judged = {}
+    for node in record["placement"]:
+        seen = nodes.get(node) or {}
+        last = seen.get("last_seen", 0)
+        if now - last <= NODE_TIMEOUT:
+            continue
+        probe = seen.get("probe") if isinstance(seen.get("probe"), dict) else {}
+        fresh = probe.get("started", 0) > last and now - probe["started"] <= PROBE_FRESH
+        cut_off = _peers_cut_off(node, record, nodes, now)
+        if cut_off:
+            why = f"and {', '.join(cut_off)} cannot reach the job's container there"
+        elif not silent_grace:
+            why = None
+        elif not fresh:
+            why = "and its host was not probed in time"
+        elif not probe.get("answered"):
+            why = f"and its host does not answer: {str(probe.get('detail'))[:200]}"
+        elif now - last > silent_grace:
+            why = (f"for {int(now - last)} s although its host answers: longer than "
+                   f"mpi:engine:silent_grace ({silent_grace} s)")
+        else:
+            judged[node] = {"lost": False, "since": last, "kept_until": last + silent_grace,
+                            "host": str(probe.get("detail"))[:200]}
+            continue
+        judged[node] = {"lost": True, "why": why}
+    return judged
+
+
+def _lost(record, nodes, now, silent_grace=0):
+    lost = {n: j["why"] for n, j in silence(record, nodes, now, silent_grace).items()
+            if j["lost"]}
     if not lost:
         return None
-    return (f"{'nodes' if len(lost) > 1 else 'node'} {', '.join(lost)} stopped answering "
-            f"(no report for over {NODE_TIMEOUT} s)")
+    plain = [n for n, why in lost.items() if why is None]
+    reasons = []
+    if plain:
+        reasons.append(f"{'nodes' if len(plain) > 1 else 'node'} {', '.join(plain)} stopped "
+                       f"answering (no report for over {NODE_TIMEOUT} s)")
+    reasons += [f"node {n} stopped answering (no report for over {NODE_TIMEOUT} s) {why}"
+                for n, why in lost.items() if why is not None]
+    return "; ".join(reasons)
 
 
 def _node_fault(node, record, report, info):
@@ -135,7 +224,7 @@ def _node_fault(node, record, report, info):
     return None
 
 
-def verdict(record, nodes, now, judge_silence=True):
+def verdict(record, nodes, now, judge_silence=True, silent_grace=0):
     """
     Whether a job must end now: ``(state, reason, fields)`` or None.
 
@@ -148,6 +237,9 @@ def verdict(record, nodes, now, judge_silence=True):
     judge_silence
         False while the engine has just started and nodes had no chance to report: a
         silent node is then not yet a lost one.
+    silent_grace
+        Seconds a silent node whose host still answers is given (see :func:`silence`);
+        0 judges silence alone, as before the engine probed hosts.
 
     In order: a cancel request; while starting, a failed start or the start timeout; then the launcher's
     exit (the program's own verdict, named after a limit when one was hit), a memory or
@@ -181,12 +273,12 @@ def verdict(record, nodes, now, judge_silence=True):
     if now > record["deadline"]:
         return "timed_out", f"walltime of {record['walltime']} seconds exceeded", {}
     if judge_silence:
-        lost = _lost(record, nodes, now)
+        lost = _lost(record, nodes, now, silent_grace)
         if lost:
             return "failed", lost, {}
     for node in record["placement"]:
         if now - (nodes.get(node) or {}).get("last_seen", 0) > NODE_TIMEOUT:
-            continue  # silent: judged by silence above, once that is allowed
+            continue  # silent: judged by silence above (and kept, or not yet judged)
         report, info = _job_evidence(nodes, node, record["job_id"])
         if report is None:
             continue
@@ -204,3 +296,57 @@ def leftovers(report, records):
         return []
     return [job_id for job_id in jobs
             if records.get(job_id) is None or records[job_id]["state"] in FINAL]
+
+
+# ------------------------------------------------------------------- eligibility
+
+
+def node_problem(seen, drain=None):
+    """
+    Why a reporting node may take no new job whatever its image, or None: drained by
+    an admin, or unhealthy by its own health evidence (``seen["health"]``: the Docker
+    engine answering, shared storage mounted and writable). A node that never sent
+    health evidence is not known to be healthy, so it takes nothing yet.
+    """
+    if drain:
+        return f"drained ({str(drain.get('reason') or 'no reason given')[:200]})"
+    health = seen.get("health")
+    if not isinstance(health, dict):
+        return "unhealthy: no health report yet"
+    if health.get("docker") != "ok":
+        return f"unhealthy: Docker engine not answering ({str(health.get('docker'))[:200]})"
+    if health.get("storage") != "ok":
+        return f"unhealthy: storage {str(health.get('storage'))[:200]}"
+    return None
+
+
+def has_image(seen, image_ref):
+    """Whether the node's health evidence shows ``image_ref`` (repo@sha256:...) present."""
+    images = (seen.get("health") or {}).get("images") if isinstance(seen, dict) else None
+    return isinstance(images, list) and image_ref in images
+
+
+def waiting_reason(base, candidates, problems, pulling, image, shown=4):
+    """
+    Why a queued job waits, in words: the scheduler's ``base`` reason ("resources",
+    "user limit", ...) and, when the job waits for resources, which of its
+    ``candidates`` are left out: ``problems`` ``{node: words}`` (drained, unhealthy)
+    and ``pulling`` (nodes pulling the job's ``image`` for it). With none of its
+    candidates usable the left-out nodes are the whole reason.
+    """
+    if base != "resources":
+        return base
+    out = [n for n in candidates if n in problems or n in pulling]
+    if not out:
+        return base
+    parts = []
+    pulls = [n for n in out if n in pulling and n not in problems]
+    if pulls:
+        more = f" and {len(pulls) - shown} more" if len(pulls) > shown else ""
+        parts.append(f"image {image} being pulled on {', '.join(pulls[:shown])}{more}")
+    troubled = [n for n in out if n in problems]
+    parts += [f"{n} {problems[n]}" for n in troubled[:shown]]
+    if len(troubled) > shown:
+        parts.append(f"{len(troubled) - shown} more nodes unusable")
+    text = "; ".join(parts)
+    return text if len(out) == len(set(candidates)) else f"resources; {text}"

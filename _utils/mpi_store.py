@@ -15,7 +15,7 @@ import sqlite3
 import tempfile
 import time
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 STATES = ("queued",) + ACTIVE + FINAL
@@ -46,6 +46,12 @@ CREATE TABLE IF NOT EXISTS users (
     dir_ready INTEGER NOT NULL DEFAULT 0,
     identity TEXT UNIQUE
 );
+CREATE TABLE IF NOT EXISTS drains (
+    node TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    since REAL NOT NULL,
+    by TEXT
+);
 """
 
 # Steps that bring a store of schema N to N + 1, applied in order on open; a schema is
@@ -63,6 +69,15 @@ CREATE TABLE IF NOT EXISTS users (
     # 3: a user name is bound to the hub identity that first used it (hub logins).
     2: "ALTER TABLE users ADD COLUMN identity TEXT;\n"
        "CREATE UNIQUE INDEX IF NOT EXISTS users_identity ON users (identity);\n",
+    # 4: nodes an admin drained for maintenance (mpi.drain), kept across restarts.
+    3: """
+CREATE TABLE IF NOT EXISTS drains (
+    node TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    since REAL NOT NULL,
+    by TEXT
+);
+""",
 }
 
 
@@ -280,6 +295,33 @@ class JobStore:
     def set_user_dir_ready(self, name, ready=True):
         with self.transaction() as conn:
             conn.execute("UPDATE users SET dir_ready = ? WHERE name = ?", (int(ready), name))
+
+    # --- maintenance ----------------------------------------------------------------
+    def drain(self, node, reason, by=None):
+        """Drain ``node``: no new job starts there. Draining a drained node keeps its
+        ``since`` and takes the new reason. Returns the drain."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO drains (node, reason, since, by) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(node) DO UPDATE SET reason = excluded.reason, by = excluded.by",
+                (node, str(reason), time.time(), by),
+            )
+        return self.drains()[node]
+
+    def resume(self, node):
+        """Undo a drain; returns the drain that was lifted, or None."""
+        with self.transaction() as conn:
+            row = conn.execute("SELECT reason, since, by FROM drains WHERE node = ?",
+                               (node,)).fetchone()
+            conn.execute("DELETE FROM drains WHERE node = ?", (node,))
+        return {"reason": row[0], "since": row[1], "by": row[2]} if row else None
+
+    def drains(self, conn=None):
+        """``{node: {"reason": str, "since": t, "by": who or None}}``."""
+        with contextlib.ExitStack() as stack:
+            conn = conn or stack.enter_context(self._connect())
+            rows = conn.execute("SELECT node, reason, since, by FROM drains").fetchall()
+        return {r[0]: {"reason": r[1], "since": r[2], "by": r[3]} for r in rows}
 
     # --- settings -------------------------------------------------------------------
     def get_meta(self, key, default=None, conn=None):

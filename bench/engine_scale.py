@@ -137,7 +137,10 @@ def build(nodes, running, queued, seed=1):
     now = time.time()
     store.set_meta("site", {"config": CONFIG, "read": now})
     names = [f"node{i:05d}" for i in range(nodes)]
-    reports = {n: {"engine": "ok", "jobs": {}, "time": now, "digest": "0"} for n in names}
+    # Every node healthy and holding the jobs' image (what mpi_job.health sends).
+    health = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "0" * 64]}
+    reports = {n: {"engine": "ok", "jobs": {}, "time": now, "digest": "0", "health": health}
+               for n in names}
     records = []
     free = {n: NODE_SLOTS for n in names}
     address = iter(f"10.128.{k // 250}.{k % 250 + 1}" for k in range(1 << 16))
@@ -175,7 +178,7 @@ def build(nodes, running, queued, seed=1):
     engine = MODULES["mpi_engine"].new_engine(store, InstantTransport(reports), LIB)
     for node, report in reports.items():
         engine.nodes[node] = {"last_seen": now, "report": report, "digest": report["digest"],
-                              "usable": True}
+                              "usable": True, "health": health}
     return engine, reports, tmp
 
 

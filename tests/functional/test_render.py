@@ -199,6 +199,19 @@ def test_preshared_checks_path_without_creating_it(preshared_high):
     assert not [sid for sid in preshared_high if "nfs" in sid]
 
 
+@pytest.mark.parametrize("high, name, owner", [
+    ("nfs_high", "/export/mpi/.dockermpi-health", ("nobody", "nogroup")),
+    ("preshared_high", "/data/cluster/.dockermpi-health", ("root", "root")),
+])
+def test_a_health_directory_for_the_nodes_storage_probe(request, high, name, owner):
+    # Written by root on the nodes: under NFS root_squash that root is nobody.
+    state = "mpi-storage-nfs-server-health-directory" if high == "nfs_high" \
+        else "mpi-storage-preshared-health-directory"
+    found = _args(request.getfixturevalue(high), state, "file.directory")
+    assert found["name"] == name and (found["user"], found["group"]) == owner
+    assert found["mode"] == "0700"
+
+
 def test_preshared_node_without_nfs_role_gets_no_server(preshared_high):
     assert not [
         sid for sid, body in preshared_high.items() if "nfs" in body["__sls__"]
@@ -286,6 +299,19 @@ def test_node_job_root_root_owned_0711_with_namespace_tools(request, high, job_r
     assert high["mpi-node-jobs-root-directory"]["__sls__"] == "dockermpi.node.jobs"
     pkg = _args(high, "mpi-node-jobs-tools-installed", "pkg.installed")
     assert pkg["pkgs"] == ["util-linux", "iptables", "openssh-client"]
+
+
+def test_the_node_engine_runs_with_health_reports_and_restarts_the_minion_until_it_does(
+        preshared_high):
+    # The master schedules nothing on a node without health evidence: a minion whose
+    # engine was configured before health reports must restart into one that sends them.
+    config = _args(preshared_high, "mpi-node-engine-config", "file.serialize")
+    wanted = {"storage_path": "/data/cluster", "job_root": "/var/local/mpi-jobs",
+              "health": 10}
+    assert config["dataset"] == {"engines": [{"mpi_node": wanted}]}
+    restart = _args(preshared_high, "mpi-node-engine-minion-restart", "module.run")
+    unless = restart["unless"][0]
+    assert unless.pop("fun") == "mpi_job.node_engine_running" and unless == wanted
 
 
 def test_job_network_on_cluster_network_after_docker_service(nfs_high):

@@ -271,7 +271,7 @@ CASES = [
     ({"slot_per_node": 4},
      "mpi:slot_per_node is not a DockerMPI setting (the keys of mpi are: users, guest, "
      "cluster_network, ports, slots_per_node, limits, retention, storage, docker, "
-     "job_network, images, job_root, firewall, hub, api)"),
+     "job_network, images, job_root, firewall, hub, api, engine)"),
     ({"retention": {"job_records_days": -1}},
      "mpi:retention:job_records_days must be a whole number from 0 to 36500 (days; 0: keep "
      "forever), got -1"),
@@ -281,6 +281,23 @@ CASES = [
     ({"retention": {"keep_days": 3}},
      "mpi:retention:keep_days is not a DockerMPI setting (the keys of mpi:retention are: "
      "job_records_days, job_dirs_days)"),
+    # the job engine
+    ({"engine": {"probe_port": 0}},
+     "mpi:engine:probe_port must be a whole number from 1 to 65535 (a TCP port every "
+     "node's host answers or refuses on), got 0"),
+    ({"engine": {"probe_port": "ssh"}},
+     "mpi:engine:probe_port must be a whole number from 1 to 65535 (a TCP port every "
+     "node's host answers or refuses on), got 'ssh'"),
+    ({"engine": {"silent_grace": -1}},
+     "mpi:engine:silent_grace must be a whole number from 0 to 86400 (seconds; 0: a silent "
+     "node's jobs fail after 5 s, as before), got -1"),
+    ({"engine": {"silent_grace": 90.5}},
+     "mpi:engine:silent_grace must be a whole number from 0 to 86400 (seconds; 0: a silent "
+     "node's jobs fail after 5 s, as before), got 90.5"),
+    ({"engine": {"grace": 30}},
+     "mpi:engine:grace is not a DockerMPI setting (the keys of mpi:engine are: probe_port, "
+     "silent_grace)"),
+    ({"engine": []}, "mpi:engine must be a mapping, got []"),
     ({"storage": {"nfs": {"servr": "x"}}},
      "mpi:storage:nfs:servr is not a DockerMPI setting (the keys of mpi:storage:nfs are: "
      "server, export, mount_options)"),

@@ -37,6 +37,9 @@ CONFIG = {
                "tmp_size_mb": 64},
 }
 NODES = ["node1", "node2", "node3"]
+IMAGE_REF = "r@sha256:" + "0" * 64
+# A healthy node holding the jobs' image (mpi_job.health).
+HEALTH = {"docker": "ok", "storage": "ok", "images": [IMAGE_REF]}
 
 
 class Transport:
@@ -44,6 +47,7 @@ class Transport:
 
     def __init__(self):
         self.calls, self.events, self.failing = [], [], {}
+        self.hosts_up = set()  # addresses whose hosts answer probes
 
     def call(self, minions, fun, timeout, **kwargs):
         self.calls.append((fun, list(minions), kwargs))
@@ -61,8 +65,15 @@ class Transport:
     def fire(self, tag, data):
         self.events.append(tag)
 
+    def probe_host(self, address, port, timeout=1.0):
+        """The engine's TCP probe of a silent node's host: ``hosts_up`` answer."""
+        self.calls.append(("probe", [address], {"port": port}))
+        if address in self.hosts_up:
+            return True, f"its host answers on port {port} (connection refused)"
+        return False, f"no answer from {address} port {port} within {timeout} s"
+
     def host_addresses(self, minions, network):
-        return {m: f"10.0.0.{10 + i}" for i, m in enumerate(minions)}
+        return {m: f"10.0.0.{10 + NODES.index(m)}" for m in minions}  # node2 -> .11
 
     def funs(self):
         return [c[0] for c in self.calls]
@@ -82,14 +93,16 @@ def world(tmp_path):
     store.set_meta("site", {"config": CONFIG, "read": time.time()})
     transport, clock = Transport(), Clock()
     engine = engine_module.new_engine(store, transport, LIB, clock)
+    engine.probe_host = transport.probe_host
     for node in NODES:
-        engine.node_report(node, {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d0"})
+        engine.node_report(node, {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d0",
+                                  "health": HEALTH})
     yield store, transport, clock, engine
     engine.pool.shutdown(wait=True)
 
 
 def _spec():
-    return {"image_ref": "r@sha256:" + "0" * 64, "candidates": NODES, "count": None,
+    return {"image_ref": IMAGE_REF, "candidates": NODES, "count": None,
             "per_node": None, "env": {}, "workdir": "/data", "config": CONFIG}
 
 
@@ -312,6 +325,13 @@ def _seconds(engine, clock, seconds, heard=("node1", "node3")):
         for node in heard:
             engine.heartbeat(node, "d0")
         engine.tick()
+        _probes_done(engine)
+
+
+def _probes_done(engine):
+    """Let the host probes the last pass started finish (they run in threads)."""
+    engine.probe_pool.shutdown(wait=True)
+    engine.probe_pool = engine_module.ThreadPoolExecutor(max_workers=4)
 
 
 def test_a_silent_node_ends_its_jobs_after_the_node_timeout(world):
@@ -326,6 +346,79 @@ def test_a_silent_node_ends_its_jobs_after_the_node_timeout(world):
     assert record["state"] == "failed" and "node2 stopped answering" in record["reason"]
 
 
+def test_a_silent_node_whose_host_answers_keeps_its_job_for_the_grace(world):
+    # A minion restart or a Salt upgrade: the node is silent, its host and containers
+    # are fine. The job is kept (and says so) and goes on when the node reports again.
+    store, transport, clock, engine = world
+    transport.hosts_up = {"10.0.0.11"}  # node2's host (host_addresses: node2 -> .11)
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    _seconds(engine, clock, 30)
+    record = store.get(job_id)
+    assert record["state"] == "running"
+    assert set(record["silent_nodes"]) == {"node2"}
+    assert "answers on port 22" in record["silent_nodes"]["node2"]["host"]
+    assert [s["node"] for s in record["silences"]] == ["node2"]
+    probes = [c for c in transport.calls if c[0] == "probe"]
+    assert probes and all(c[2]["port"] == 22 for c in probes)
+    assert len(probes) <= 30 // rules.PROBE_EVERY + 1  # not one per pass
+    assert store.get_meta("silent_nodes")["node2"]["host_answers"] is True
+    engine.node_report("node2", _running_report(clock, job_id))
+    engine.tick()
+    record = store.get(job_id)
+    assert record["state"] == "running" and record["silent_nodes"] == {}
+    assert len(record["silences"]) == 1  # the record keeps what happened
+
+
+def test_a_silent_node_whose_host_answers_is_lost_when_the_grace_runs_out(world):
+    store, transport, clock, engine = world
+    transport.hosts_up = {"10.0.0.11"}
+    store.set_meta("site", {"config": dict(CONFIG, engine={"silent_grace": 20,
+                                                            "probe_port": 2222}),
+                            "read": clock.now})
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    _seconds(engine, clock, 20)
+    assert store.get(job_id)["state"] == "running"
+    _seconds(engine, clock, 2)
+    record = store.get(job_id)
+    assert record["state"] == "failed" and "mpi:engine:silent_grace (20 s)" in record["reason"]
+    assert {c[2]["port"] for c in transport.calls if c[0] == "probe"} == {2222}
+
+
+def test_a_silent_node_whose_host_stops_answering_is_lost_at_once(world):
+    store, transport, clock, engine = world
+    transport.hosts_up = {"10.0.0.11"}
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    _seconds(engine, clock, 15)
+    assert store.get(job_id)["state"] == "running"
+    transport.hosts_up = set()  # the host goes down during the silence
+    _seconds(engine, clock, 2 + rules.PROBE_EVERY)
+    record = store.get(job_id)
+    assert record["state"] == "failed" and "its host does not answer" in record["reason"]
+
+
+def test_a_silent_node_a_peer_cannot_reach_is_lost_even_if_its_host_answers(world):
+    store, transport, clock, engine = world
+    transport.hosts_up = {"10.0.0.11"}
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    node2 = store.get(job_id)["job_addresses"]["node2"]
+    for _ in range(rules.NODE_TIMEOUT + 2):
+        clock.now += 1
+        engine.node_report("node1", _running_report(clock, job_id, unreachable_peers=[node2]))
+        engine.heartbeat("node3", "d0")
+        engine.tick()
+        _probes_done(engine)
+    record = store.get(job_id)
+    assert record["state"] == "failed" and "node1 cannot reach" in record["reason"]
+
+
 def test_after_a_restart_a_node_not_heard_again_is_lost_only_after_the_grace(world):
     store, transport, clock, engine = world
     job_id = _submit(store, clock, np=4)
@@ -336,6 +429,7 @@ def test_after_a_restart_a_node_not_heard_again_is_lost_only_after_the_grace(wor
     clock.now += 10  # the master is down for 10 s, then a new engine starts
     engine.pool.shutdown(wait=True)
     engine = engine_module.new_engine(store, transport, LIB, clock)
+    engine.probe_host = transport.probe_host
     assert set(engine.active) == {job_id}
     _seconds(engine, clock, rules.RESTART_GRACE - 1)  # node2's minion reconnects slowly
     assert store.get(job_id)["state"] == "running"
@@ -459,3 +553,111 @@ def test_minion_returns_sorts_answers_failures_and_silence():
                       "node4": "did not answer", "node5": "did not answer"}
     assert engine_module.failed_calls_message("mpi_job.cleanup", errors).startswith(
         "mpi_job.cleanup failed on node2: ERROR: no such job; node3: boom; node4: did not")
+
+
+# ------------------------------------------------------------------- maintenance
+
+
+def test_a_drained_node_takes_no_new_job_running_ones_go_on_and_resume_brings_it_back(world):
+    store, transport, clock, engine = world
+    running = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node2"]))
+    engine.job_requested(running)
+    _settle(engine)
+    store.drain("node2", "disk swap", by="root")
+    engine.drains_changed()
+    queued = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node2"]))
+    anywhere = _submit(store, clock, np=6)
+    engine.job_requested(queued)
+    _settle(engine)
+    assert store.get(running)["state"] == "running"  # not touched by the drain
+    assert store.get(queued)["state"] == "queued"
+    waiting = store.get_meta("waiting")
+    assert waiting[queued] == "node2 drained (disk swap)"
+    assert waiting[anywhere] == "resources; node2 drained (disk swap)"
+    store.resume("node2")
+    engine.node_report("node2", _running_report(clock, running, launcher_exit_code=0))
+    engine.drains_changed()
+    _settle(engine)
+    assert store.get(queued)["state"] == "running"
+
+
+def test_drains_survive_an_engine_restart(world):
+    store, transport, clock, engine = world
+    store.drain("node1", "kernel update")
+    engine.pool.shutdown(wait=True)
+    engine = engine_module.new_engine(store, transport, LIB, clock)
+    job_id = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node1"]))
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get(job_id)["state"] == "queued"
+
+
+def _health(**changes):
+    return dict(HEALTH, **changes)
+
+
+@pytest.mark.parametrize("health, words", [
+    (_health(storage="not writable: [Errno 30] Read-only file system"),
+     "node1 unhealthy: storage not writable"),
+    (_health(docker="connection refused"), "node1 unhealthy: Docker engine not answering"),
+])
+def test_an_unhealthy_node_is_not_scheduled_and_the_queue_says_why(world, health, words):
+    store, transport, clock, engine = world
+    engine.node_report("node1", {"engine": "ok", "jobs": {}, "time": clock.now,
+                                 "digest": "d2", "health": health})
+    job_id = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node1"]))
+    other = _submit(store, clock, np=2)
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get(job_id)["state"] == "queued"
+    assert store.get_meta("waiting")[job_id].startswith(words)
+    assert "node1" not in store.get(other)["placement"]
+    engine.node_report("node1", {"engine": "ok", "jobs": {}, "time": clock.now,
+                                 "digest": "d3", "health": HEALTH})
+    engine.tick()
+    _settle(engine)
+    assert store.get(job_id)["state"] == "running"
+
+
+def test_a_missing_image_is_pulled_on_the_nodes_a_job_could_use_before_it_starts(world):
+    store, transport, clock, engine = world
+    other_ref = "r/other@sha256:" + "1" * 64
+    job_id = _submit(store, clock, np=2, image="other",
+                     spec=dict(_spec(), image_ref=other_ref, candidates=["node1", "node2"]))
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get(job_id)["state"] == "queued"
+    assert store.get_meta("waiting")[job_id] == "image other being pulled on node1, node2"
+    pulls = [c for c in transport.calls if c[0] == "mpi_image.pull"]
+    assert pulls == [("mpi_image.pull", ["node1", "node2"], {"reference": other_ref})]
+    engine.tick()
+    _settle(engine)
+    assert len([c for c in transport.calls if c[0] == "mpi_image.pull"]) == 1  # not again
+    engine.node_report("node2", {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d4",
+                                 "health": _health(images=[IMAGE_REF, other_ref])})
+    engine.tick()
+    _settle(engine)
+    record = store.get(job_id)
+    assert record["state"] == "running" and record["placement"] == {"node2": 2}
+
+
+def test_a_node_without_health_evidence_takes_no_job(world):
+    store, transport, clock, engine = world
+    engine.nodes["node3"].pop("health")
+    job_id = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node3"]))
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get_meta("waiting")[job_id] == "node3 unhealthy: no health report yet"
+
+
+def test_a_restarted_engine_knows_the_nodes_health_from_the_store(world):
+    store, transport, clock, engine = world
+    clock.now += engine_module.FLUSH_SECONDS
+    engine.tick()  # flushes the nodes' reports to the store
+    clock.now += 1
+    engine.pool.shutdown(wait=True)
+    engine = engine_module.new_engine(store, transport, LIB, clock)
+    job_id = _submit(store, clock, np=2)
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get(job_id)["state"] == "running"

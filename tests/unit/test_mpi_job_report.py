@@ -446,3 +446,87 @@ def test_read_output_does_not_block_on_a_fifo(storage):
     with pytest.raises(CommandExecutionError, match="cannot read the stdout"):
         mpi_job.read_output(JOB, str(storage), USER, UID, UID)
     assert time.monotonic() - started < 5  # a blocked open would hang until the timeout
+
+
+# --------------------------------------------------------------------------- health
+
+REF = "10.251.1.2:5000/dockermpi/mpi@sha256:" + "a" * 64
+
+
+def _images_engine(*digests):
+    image = MagicMock()
+    image.attrs = {"RepoDigests": list(digests), "RepoTags": ["mpi:local"]}
+    untagged = MagicMock()
+    untagged.attrs = {"RepoDigests": None}
+    client = MagicMock()
+    client.images.list.return_value = [image, untagged]
+    return patch.object(mpi_job.docker, "from_env", return_value=client)
+
+
+def test_a_healthy_node_reports_docker_storage_and_image_digests(storage):
+    with _images_engine(REF, "mpi:local"):
+        found = mpi_job.health(str(storage))
+    assert found == {"docker": "ok", "storage": "ok", "images": [REF]}
+    assert sorted(os.listdir(storage)) == ["users"]  # the probe file is gone again
+
+
+def test_health_says_when_docker_does_not_answer(storage):
+    down = docker.errors.DockerException("Error while fetching server API version")
+    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+        found = mpi_job.health(str(storage))
+    assert found["docker"].startswith("Error while fetching") and found["images"] == []
+    assert found["storage"] == "ok"
+
+
+def test_storage_that_is_no_mount_and_has_no_users_directory_is_not_mounted(tmp_path):
+    with _images_engine():
+        found = mpi_job.health(str(tmp_path))
+    assert found["storage"].startswith("not mounted:") and "no mount point" in found["storage"]
+    with _images_engine():
+        assert mpi_job.health(str(tmp_path / "gone"))["storage"].startswith("not mounted:")
+
+
+def test_storage_root_cannot_write_is_not_writable(storage):
+    # root writes anywhere a mode allows; a read-only file system stops it. A probe file
+    # name taken by a directory stands in for that here.
+    (storage / ".dockermpi-health-node1").mkdir()
+    with _images_engine():
+        found = mpi_job.health(str(storage))
+    assert found["storage"].startswith("not writable:"), found
+
+
+def test_a_hanging_storage_check_is_reported_and_not_waited_for_again(storage, monkeypatch):
+    release = __import__("threading").Event()
+    monkeypatch.setattr(mpi_job, "_storage_state", lambda *a: release.wait(10) and "ok")
+    monkeypatch.setattr(mpi_job, "STORAGE_CHECK_TIMEOUT", 0.2)
+    with _images_engine():
+        assert mpi_job.health(str(storage))["storage"].startswith("not responding (the check")
+        started = time.monotonic()
+        assert mpi_job.health(str(storage))["storage"].startswith("not responding (a check")
+        assert time.monotonic() - started < 0.2
+    release.set()
+
+
+def test_a_minion_whose_engine_predates_health_reports_is_not_running_the_wanted_engine():
+    old = {"storage_path": "/srv/dockermpi", "job_root": "/var/lib/dockermpi/jobs"}
+    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": old}]}):
+        assert mpi_job.node_engine_running("/srv/dockermpi")
+        assert not mpi_job.node_engine_running("/srv/dockermpi", health=10)
+    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": dict(old, health=10)}]}):
+        assert mpi_job.node_engine_running("/srv/dockermpi", health=10)
+
+
+def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, monkeypatch):
+    (storage / ".dockermpi-health").mkdir(mode=0o700)
+    written = []
+    plain_open = os.open
+
+    def recording_open(path, *args, **kwargs):
+        written.append(str(path))
+        return plain_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(mpi_job.os, "open", recording_open)
+    with _images_engine():
+        assert mpi_job.health(str(storage))["storage"] == "ok"
+    assert written == [str(storage / ".dockermpi-health" / ".dockermpi-health-node1")]
+    assert os.listdir(storage / ".dockermpi-health") == []

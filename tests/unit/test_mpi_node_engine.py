@@ -199,3 +199,51 @@ def test_a_peer_not_probed_loses_its_count(report_fn, clock):
 def test_failures_is_configurable(report_fn, clock):
     seen = _unreachable([_report({JOB: {PEER: False}})] * 3, report_fn, clock, failures=3)
     assert seen == [{JOB: []}, {JOB: []}, {JOB: [PEER]}]
+
+
+# ---------------------------------------------------------------------------- health
+
+HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64]}
+
+
+def _health_reporter(report_fn, clock, results):
+    health_fn = MagicMock(side_effect=results)
+    reporter = mpi_node.Reporter(mpi_node.check_config(dict(CONFIG, health=10)), report_fn,
+                                 clock, health_fn=health_fn)
+    return reporter, health_fn
+
+
+def test_health_goes_with_every_report_but_is_looked_at_only_every_health_seconds(
+        report_fn, clock):
+    reporter, health_fn = _health_reporter(report_fn, clock, [HEALTHY, HEALTHY])
+    kind, data = reporter.next_event()
+    assert kind == "report" and data["report"]["health"] == HEALTHY
+    for _ in range(9):
+        clock.now += 1
+        reporter.next_event()
+    assert health_fn.call_count == 1
+    health_fn.assert_called_with("/srv/dockermpi", engine_timeout=2)
+    clock.now += 1
+    kind, data = reporter.next_event()
+    assert health_fn.call_count == 2
+    assert kind == "report"  # the refresh: health unchanged keeps the same fingerprint
+    assert data["report"]["digest"] == mpi_node.fingerprint(data["report"])
+
+
+def test_a_change_of_health_is_a_new_report_at_once_when_the_images_change(report_fn, clock):
+    pulled = dict(HEALTHY, images=HEALTHY["images"] + ["r@sha256:" + "b" * 64])
+    report_fn.side_effect = lambda *args, **kwargs: _report({})  # a new dict each look
+    reporter, health_fn = _health_reporter(report_fn, clock, [HEALTHY, pulled])
+    first = reporter.next_event()
+    clock.now += 0.5
+    reporter.health_due.set()  # Docker said: an image was pulled
+    kind, data = reporter.next_event()
+    assert kind == "report" and data["report"]["health"] == pulled
+    assert data["report"]["digest"] != first[1]["report"]["digest"]
+
+
+def test_a_failing_health_check_is_reported_not_raised(report_fn, clock):
+    reporter, _ = _health_reporter(report_fn, clock, [OSError("boom")])
+    kind, data = reporter.next_event()
+    assert data["report"]["health"]["storage"] == "unknown"
+    assert "boom" in data["report"]["health"]["error"]

@@ -167,3 +167,114 @@ def test_leftovers_are_jobs_over_or_unknown():
     records = {"a": {"state": "running"}, "b": {"state": "failed"}, "c": None}
     assert rules.leftovers(report, records) == ["b", "c"]
     assert rules.leftovers({"jobs": []}, {}) == []
+
+
+# ------------------------------------------------------------- silence and probes
+
+
+def _silent(nodes, node="node2", silent_for=10, probe=None):
+    nodes[node]["last_seen"] = NOW - silent_for
+    if probe is not None:
+        nodes[node]["probe"] = probe
+    return nodes
+
+
+def _answer(answered=True, age=1, detail="its host answers on port 22 (connection refused)"):
+    return {"started": NOW - age, "answered": answered, "detail": detail}
+
+
+def test_a_silent_node_whose_host_answers_is_kept_within_the_grace():
+    nodes = _silent(_nodes(), probe=_answer())
+    assert rules.verdict(_record(), nodes, NOW, silent_grace=90) is None
+    judged = rules.silence(_record(), nodes, NOW, silent_grace=90)
+    assert judged == {"node2": {"lost": False, "since": NOW - 10, "kept_until": NOW + 80,
+                                "host": "its host answers on port 22 (connection refused)"}}
+
+
+def test_without_a_grace_silence_alone_is_judged_as_before():
+    nodes = _silent(_nodes(), probe=_answer())
+    assert rules.verdict(_record(), nodes, NOW)[1] == \
+        "node node2 stopped answering (no report for over 5 s)"
+
+
+@pytest.mark.parametrize("probe, words", [
+    (None, "its host was not probed in time"),
+    (_answer(age=rules.PROBE_FRESH + 1), "its host was not probed in time"),
+    (_answer(age=11), "its host was not probed in time"),  # taken before the silence
+    (_answer(answered=False, detail="no answer from 10.0.0.12 port 22 within 1.0 s"),
+     "its host does not answer: no answer from 10.0.0.12 port 22"),
+])
+def test_a_silent_node_is_lost_as_fast_as_before_when_its_host_does_not_answer(probe, words):
+    nodes = _silent(_nodes(), probe=probe)
+    state, reason, _ = rules.verdict(_record(), nodes, NOW, silent_grace=90)
+    assert state == "failed" and reason.startswith("node node2 stopped answering")
+    assert words in reason
+
+
+def test_a_silent_node_is_lost_when_the_grace_runs_out():
+    nodes = _silent(_nodes(), silent_for=91, probe=_answer())
+    reason = rules.verdict(_record(), nodes, NOW, silent_grace=90)[1]
+    assert "for 91 s although its host answers" in reason
+    assert "mpi:engine:silent_grace (90 s)" in reason
+
+
+def test_a_silent_node_that_a_peer_cannot_reach_is_lost_although_its_host_answers():
+    nodes = _silent(_nodes(node1=_job(unreachable_peers=["10.0.1.131"])), probe=_answer())
+    reason = rules.verdict(_record(), nodes, NOW, silent_grace=90)[1]
+    assert "node2 stopped answering" in reason and "node1 cannot reach" in reason
+
+
+def test_a_silent_peers_old_report_is_no_evidence_about_another_silent_node():
+    # Both silent (e.g. a Salt upgrade everywhere): node1's last report is stale.
+    nodes = _silent(_silent(_nodes(node1=_job(unreachable_peers=["10.0.1.131"])),
+                            node="node1", probe=_answer()), probe=_answer())
+    assert rules.verdict(_record(), nodes, NOW, silent_grace=90) is None
+
+
+def test_probes_start_before_silence_is_judged_and_not_every_pass():
+    assert not rules.probe_due({"last_seen": NOW - rules.PROBE_AFTER}, NOW, None)
+    assert rules.probe_due({"last_seen": NOW - rules.PROBE_AFTER - 0.5}, NOW, None)
+    assert rules.PROBE_AFTER + 1 < rules.NODE_TIMEOUT  # one second for the answer
+    assert not rules.probe_due({"last_seen": NOW - 10}, NOW, NOW - rules.PROBE_EVERY + 1)
+    assert rules.probe_due({"last_seen": NOW - 10}, NOW, NOW - rules.PROBE_EVERY)
+
+
+# ------------------------------------------------------------------- eligibility
+
+HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64]}
+
+
+@pytest.mark.parametrize("seen, drain, problem", [
+    ({"health": HEALTHY}, None, None),
+    ({"health": HEALTHY}, {"reason": "disk swap"}, "drained (disk swap)"),
+    ({}, None, "unhealthy: no health report yet"),
+    ({"health": dict(HEALTHY, docker="refused")}, None,
+     "unhealthy: Docker engine not answering (refused)"),
+    ({"health": dict(HEALTHY, storage="not writable: read-only")}, None,
+     "unhealthy: storage not writable: read-only"),
+    ({"health": dict(HEALTHY, storage="not mounted")}, None, "unhealthy: storage not mounted"),
+])
+def test_node_problems(seen, drain, problem):
+    assert rules.node_problem(seen, drain) == problem
+
+
+def test_has_image_is_by_the_exact_digest_reference():
+    assert rules.has_image({"health": HEALTHY}, "r@sha256:" + "a" * 64)
+    assert not rules.has_image({"health": HEALTHY}, "r@sha256:" + "b" * 64)
+    assert not rules.has_image({}, "r@sha256:" + "a" * 64)
+    assert not rules.has_image({"health": {"images": "junk"}}, "r@sha256:" + "a" * 64)
+
+
+def test_waiting_reasons_name_the_nodes_a_job_cannot_use():
+    problems = {"node2": "drained (disk swap)", "node3": "unhealthy: storage not mounted"}
+    assert rules.waiting_reason("user limit", ["node2"], problems, set(), "mpi") == \
+        "user limit"
+    assert rules.waiting_reason("resources", ["node1"], problems, set(), "mpi") == \
+        "resources"
+    assert rules.waiting_reason("resources", ["node2"], problems, set(), "mpi") == \
+        "node2 drained (disk swap)"
+    assert rules.waiting_reason("resources", ["node1", "node2", "node3"], problems, {"node1"},
+                                "mpi") == ("image mpi being pulled on node1; node2 drained "
+                                           "(disk swap); node3 unhealthy: storage not mounted")
+    assert rules.waiting_reason("resources", ["node1", "node2"], problems, set(), "mpi") == \
+        "resources; node2 drained (disk swap)"

@@ -274,6 +274,54 @@ def test_a_version_1_store_is_migrated_with_its_records_intact(tmp_path):
     conn.close()
 
 
+# The schema 3 store (hub identities, before drains), as the previous release left it.
+_SCHEMA_V3 = _SCHEMA_V1.replace("PRAGMA user_version = 1;", "") + """
+CREATE TABLE users (name TEXT PRIMARY KEY, uid INTEGER NOT NULL UNIQUE, created REAL NOT NULL,
+    dir_ready INTEGER NOT NULL DEFAULT 0, identity TEXT);
+CREATE UNIQUE INDEX users_identity ON users (identity);
+PRAGMA user_version = 3;
+"""
+
+
+def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_V3)
+    conn.execute("INSERT INTO jobs (id, user, state, port_slot, record) VALUES (?, ?, ?, ?, ?)",
+                 ("j1", "alice", "running", None, json.dumps(_record("j1"))))
+    conn.execute("INSERT INTO users (name, uid, created, dir_ready, identity) "
+                 "VALUES ('alice', 100004, 1.0, 1, 'Alice@hub')")
+    conn.execute("INSERT INTO nodes (id, last_seen, report) VALUES ('node1', 5.0, '{}')")
+    conn.execute("INSERT INTO meta (key, value) VALUES ('next_uid', '100005')")
+    conn.commit()
+    conn.close()
+    store = mpi_store.open_store(str(path))
+    assert store.get("j1")["job_id"] == "j1" and store.jobs(["running"])[0]["job_id"] == "j1"
+    assert store.users()["alice"] == {"uid": 100004, "created": 1.0, "dir_ready": True,
+                                      "identity": "Alice@hub"}
+    assert store.nodes() == {"node1": {"last_seen": 5.0, "report": {}}}
+    assert store.get_meta("next_uid") == 100005
+    assert store.drains() == {}
+    store.drain("node1", "maintenance")
+    assert mpi_store.open_store(str(path)).drains()["node1"]["reason"] == "maintenance"
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == mpi_store.SCHEMA_VERSION == 4
+    conn.close()
+
+
+# -------------------------------------------------------------------------- drains
+
+
+def test_a_drain_is_kept_until_resumed_and_a_second_drain_keeps_its_start(store):
+    first = store.drain("node2", "disk swap", by="root")
+    assert first["reason"] == "disk swap" and first["by"] == "root"
+    again = store.drain("node2", "disk swap, then firmware")
+    assert again["since"] == first["since"] and again["reason"] == "disk swap, then firmware"
+    assert set(store.drains()) == {"node2"}
+    assert store.resume("node2")["reason"] == "disk swap, then firmware"
+    assert store.drains() == {} and store.resume("node2") is None
+
+
 # ---------------------------------------------------------------------------- users
 
 
@@ -362,11 +410,21 @@ PRAGMA user_version = 3;
 """
 
 
-def test_todays_schema_is_version_3_as_frozen_here(tmp_path):
-    """If this fails the schema changed: add a migration from 3 and a frozen copy of 4."""
+_SCHEMA_V4_ADDS = """
+CREATE TABLE drains (
+    node TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    since REAL NOT NULL,
+    by TEXT
+);
+"""
+
+
+def test_todays_schema_is_version_4_as_frozen_here(tmp_path):
+    """If this fails the schema changed: add a migration from 4 and a frozen copy of 5."""
     store = mpi_store.open_store(str(tmp_path / "new.sqlite"))
     frozen = sqlite3.connect(":memory:")
-    frozen.executescript(_SCHEMA_V3)
+    frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS)
 
     def columns(conn):
         tables = [r[0] for r in conn.execute(
@@ -375,7 +433,7 @@ def test_todays_schema_is_version_3_as_frozen_here(tmp_path):
 
     with store._connect() as conn:
         assert columns(conn) == columns(frozen)
-    assert mpi_store.SCHEMA_VERSION == 3
+    assert mpi_store.SCHEMA_VERSION == 4
 
 
 def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_moves_on(
@@ -390,17 +448,19 @@ def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_m
     conn.execute("INSERT INTO meta VALUES ('next_uid', '100001')")
     conn.commit()
     conn.close()
-    # The next version adds a column; the step from 3 must keep every record.
-    monkeypatch.setattr(mpi_store, "SCHEMA_VERSION", 4)
-    monkeypatch.setitem(mpi_store._MIGRATIONS, 3, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
+    # The next version (drains, schema 4) and one after it that adds a column: the steps
+    # from 3 must keep every record.
+    monkeypatch.setattr(mpi_store, "SCHEMA_VERSION", 5)
+    monkeypatch.setitem(mpi_store._MIGRATIONS, 4, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
     store = mpi_store.open_store(path)
     record = store.get("j1")
     assert (record["state"], record["ended"], record["port_slot"]) == ("succeeded", 5.0, 3)
+    assert store.drains() == {}
     assert store.users()["alice"] == {"uid": 100000, "created": 1.0, "dir_ready": True,
                                       "identity": "alice@hub"}
     assert store.user_uid("bob", 100000, 100009) == (100001, True)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
     assert "ended" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
     conn.close()
 

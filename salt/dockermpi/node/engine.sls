@@ -7,7 +7,10 @@
     restarts when the running one was not started with this configuration (a first run,
     a change, or an earlier restart that did not happen); a transient systemd timer does
     it two seconds later, outside the minion's own processes, so this highstate still
-    returns its result. #}
+    returns its result. `health` (seconds between looks at the node's health: Docker,
+    shared storage, images) is in the configuration so that nodes whose engine predates
+    health reports restart into one that sends them: the master schedules no job on a
+    node without them. #}
 
 include:
   - {{ tplroot }}.config
@@ -31,6 +34,7 @@ mpi-node-engine-config:
           - mpi_node:
               storage_path: {{ mpi.storage.path | json }}
               job_root: {{ mpi.job_root | json }}
+              health: 10
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-jobs-root-directory
@@ -46,6 +50,7 @@ mpi-node-engine-minion-restart:
       - fun: mpi_job.node_engine_running
         storage_path: {{ mpi.storage.path | json }}
         job_root: {{ mpi.job_root | json }}
+        health: 10
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-engine-config

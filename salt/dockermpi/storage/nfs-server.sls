@@ -37,6 +37,18 @@ mpi-storage-nfs-server-users-directory:
       - file: mpi-storage-nfs-server-export-directory
       - user: mpi-guest-user-user-present
 
+{#- Where each node's health check writes and removes its probe file (mpi_job.health):
+    root on a node is squashed to nobody, so nobody owns it; no user reaches it. #}
+mpi-storage-nfs-server-health-directory:
+  file.directory:
+    - name: {{ (export ~ "/.dockermpi-health") | json }}
+    - user: nobody
+    - group: nogroup
+    - mode: '0700'
+    - require:
+      - sls: {{ tplroot }}.config
+      - file: mpi-storage-nfs-server-export-directory
+
 mpi-storage-nfs-server-exports-file:
   file.managed:
     - name: /etc/exports.d/dockermpi.exports

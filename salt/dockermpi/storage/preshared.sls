@@ -25,3 +25,16 @@ mpi-storage-preshared-users-directory:
       - sls: {{ tplroot }}.config
       - file: mpi-storage-preshared-path-exists
       - user: mpi-guest-user-user-present
+
+{#- Where each node's health check writes and removes its probe file (mpi_job.health),
+    outside every user's directory. #}
+mpi-storage-preshared-health-directory:
+  file.directory:
+    - name: {{ (mpi.storage.path ~ "/.dockermpi-health") | json }}
+    - user: root
+    - group: root
+    - mode: '0700'
+    - makedirs: False
+    - require:
+      - sls: {{ tplroot }}.config
+      - file: mpi-storage-preshared-path-exists

@@ -1,0 +1,207 @@
+"""Day-2 operations on the real cluster: an admin maintains nodes without killing jobs.
+
+A minion restart (or a longer minion outage, as a Salt upgrade makes) leaves a running
+job alone while its node's host still answers the master; a real loss of the node is
+still a failure, named as before. Drained nodes finish their jobs and take no new one
+until resumed, across a master restart. A node whose shared storage is not writable is
+not scheduled, and the queue says why. Faults are real and undone in ``finally``.
+Times are printed for the record, never asserted: the bounds are the engine's unit
+tests' business (tests/unit/test_mpi_rules.py, test_mpi_engine.py).
+"""
+
+import time
+
+import pytest
+
+from tests.integration.test_lifecycle import run, status, submit, wait_clean, wait_for, \
+    wait_reporting
+
+pytestmark = pytest.mark.cluster
+
+STORAGE = "/srv/dockermpi"
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(cluster):
+    """No drain, no active job, no job container or key is left after a test."""
+    yield
+    for node in cluster.nodes:
+        run(cluster, "mpi.resume", node=node)
+    active, left = cluster.settle()
+    assert left == {}
+    assert active == [], "the test left jobs queued or running"
+
+
+@pytest.fixture
+def restore(cluster):
+    """Undo faults made on nodes, whatever the test's outcome."""
+    undo = []
+    yield undo.append
+    for node, argv in reversed(undo):
+        cluster.exec(node, argv, check=False)
+
+
+def waiting_for(cluster, job_id, words, timeout=40):
+    """Wait until the queued job's waiting_for contains ``words``; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = status(cluster, job_id)
+        assert job["state"] == "queued", job
+        if words in (job.get("waiting_for") or ""):
+            return job["waiting_for"]
+        assert time.monotonic() < deadline, f"waiting_for is {job.get('waiting_for')!r}"
+        time.sleep(1)
+
+
+# ------------------------------------------------------------------- silent minions
+
+
+@pytest.mark.parametrize("outage", ["restart", "stopped-20s"])
+def test_a_silent_minion_whose_host_answers_leaves_its_running_job_alone(cluster, restore,
+                                                                        outage):
+    # restart: `systemctl restart salt-minion` (the minion takes 8-10 s to stop);
+    # stopped-20s: what a Salt upgrade does to a node, well inside silent_grace (90 s).
+    job_id = submit(cluster, np=4, slots_per_node=2, nodes="node1,node2", cmd="sleep 45",
+                    walltime="3m", user="maint-restart")
+    wait_for(cluster, job_id, ("running",), 30)
+    restore(("node2", ["systemctl", "start", "salt-minion"]))
+    began = time.time()
+    if outage == "restart":
+        cluster.exec("node2", ["systemctl", "restart", "salt-minion"])
+    else:
+        cluster.exec("node2", ["systemctl", "stop", "salt-minion"])
+        time.sleep(20)
+        job = status(cluster, job_id)
+        assert job["state"] == "running", job
+        assert "node2" in job.get("silent_nodes", {}), job  # the record says why it goes on
+        cluster.exec("node2", ["systemctl", "start", "salt-minion"])
+    wait_reporting(cluster, "node2", timeout=90)
+    print(f"\nnode2 reports again {time.time() - began:.1f} s after its minion went down")
+    job = wait_for(cluster, job_id, ("succeeded", "failed", "cancelled", "timed_out"), 120)
+    assert job["state"] == "succeeded", job
+    silences = [s for s in job.get("silences") or [] if s["node"] == "node2"]
+    # Without a silence of over 5 s this test would prove nothing about the grace.
+    assert silences, f"node2 was never silent for over 5 s: {job}"
+    assert "answers on port" in silences[0]["host"]
+    assert job.get("silent_nodes") == {}
+
+
+@pytest.mark.parametrize("peers_cut", [True, False], ids=["full-partition", "master-only"])
+def test_a_node_the_master_cannot_reach_still_ends_its_job(cluster, peers_cut):
+    # full-partition: node2 is cut from node1 and from the master; master-only: the nodes
+    # still reach each other, so only the master's silence and its probe of node2's host
+    # (which now times out) can tell; both must fail the job as before the probe.
+    job_id = submit(cluster, np=4, slots_per_node=2, nodes="node1,node2", cmd="sleep 300",
+                    user="maint-cut")
+    job = wait_for(cluster, job_id, ("running",), 30)
+    victim = [cluster.host_address("node2"), job["job_addresses"]["node2"]]
+    others = [cluster.host_address("master")]
+    if peers_cut:
+        others += [cluster.host_address("node1"), job["job_addresses"]["node1"]]
+    heal = cluster.cut(victim, others)
+    try:
+        cut = time.time()
+        job = wait_for(cluster, job_id, ("failed",), 60)
+        print(f"\nfailed {job['ended'] - cut:.1f} s after the cut: {job['reason']}")
+        if peers_cut:
+            assert "node2 stopped answering" in job["reason"] or \
+                "cannot reach" in job["reason"], job["reason"]
+        else:
+            assert "node2 stopped answering" in job["reason"], job["reason"]
+            assert "its host does not answer" in job["reason"], job["reason"]
+        assert not job.get("silences"), "a lost node was taken for a restarting minion"
+        wait_clean(cluster, job_id, ["node1"], 15)
+    finally:
+        heal()
+    wait_reporting(cluster, "node2")
+    wait_clean(cluster, job_id, ["node2"], 40)
+
+
+# ---------------------------------------------------------------------------- drains
+
+
+def test_drain_lets_running_jobs_finish_starts_nothing_new_and_resume_undoes_it(cluster):
+    running = submit(cluster, np=2, nodes="node3", cmd="sleep 30", walltime="2m",
+                     user="maint-drain")
+    wait_for(cluster, running, ("running",), 30)
+    code, drained = run(cluster, "mpi.drain", node="node3", reason="maintenance test")
+    assert code == 0, drained
+    assert drained["drained"]["reason"] == "maintenance test"
+    assert drained["running_jobs"] == [running]
+    queued = submit(cluster, np=2, nodes="node3", cmd="hostname", user="maint-drain")
+    anywhere = submit(cluster, np=2, cmd="hostname", user="maint-other")
+    assert waiting_for(cluster, queued, "node3 drained") == "node3 drained (maintenance test)"
+    shown = run(cluster, "mpi.nodes")[1]["node3"]
+    assert shown["drained"]["reason"] == "maintenance test" and shown["drained"]["since"]
+    assert shown["eligible"] is False and shown["jobs"] == [running]
+    elsewhere = wait_for(cluster, anywhere, ("succeeded",), 30)
+    assert "node3" not in elsewhere["placement"]
+    assert wait_for(cluster, running, ("succeeded", "failed"), 60)["state"] == "succeeded"
+    # The drain outlives a master restart; the queued job still does not start.
+    cluster.exec("master", ["systemctl", "restart", "salt-master"])
+    time.sleep(5)
+    assert run(cluster, "mpi.nodes")[1]["node3"]["drained"]["reason"] == "maintenance test"
+    time.sleep(10)
+    assert status(cluster, queued)["state"] == "queued"
+    code, resumed = run(cluster, "mpi.resume", node="node3")
+    assert code == 0 and resumed["drained"] is None, resumed
+    job = wait_for(cluster, queued, ("succeeded",), 60)
+    assert job["placement"] == {"node3": 2}
+    assert run(cluster, "mpi.nodes")[1]["node3"]["eligible"] is True
+
+
+def test_drain_needs_a_known_node_and_a_reason(cluster):
+    code, answer = run(cluster, "mpi.drain", node="node9", reason="x")
+    assert code == 1 and "not an MPI node" in answer["error"]
+    code, answer = run(cluster, "mpi.drain", node="node1")
+    assert code == 1 and "reason is required" in answer["error"]
+    assert run(cluster, "mpi.nodes")[1]["node1"]["drained"] is None
+
+
+# ---------------------------------------------------------------------------- health
+
+
+def _mounts(cluster, node):
+    """How many file systems are mounted on the storage path in the node's mount
+    namespace (a bind stacks one more), from its mountinfo (field 5: the mount point)."""
+    _, out = cluster.exec(node, ["cat", "/proc/self/mountinfo"])
+    return sum(1 for line in out.splitlines()
+               if len(line.split()) > 4 and line.split()[4] == STORAGE)
+
+
+def test_a_node_whose_storage_is_not_writable_is_not_scheduled(cluster):
+    # The storage path made read-only on node3 only: a read-only bind of itself over it,
+    # stacked on the shared volume, undone by unmounting that bind alone.
+    before = _mounts(cluster, "node3")
+    assert before >= 1
+    cluster.exec("node3", ["mount", "--bind", STORAGE, STORAGE])
+
+    def unbind():
+        if _mounts(cluster, "node3") > before:  # never the shared volume itself
+            cluster.exec("node3", ["umount", STORAGE])
+
+    try:
+        cluster.exec("node3", ["mount", "-o", "remount,bind,ro", STORAGE])
+        deadline = time.monotonic() + 40
+        while not (shown := run(cluster, "mpi.nodes")[1]["node3"])[
+                "not_eligible_because"]:
+            assert time.monotonic() < deadline, "node3 still counts as healthy"
+            time.sleep(1)
+        assert shown["not_eligible_because"].startswith("unhealthy: storage not writable"), \
+            shown
+        assert shown["health"]["storage"].startswith("not writable")
+        pinned = submit(cluster, np=1, nodes="node3", cmd="hostname", user="maint-health")
+        assert waiting_for(cluster, pinned, "node3 unhealthy").startswith(
+            "node3 unhealthy: storage not writable")
+        spread = submit(cluster, np=6, cmd="hostname", user="maint-health")  # needs node3
+        assert "node3 unhealthy" in waiting_for(cluster, spread, "node3 unhealthy")
+        others = submit(cluster, np=4, cmd="hostname", user="maint-other")
+        job = wait_for(cluster, others, ("succeeded",), 30)
+        assert set(job["placement"]) == {"node1", "node2"}
+        assert status(cluster, pinned)["state"] == "queued"
+    finally:
+        unbind()
+    assert _mounts(cluster, "node3") == before
+    # Healthy again within the node's next health look: both start, node3 included.
+    assert wait_for(cluster, pinned, ("succeeded",), 60)["placement"] == {"node3": 1}
+    assert "node3" in wait_for(cluster, spread, ("succeeded",), 60)["placement"]
