@@ -195,9 +195,8 @@ def parse_walltime(value):
         raise RequestError(f"walltime {shown} is not a time: {WALLTIME_FORMS}")
     if not isinstance(value, str) or value.strip().isascii() and value.strip().isdigit():
         raise RequestError(
-            f"walltime {shown} has no unit: a bare number could be seconds or minutes; "
-            f"{WALLTIME_FORMS} (on the salt-run command line quote a clock time, "
-            "walltime='\"2:00\"', which Salt would otherwise read as the number 120)")
+            f"walltime {shown} has no unit (seconds or minutes?): {WALLTIME_FORMS}; quote "
+            "a clock time on the salt-run command line: walltime='\"2:00\"'")
     total = _parse_walltime_text(value, shown)
     if total <= 0:
         raise RequestError(f"walltime {shown} must be longer than zero")

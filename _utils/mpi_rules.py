@@ -69,6 +69,8 @@ def outcome(code, failure, program):
     if failure:
         return "failed", (f"rank {failure['rank']} exited with code {failure['exit_code']}"
                           f"{_signal_meaning(failure['exit_code'])}")
+    if code in SHELL_EXITS:  # mpirun passes on the first failing rank's code
+        return "failed", f"program {str(program[0])[:100]!r} {SHELL_EXITS[code]}"
     return "failed", f"mpirun exited with code {code}{_signal_meaning(code)}"
 
 

@@ -354,7 +354,7 @@ def test_a_guest_owned_tree_is_migrated_to_the_users_own_uid(cluster, victim):
                                  f"{legacy}/data/x; stat -c %u /srv/dockermpi/outside; "
                                  f"stat -c %u {legacy}/link"])
     assert out.split() == [str(uid), "700", str(uid), "2000", str(uid)]
-    code, job = launch(cluster, "legacy", "cat data/x")
+    code, job = launch(cluster, "legacy", "cat /data/data/x")
     assert code == 0 and cluster.read_shared(job["output"]["stdout"]) == "hi\n"
     code, again = run(cluster, "mpi.migrate_users")
     assert code == 0 and "legacy" not in again["migrated"]

@@ -77,6 +77,7 @@ def test_outcomes_are_explained(failure, reason):
      "rank 3 exited with code 143 (128 + 15: the program was killed by SIGTERM)"),
     (200, None, "mpirun exited with code 200"),
     (128, None, "mpirun exited with code 128"),
+    (127, None, "program 'sh' was not found in the image"),
 ])
 def test_a_shells_exit_code_above_128_names_the_signal(code, failure, reason):
     assert rules.outcome(code, failure, ["sh"]) == ("failed", reason)
