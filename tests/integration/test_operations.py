@@ -87,3 +87,57 @@ def test_backup_is_written_and_restore_refuses_while_a_job_runs(cluster):
     assert status(cluster, job_id)["state"] == "running"
     run(cluster, "mpi.cancel", job_id=job_id)
     cluster.exec("master", ["rm", "-f", made["path"]])
+
+
+def _ledger(cluster, node):
+    code, text = cluster.exec(node, ["cat", "/var/lib/dockermpi/images.json"], check=False)
+    return json.loads(text) if code == 0 else []
+
+
+def _has_image(cluster, node, reference):
+    code, _ = cluster.exec(node, ["docker", "image", "inspect", reference], check=False)
+    return code == 0
+
+
+def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster):
+    from tests.cluster.testcluster import BASE_IMAGE, REGISTRY, REGISTRY_HOST_PORT
+
+    # A small image of our own, pushed to the cluster's registry and approved.
+    tag = f"dockermpi/retired:{int(time.time())}"
+    cluster.docker.images.get(BASE_IMAGE).tag(*tag.split(":"))
+    reference = cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
+    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    pillar = yaml.safe_load(original) or {}
+    approved = json.loads(json.dumps(pillar))
+    approved["mpi"]["images"]["retired"] = reference
+    node = "node1"
+    try:
+        cluster.put_file("master", IMAGES_PILLAR, yaml.safe_dump(approved).encode())
+        cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
+        cluster._highstate([node])
+        assert _has_image(cluster, node, reference) and reference in _ledger(cluster, node)
+        # Retired while a container uses it: kept; an image someone else has: untouched.
+        cluster.exec(node, ["docker", "create", "--name", "retired-user", reference, "true"])
+        cluster.put_file("master", IMAGES_PILLAR, original.encode())
+        cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
+        _, dry = cluster.salt_json(["salt", node, "state.apply", "dockermpi.images.absent",
+                                    "test=True"])
+        kept = next(iter(dry[node].values()))
+        assert kept["result"] is True and "kept: used by retired-user" in kept["comment"]
+        cluster._highstate([node])
+        assert _has_image(cluster, node, reference)
+        cluster.exec(node, ["docker", "rm", "retired-user"])
+        _, dry = cluster.salt_json(["salt", node, "state.apply", "dockermpi.images.absent",
+                                    "test=True"])
+        planned = next(iter(dry[node].values()))
+        assert planned["result"] is None and planned["changes"] == {"removed": [reference]}
+        assert _has_image(cluster, node, reference)  # test=True changed nothing
+        cluster._highstate([node])
+        assert not _has_image(cluster, node, reference)
+        assert reference not in _ledger(cluster, node)
+        for approved_ref in pillar["mpi"]["images"].values():  # the approved ones stay
+            assert _has_image(cluster, node, approved_ref)
+    finally:
+        cluster.exec(node, ["docker", "rm", "-f", "retired-user"], check=False)
+        cluster.put_file("master", IMAGES_PILLAR, original.encode())
+        cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
