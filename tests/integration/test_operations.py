@@ -141,3 +141,54 @@ def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster
         cluster.exec(node, ["docker", "rm", "-f", "retired-user"], check=False)
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
+
+
+STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
+_AGE_RECORD = """
+import json, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+job_id, days = sys.argv[2], float(sys.argv[3])
+record = json.loads(conn.execute("SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
+for key in ("submitted", "started", "ended"):
+    record[key] -= days * 86400
+conn.execute("UPDATE jobs SET record = ? WHERE id = ?", (json.dumps(record), job_id))
+conn.commit()
+"""
+
+
+def test_retention_removes_old_records_and_job_dirs_and_nothing_else(cluster):
+    owner, victim = "retention-a", "retention-b"
+    users = "/srv/dockermpi/users"
+    old, recent = (submit(cluster, user=owner, np=1, cmd=["true"]) for _ in range(2))
+    for job_id in (old, recent):
+        assert run(cluster, "mpi.wait", job_id=job_id, timeout=120)[1]["state"] == "succeeded"
+    running = submit(cluster, user=owner, np=1, cmd=["sleep", "120"])
+    wait_for(cluster, running, ("running",), 60)
+    cluster.exec("master", ["python3", "-c", _AGE_RECORD, STORE, old, "400"])
+    # B's file, and A's old job directories: one plain, one holding a link to B's file,
+    # one that is itself a link to B's directory (A's job could have made any of them).
+    cluster.as_user(victim, ["sh", "-c", "echo precious > /srv/dockermpi/users/"
+                                         f"{victim}/keep.txt"])
+    jobs = f"{users}/{owner}/mpi-jobs"
+    cluster.as_user(owner, ["sh", "-c",
+                            f"mkdir -p {jobs}/20200101-000000-aaaaaa {jobs}/20200101-000000-cccccc"
+                            f" && echo x > {jobs}/20200101-000000-aaaaaa/stdout"
+                            f" && ln -s {users}/{victim}/keep.txt {jobs}/20200101-000000-cccccc/l"
+                            f" && ln -s {users}/{victim} {jobs}/20200101-000000-bbbbbb"
+                            f" && touch -h -d 2020-01-02 {jobs}/20200101-000000-*"
+                            f" {jobs}/20200101-000000-*/*"])
+    try:
+        code, done = run(cluster, "mpi.prune", job_records_days=365, job_dirs_days=30)
+        assert code == 0, done
+        assert done["job_records_removed"] >= 1
+        assert done["job_dirs_removed"] == {owner: ["20200101-000000-aaaaaa",
+                                                    "20200101-000000-cccccc"]}
+        assert "no such job" in run(cluster, "mpi.status", job_id=old)[1]["error"]
+        for job_id in (recent, running):
+            assert run(cluster, "mpi.status", job_id=job_id)[1]["job_id"] == job_id
+        _, listing = cluster.exec("node1", ["ls", jobs], stdout_only=True)
+        assert set(listing.split()) >= {recent, running, "20200101-000000-bbbbbb"}
+        assert "20200101-000000-aaaaaa" not in listing.split()
+        assert cluster.read_shared(f"{users}/{victim}/keep.txt") == "precious\n"
+    finally:
+        run(cluster, "mpi.cancel", job_id=running)
