@@ -8,8 +8,11 @@ digest cannot.
 :depends: docker (the Docker SDK for Python), a running Docker engine
 """
 
+import json
 import logging
+import os
 import re
+import tempfile
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -24,6 +27,10 @@ except ImportError:  # pragma: no cover - exercised through __virtual__
 log = logging.getLogger(__name__)
 
 __virtualname__ = "mpi_image"
+
+#: Every reference DockerMPI pulled on this host, so that one no longer approved can be
+#: found and removed (images anyone else pulled are never touched).
+LEDGER = "/var/lib/dockermpi/images.json"
 
 # repository part: lower-case path components, optional registry host[:port];
 # no tag allowed next to the digest.
@@ -153,7 +160,123 @@ def pull(reference):
             f"pulled {reference} but the image's RepoDigests "
             f"{summary['repo_digests']} do not contain it"
         )
+    record_pulled(reference)
     return summary
+
+
+def _ledger():
+    try:
+        with open(LEDGER, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise CommandExecutionError(f"cannot read {LEDGER}: {exc}") from exc
+    return sorted({r for r in found if isinstance(r, str) and _REFERENCE_RE.match(r)}) \
+        if isinstance(found, list) else []
+
+
+def _write_ledger(references):
+    directory = os.path.dirname(LEDGER)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=".images-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(sorted(set(references)), handle)
+        os.chmod(temp, 0o644)
+        os.replace(temp, LEDGER)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def record_pulled(reference):
+    """
+    Note that DockerMPI pulled ``reference`` on this host (:data:`LEDGER`), so that
+    :func:`unapproved` can find it once it is no longer approved. ``pull`` does this
+    itself; ``mpi_image.present`` also records an approved image it finds already there.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_image.record_pulled registry.example:5000/mpi/openmpi@sha256:0123...cdef
+    """
+    parse_reference(reference)
+    known = _ledger()
+    if reference not in known:
+        _write_ledger(known + [reference])
+    return True
+
+
+def unapproved(approved):
+    """
+    The references DockerMPI pulled on this host that are not in ``approved``, with
+    whether each is still present and whether a container (running or not) uses it:
+    ``[{reference, present, id, containers}]``.
+
+    approved
+        Every approved reference (the values of pillar ``mpi:images``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_image.unapproved '["registry.example:5000/mpi/openmpi@sha256:0123...cdef"]'
+    """
+    approved = set(approved or [])
+    client = _client()
+    found = []
+    users = {}
+    for container in client.containers.list(all=True, sparse=False):
+        users.setdefault(container.attrs.get("Image"), []).append(container.name)
+    for reference in _ledger():
+        if reference in approved:
+            continue
+        try:
+            image = client.images.get(reference)
+        except docker.errors.ImageNotFound:
+            found.append({"reference": reference, "present": False, "id": None,
+                          "containers": []})
+            continue
+        except docker.errors.APIError as exc:
+            raise CommandExecutionError(f"cannot inspect {reference}: {exc}") from exc
+        if reference not in (image.attrs.get("RepoDigests") or []):
+            found.append({"reference": reference, "present": False, "id": None,
+                          "containers": []})
+            continue
+        found.append({"reference": reference, "present": True, "id": image.id,
+                      "containers": sorted(users.get(image.id, []))})
+    return found
+
+
+def remove(reference):
+    """
+    Remove the local image ``reference`` (pinned by digest) unless a container uses it,
+    and forget it in the ledger once it is gone. Returns ``{removed: bool, reason}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_image.remove registry.example:5000/mpi/openmpi@sha256:0123...cdef
+    """
+    parse_reference(reference)
+    client = _client()
+    try:
+        client.images.remove(reference, force=False)
+        removed, reason = True, None
+    except docker.errors.ImageNotFound:
+        removed, reason = True, "already gone"
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # a container uses it
+            return {"removed": False, "reason": f"in use: {exc.explanation or exc}"}
+        raise CommandExecutionError(f"cannot remove {reference}: {exc.explanation or exc}") from exc
+    _write_ledger([r for r in _ledger() if r != reference])
+    return {"removed": removed, "reason": reason}
 
 
 def registry_has(reference):

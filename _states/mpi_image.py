@@ -49,6 +49,8 @@ def present(name, reference):
         return ret
 
     if found:
+        if not __opts__["test"]:
+            __salt__["mpi_image.record_pulled"](reference)  # pulled before the ledger
         ret["result"] = True
         ret["comment"] = f"Image {name} is present as {reference} ({found['id']})"
         return ret
@@ -73,4 +75,51 @@ def present(name, reference):
     ret["result"] = True
     ret["changes"] = {"pulled": {"old": None, "new": reference, "id": pulled["id"]}}
     ret["comment"] = f"Image {name} pulled from {reference} ({pulled['id']})"
+    return ret
+
+
+def unapproved_absent(name, approved):
+    """
+    Remove every image DockerMPI pulled on this host that is no longer approved, once
+    no container uses it (a job still running in it keeps it until a later run).
+    ``test=True`` lists what would be removed.
+
+    name
+        What the approved images are called in messages (``mpi:images``).
+
+    approved
+        Every approved reference (the values of ``mpi:images``).
+    """
+    ret = {"name": name, "result": False, "changes": {}, "comment": ""}
+    try:
+        found = __salt__["mpi_image.unapproved"](list(approved or []))
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        ret["comment"] = f"cannot list images no longer in {name}: {exc}"
+        return ret
+    removed, kept, notes = [], [], []
+    for image in found:
+        if image["present"] and image["containers"]:
+            kept.append(image["reference"])
+            notes.append(f"{image['reference']} kept: used by {', '.join(image['containers'])}")
+            continue
+        if __opts__["test"]:
+            removed.append(image["reference"])
+            continue
+        try:
+            result = __salt__["mpi_image.remove"](image["reference"])
+        except (SaltInvocationError, CommandExecutionError) as exc:
+            ret["comment"] = f"cannot remove {image['reference']}: {exc}"
+            return ret
+        if result["removed"]:
+            removed.append(image["reference"])
+        else:
+            kept.append(image["reference"])
+            notes.append(f"{image['reference']} kept: {result['reason']}")
+    if removed:
+        ret["changes"] = {"removed": removed}
+    verb = "would be removed" if __opts__["test"] else "removed"
+    ret["comment"] = "; ".join(
+        ([f"{len(removed)} image(s) no longer in {name} {verb}"] if removed else
+         [f"no image DockerMPI pulled is outside {name}"] if not kept else []) + notes)
+    ret["result"] = None if __opts__["test"] and removed else True
     return ret

@@ -87,3 +87,108 @@ def test_backup_is_written_and_restore_refuses_while_a_job_runs(cluster):
     assert status(cluster, job_id)["state"] == "running"
     run(cluster, "mpi.cancel", job_id=job_id)
     cluster.exec("master", ["rm", "-f", made["path"]])
+
+
+def _ledger(cluster, node):
+    code, text = cluster.exec(node, ["cat", "/var/lib/dockermpi/images.json"], check=False)
+    return json.loads(text) if code == 0 else []
+
+
+def _has_image(cluster, node, reference):
+    code, _ = cluster.exec(node, ["docker", "image", "inspect", reference], check=False)
+    return code == 0
+
+
+def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster):
+    from tests.cluster.testcluster import BASE_IMAGE, REGISTRY, REGISTRY_HOST_PORT
+
+    # A small image of our own, pushed to the cluster's registry and approved.
+    tag = f"dockermpi/retired:{int(time.time())}"
+    cluster.docker.images.get(BASE_IMAGE).tag(*tag.split(":"))
+    reference = cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
+    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    pillar = yaml.safe_load(original) or {}
+    approved = json.loads(json.dumps(pillar))
+    approved["mpi"]["images"]["retired"] = reference
+    node = "node1"
+    try:
+        cluster.put_file("master", IMAGES_PILLAR, yaml.safe_dump(approved).encode())
+        cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
+        cluster._highstate([node])
+        assert _has_image(cluster, node, reference) and reference in _ledger(cluster, node)
+        # Retired while a container uses it: kept; an image someone else has: untouched.
+        cluster.exec(node, ["docker", "create", "--name", "retired-user", reference, "true"])
+        cluster.put_file("master", IMAGES_PILLAR, original.encode())
+        cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
+        _, dry = cluster.salt_json(["salt", node, "state.apply", "dockermpi.images.absent",
+                                    "test=True"])
+        kept = next(iter(dry[node].values()))
+        assert kept["result"] is True and "kept: used by retired-user" in kept["comment"]
+        cluster._highstate([node])
+        assert _has_image(cluster, node, reference)
+        cluster.exec(node, ["docker", "rm", "retired-user"])
+        _, dry = cluster.salt_json(["salt", node, "state.apply", "dockermpi.images.absent",
+                                    "test=True"])
+        planned = next(iter(dry[node].values()))
+        assert planned["result"] is None and planned["changes"] == {"removed": [reference]}
+        assert _has_image(cluster, node, reference)  # test=True changed nothing
+        cluster._highstate([node])
+        assert not _has_image(cluster, node, reference)
+        assert reference not in _ledger(cluster, node)
+        for approved_ref in pillar["mpi"]["images"].values():  # the approved ones stay
+            assert _has_image(cluster, node, approved_ref)
+    finally:
+        cluster.exec(node, ["docker", "rm", "-f", "retired-user"], check=False)
+        cluster.put_file("master", IMAGES_PILLAR, original.encode())
+        cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
+
+
+STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
+_AGE_RECORD = """
+import json, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+job_id, days = sys.argv[2], float(sys.argv[3])
+record = json.loads(conn.execute("SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
+for key in ("submitted", "started", "ended"):
+    record[key] -= days * 86400
+conn.execute("UPDATE jobs SET record = ? WHERE id = ?", (json.dumps(record), job_id))
+conn.commit()
+"""
+
+
+def test_retention_removes_old_records_and_job_dirs_and_nothing_else(cluster):
+    owner, victim = "retention-a", "retention-b"
+    users = "/srv/dockermpi/users"
+    old, recent = (submit(cluster, user=owner, np=1, cmd=["true"]) for _ in range(2))
+    for job_id in (old, recent):
+        assert run(cluster, "mpi.wait", job_id=job_id, timeout=120)[1]["state"] == "succeeded"
+    running = submit(cluster, user=owner, np=1, cmd=["sleep", "120"])
+    wait_for(cluster, running, ("running",), 60)
+    cluster.exec("master", ["python3", "-c", _AGE_RECORD, STORE, old, "400"])
+    # B's file, and A's old job directories: one plain, one holding a link to B's file,
+    # one that is itself a link to B's directory (A's job could have made any of them).
+    cluster.as_user(victim, ["sh", "-c", "echo precious > /srv/dockermpi/users/"
+                                         f"{victim}/keep.txt"])
+    jobs = f"{users}/{owner}/mpi-jobs"
+    cluster.as_user(owner, ["sh", "-c",
+                            f"mkdir -p {jobs}/20200101-000000-aaaaaa {jobs}/20200101-000000-cccccc"
+                            f" && echo x > {jobs}/20200101-000000-aaaaaa/stdout"
+                            f" && ln -s {users}/{victim}/keep.txt {jobs}/20200101-000000-cccccc/l"
+                            f" && ln -s {users}/{victim} {jobs}/20200101-000000-bbbbbb"
+                            f" && touch -h -d 2020-01-02 {jobs}/20200101-000000-*"
+                            f" {jobs}/20200101-000000-*/*"])
+    try:
+        code, done = run(cluster, "mpi.prune", job_records_days=365, job_dirs_days=30)
+        assert code == 0, done
+        assert done["job_records_removed"] >= 1
+        assert done["job_dirs_removed"] == {owner: ["20200101-000000-aaaaaa",
+                                                    "20200101-000000-cccccc"]}
+        assert "no such job" in run(cluster, "mpi.status", job_id=old)[1]["error"]
+        for job_id in (recent, running):
+            assert run(cluster, "mpi.status", job_id=job_id)[1]["job_id"] == job_id
+        _, listing = cluster.exec("node1", ["ls", jobs], stdout_only=True)
+        assert set(listing.split()) >= {recent, running, "20200101-000000-bbbbbb"}
+        assert "20200101-000000-aaaaaa" not in listing.split()
+        assert cluster.read_shared(f"{users}/{victim}/keep.txt") == "precious\n"
+    finally:
+        run(cluster, "mpi.cancel", job_id=running)

@@ -5,6 +5,7 @@ the digest, an engine that cannot be reached, a pull that returns the wrong
 image); real pulls are tested on the cluster.
 """
 
+import json
 from unittest.mock import MagicMock, patch
 
 import docker.errors
@@ -28,6 +29,7 @@ def state_salt():
         "mpi_image.parse_reference": mpi_image.parse_reference,
         "mpi_image.inspect": MagicMock(return_value=None),
         "mpi_image.registry_has": MagicMock(return_value=DIGEST),
+        "mpi_image.record_pulled": MagicMock(return_value=True),
         "mpi_image.pull": MagicMock(
             return_value={"id": "sha256:feed", "repo_digests": [REF], "repo_tags": []}
         ),
@@ -183,3 +185,60 @@ def test_state_reports_pull(state_salt):
     ret = mpi_image_state.present("openmpi", REF)
     assert ret["result"] is True
     assert ret["changes"]["pulled"]["new"] == REF
+
+
+# ------------------------------------------------------------ images no longer approved
+
+OLD = f"registry.test:5000/dockermpi/openmpi@sha256:{'ab' * 32}"
+
+
+def _unapproved(state_salt, found, removed=None):
+    state_salt["mpi_image.unapproved"] = MagicMock(return_value=found)
+    state_salt["mpi_image.remove"] = MagicMock(
+        side_effect=lambda ref: removed.get(ref, {"removed": True, "reason": None})
+        if removed else {"removed": True, "reason": None})
+
+
+def test_an_unused_unapproved_image_is_removed(state_salt):
+    _unapproved(state_salt, [{"reference": OLD, "present": True, "id": "x", "containers": []}])
+    ret = mpi_image_state.unapproved_absent("mpi:images", [REF])
+    assert ret["result"] is True and ret["changes"] == {"removed": [OLD]}
+    state_salt["mpi_image.unapproved"].assert_called_once_with([REF])
+    state_salt["mpi_image.remove"].assert_called_once_with(OLD)
+
+
+def test_test_mode_lists_what_would_go_and_removes_nothing(state_salt):
+    _unapproved(state_salt, [{"reference": OLD, "present": True, "id": "x", "containers": []}])
+    with patch.dict(mpi_image_state.__opts__, {"test": True}):
+        ret = mpi_image_state.unapproved_absent("mpi:images", [REF])
+    assert ret["result"] is None and ret["changes"] == {"removed": [OLD]}
+    assert "would be removed" in ret["comment"]
+    state_salt["mpi_image.remove"].assert_not_called()
+
+
+def test_an_image_a_container_uses_is_kept_and_named(state_salt):
+    _unapproved(state_salt, [{"reference": OLD, "present": True, "id": "x",
+                              "containers": ["dmpi-job-worker"]}])
+    ret = mpi_image_state.unapproved_absent("mpi:images", [REF])
+    assert ret["result"] is True and ret["changes"] == {}
+    assert "kept: used by dmpi-job-worker" in ret["comment"]
+    state_salt["mpi_image.remove"].assert_not_called()
+
+
+def test_nothing_to_remove_is_no_change(state_salt):
+    _unapproved(state_salt, [])
+    ret = mpi_image_state.unapproved_absent("mpi:images", [REF])
+    assert ret == {"name": "mpi:images", "result": True, "changes": {},
+                   "comment": "no image DockerMPI pulled is outside mpi:images"}
+
+
+def test_the_ledger_keeps_only_valid_references(tmp_path, monkeypatch):
+    ledger = tmp_path / "images.json"
+    monkeypatch.setattr(mpi_image, "LEDGER", str(ledger))
+    assert mpi_image._ledger() == []
+    mpi_image.record_pulled(REF)
+    mpi_image.record_pulled(REF)
+    ledger.write_text(json.dumps([REF, "not a reference", 5, OLD]))
+    assert mpi_image._ledger() == sorted([REF, OLD])
+    with pytest.raises(SaltInvocationError):
+        mpi_image.record_pulled("registry.test/x:latest")

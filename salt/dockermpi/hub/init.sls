@@ -9,6 +9,7 @@ include:
   - dockermpi.docker.service
   - dockermpi.storage
   - .image
+  - dockermpi.images.absent
   - .proxy
   - .venv
   - .apica

@@ -1,2 +1,3 @@
 include:
   - .present
+  - .absent
