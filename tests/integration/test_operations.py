@@ -99,6 +99,11 @@ def _has_image(cluster, node, reference):
     return code == 0
 
 
+def _absent_state(returns):
+    """The return of the retired-images state among a state.apply's returns."""
+    return next(r for key, r in returns.items() if "-mpi-images-unapproved-absent_|" in key)
+
+
 def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster):
     from tests.cluster.testcluster import BASE_IMAGE, REGISTRY, REGISTRY_HOST_PORT
 
@@ -122,14 +127,14 @@ def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster
         cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
         _, dry = cluster.salt_json(["salt", node, "state.apply", "dockermpi.images.absent",
                                     "test=True"])
-        kept = next(iter(dry[node].values()))
+        kept = _absent_state(dry[node])
         assert kept["result"] is True and "kept: used by retired-user" in kept["comment"]
         cluster._highstate([node])
         assert _has_image(cluster, node, reference)
         cluster.exec(node, ["docker", "rm", "retired-user"])
         _, dry = cluster.salt_json(["salt", node, "state.apply", "dockermpi.images.absent",
                                     "test=True"])
-        planned = next(iter(dry[node].values()))
+        planned = _absent_state(dry[node])
         assert planned["result"] is None and planned["changes"] == {"removed": [reference]}
         assert _has_image(cluster, node, reference)  # test=True changed nothing
         cluster._highstate([node])
