@@ -265,7 +265,7 @@ def test_a_node_engine_that_dies_fails_the_job_and_its_leftovers_go_when_it_retu
     restore((victim, ["systemctl", "start", "docker.socket", "docker"]))
     cut = time.time()
     cluster.exec(victim, ["systemctl", "stop", "docker.socket", "docker"])
-    time.sleep(10)
+    time.sleep(6)  # past the 5 s a silent node was given before live-restore
     assert status(cluster, job_id)["state"] == "running"
     job = wait_for(cluster, job_id, ("failed",), ENGINE_RESTART_GRACE + 20)
     assert f"the Docker engine on {victim} is not answering" in job["reason"], job["reason"]
@@ -337,13 +337,17 @@ def test_a_lost_node_fails_its_job_and_is_not_used_until_it_is_back(cluster):
 def test_a_master_restart_loses_nothing_and_the_queue_resumes(cluster):
     done = submit(cluster, np=2, cmd="hostname")
     wait_for(cluster, done, ("succeeded",), 30)
-    running = submit(cluster, np=6, cmd="sleep 25", walltime="2m")
+    tag = f"go-restart-{int(time.time())}"  # the job runs until the test lets it end
+    running = submit(cluster, np=6, walltime="2m",
+                     cmd=["/bin/sh", "-c", f"while [ ! -e /data/{tag} ]; do sleep 0.3; done"])
     wait_for(cluster, running, ("running",), 30)
     queued = submit(cluster, np=2, cmd="hostname")
     cluster.exec("master", ["systemctl", "restart", "salt-master"])
     time.sleep(3)
     assert status(cluster, done)["state"] == "succeeded"
     assert status(cluster, queued)["state"] == "queued"
+    assert status(cluster, running)["state"] == "running"
+    cluster.as_user("lifecycle", ["touch", f"/srv/dockermpi/users/lifecycle/{tag}"])
     job = wait_for(cluster, running, ("succeeded", "failed"), 60)
     assert job["state"] == "succeeded", "a running job with live nodes must survive the restart"
     assert wait_for(cluster, queued, ("succeeded",), 60)["state"] == "succeeded"

@@ -41,6 +41,15 @@ def restore(cluster):
         cluster.exec(node, argv, check=False)
 
 
+def held(tag):
+    """A job program that runs until the test releases it (no fixed sleeps to wait out)."""
+    return ["/bin/sh", "-c", f"while [ ! -e /data/{tag} ]; do sleep 0.3; done"]
+
+
+def release(cluster, user, tag):
+    cluster.as_user(user, ["touch", f"{STORAGE}/users/{user}/{tag}"])
+
+
 def waiting_for(cluster, job_id, words, timeout=40):
     """Wait until the queued job's waiting_for contains ``words``; returns it."""
     deadline = time.monotonic() + timeout
@@ -56,12 +65,13 @@ def waiting_for(cluster, job_id, words, timeout=40):
 # ------------------------------------------------------------------- silent minions
 
 
-@pytest.mark.parametrize("outage", ["restart", "stopped-20s"])
+@pytest.mark.parametrize("outage", ["restart", "stopped-12s"])
 def test_a_silent_minion_whose_host_answers_leaves_its_running_job_alone(cluster, restore,
                                                                         outage):
     # restart: `systemctl restart salt-minion` (the minion takes 8-10 s to stop);
-    # stopped-20s: what a Salt upgrade does to a node, well inside silent_grace (90 s).
-    job_id = submit(cluster, np=4, slots_per_node=2, nodes="node1,node2", cmd="sleep 45",
+    # stopped-12s: what a Salt upgrade does to a node, well inside silent_grace (90 s).
+    tag = f"go-{outage}-{int(time.time())}"
+    job_id = submit(cluster, np=4, slots_per_node=2, nodes="node1,node2", cmd=held(tag),
                     walltime="3m", user="maint-restart")
     wait_for(cluster, job_id, ("running",), 30)
     restore(("node2", ["systemctl", "start", "salt-minion"]))
@@ -70,13 +80,15 @@ def test_a_silent_minion_whose_host_answers_leaves_its_running_job_alone(cluster
         cluster.exec("node2", ["systemctl", "restart", "salt-minion"])
     else:
         cluster.exec("node2", ["systemctl", "stop", "salt-minion"])
-        time.sleep(20)
+        time.sleep(12)
         job = status(cluster, job_id)
         assert job["state"] == "running", job
         assert "node2" in job.get("silent_nodes", {}), job  # the record says why it goes on
         cluster.exec("node2", ["systemctl", "start", "salt-minion"])
     wait_reporting(cluster, "node2", timeout=90)
     print(f"\nnode2 reports again {time.time() - began:.1f} s after its minion went down")
+    assert status(cluster, job_id)["state"] == "running"
+    release(cluster, "maint-restart", tag)
     job = wait_for(cluster, job_id, ("succeeded", "failed", "cancelled", "timed_out"), 120)
     assert job["state"] == "succeeded", job
     silences = [s for s in job.get("silences") or [] if s["node"] == "node2"]
@@ -121,7 +133,8 @@ def test_a_node_the_master_cannot_reach_still_ends_its_job(cluster, peers_cut):
 
 
 def test_drain_lets_running_jobs_finish_starts_nothing_new_and_resume_undoes_it(cluster):
-    running = submit(cluster, np=2, nodes="node3", cmd="sleep 30", walltime="2m",
+    tag = f"go-drain-{int(time.time())}"
+    running = submit(cluster, np=2, nodes="node3", cmd=held(tag), walltime="2m",
                      user="maint-drain")
     wait_for(cluster, running, ("running",), 30)
     code, drained = run(cluster, "mpi.drain", node="node3", reason="maintenance test")
@@ -136,12 +149,13 @@ def test_drain_lets_running_jobs_finish_starts_nothing_new_and_resume_undoes_it(
     assert shown["eligible"] is False and shown["jobs"] == [running]
     elsewhere = wait_for(cluster, anywhere, ("succeeded",), 30)
     assert "node3" not in elsewhere["placement"]
+    release(cluster, "maint-drain", tag)
     assert wait_for(cluster, running, ("succeeded", "failed"), 60)["state"] == "succeeded"
     # The drain outlives a master restart; the queued job still does not start.
     cluster.exec("master", ["systemctl", "restart", "salt-master"])
     time.sleep(5)
     assert run(cluster, "mpi.nodes")[1]["node3"]["drained"]["reason"] == "maintenance test"
-    time.sleep(10)
+    time.sleep(4)  # the engine plans every second: long enough to have started it
     assert status(cluster, queued)["state"] == "queued"
     code, resumed = run(cluster, "mpi.resume", node="node3")
     assert code == 0 and resumed["drained"] is None, resumed

@@ -29,9 +29,13 @@ def test_a_highstate_that_restarts_dockerd_leaves_a_running_job_running(cluster)
     pillar = yaml.safe_load(original) or {}
     changed = json.loads(json.dumps(pillar))
     changed.setdefault("mpi", {}).setdefault("docker", {})["log_max_file"] = 4
+    # The ranks run until the test lets them end (a file in the user's directory), then
+    # meet in a barrier: every rank's process and the job's network outlived dockerd.
+    tag = f"go-{int(time.time())}"
     job_id = submit(cluster, user="operations", np=4, slots_per_node=2, nodes="node1,node2",
                     walltime="5m", cmd=["python3", "-c",
-                                        "import time; from mpi4py import MPI; time.sleep(45); "
+                                        "import os, time; from mpi4py import MPI\n"
+                                        f"while not os.path.exists('/data/{tag}'): time.sleep(0.3)\n"
                                         "MPI.COMM_WORLD.Barrier(); print('done')"])
     job = wait_for(cluster, job_id, ("running",), 60)
     before = {node: _dockerd_pid(cluster, node) for node in job["placement"]}
@@ -45,6 +49,7 @@ def test_a_highstate_that_restarts_dockerd_leaves_a_running_job_running(cluster)
             assert daemon["log-opts"]["max-file"] == "4" and daemon["live-restore"] is True
             assert _dockerd_pid(cluster, node) != before[node], f"dockerd on {node} did not restart"
         assert status(cluster, job_id)["state"] == "running"
+        cluster.as_user("operations", ["touch", f"/srv/dockermpi/users/operations/{tag}"])
         code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=120)
         assert code == 0 and done["state"] == "succeeded", done
         _, out = run(cluster, "mpi.logs", job_id=job_id)
