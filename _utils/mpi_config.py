@@ -236,8 +236,10 @@ def is_user(value):
 def is_admin_caller(name, master_user=None):
     """
     Whether Salt's name for a runner caller (``__user__``) is an admin's: ``root``, the
-    user the master runs as, or ``sudo_<name>`` (``salt-run`` under sudo). The eauth
-    module refuses such names from the hub, so a hub user can never be taken for one.
+    user the master runs as, ``sudo_<name>`` (``salt-run`` under sudo), or ``UNKNOWN``
+    (a RunnerClient called in a process on the master itself, which gives no user). The
+    eauth module refuses such names from the hub, so a hub user can never be taken for
+    one.
 
     CLI Example:
 
@@ -246,7 +248,7 @@ def is_admin_caller(name, master_user=None):
         __utils__["mpi_config.is_admin_caller"]("root", "root")  # True
     """
     return isinstance(name, str) and (
-        name in ("root", master_user or "root") or name.startswith("sudo_"))
+        name in ("root", "UNKNOWN", master_user or "root") or name.startswith("sudo_"))
 
 
 def user_for_identity(identity):

@@ -40,7 +40,7 @@ def test_no_identity_is_refused(bad):
 
 
 @pytest.mark.parametrize("name, admin", [
-    ("root", True), ("salt", True), ("sudo_alice", True),
+    ("root", True), ("salt", True), ("sudo_alice", True), ("UNKNOWN", True),
     ("alice", False), ("Root", False), ("", False), (None, False)])
 def test_admin_names(name, admin):
     assert mpi_config.is_admin_caller(name, "salt") is admin
