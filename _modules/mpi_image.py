@@ -109,7 +109,12 @@ def inspect(reference):
         salt '*' mpi_image.inspect registry.example:5000/mpi/openmpi@sha256:0123...cdef
     """
     parse_reference(reference)
-    client = _client()
+    image = _local_image(_client(), reference)
+    return None if image is None else _summary(image)
+
+
+def _local_image(client, reference):
+    """The local image whose RepoDigests hold ``reference``, or None."""
     try:
         image = client.images.get(reference)
     except docker.errors.ImageNotFound:
@@ -118,10 +123,7 @@ def inspect(reference):
         raise CommandExecutionError(
             f"cannot inspect image {reference}: {exc.explanation or exc}"
         ) from exc
-    summary = _summary(image)
-    if reference not in summary["repo_digests"]:
-        return None
-    return summary
+    return image if reference in (image.attrs.get("RepoDigests") or []) else None
 
 
 def pull(reference):
@@ -236,20 +238,10 @@ def unapproved(approved):
     for reference in _ledger():
         if reference in approved:
             continue
-        try:
-            image = client.images.get(reference)
-        except docker.errors.ImageNotFound:
-            found.append({"reference": reference, "present": False, "id": None,
-                          "containers": []})
-            continue
-        except docker.errors.APIError as exc:
-            raise CommandExecutionError(f"cannot inspect {reference}: {exc}") from exc
-        if reference not in (image.attrs.get("RepoDigests") or []):
-            found.append({"reference": reference, "present": False, "id": None,
-                          "containers": []})
-            continue
-        found.append({"reference": reference, "present": True, "id": image.id,
-                      "containers": sorted(users.get(image.id, []))})
+        image = _local_image(client, reference)
+        found.append({"reference": reference, "present": image is not None,
+                      "id": image and image.id,
+                      "containers": sorted(users.get(image.id, [])) if image else []})
     return found
 
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.integration.test_lifecycle import run, status, submit, wait_clean, wait_for, \
-    wait_reporting
+from tests.integration.test_lifecycle import (restore, run, status, submit,  # noqa: F401
+                                              wait_clean, wait_for, wait_reporting)
 
 pytestmark = pytest.mark.cluster
 
@@ -30,15 +30,6 @@ def nothing_left_behind(cluster):
     active, left = cluster.settle()
     assert left == {}
     assert active == [], "the test left jobs queued or running"
-
-
-@pytest.fixture
-def restore(cluster):
-    """Undo faults made on nodes, whatever the test's outcome."""
-    undo = []
-    yield undo.append
-    for node, argv in reversed(undo):
-        cluster.exec(node, argv, check=False)
 
 
 def held(tag):
