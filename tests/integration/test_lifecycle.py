@@ -97,6 +97,15 @@ def nothing_left_behind(cluster):
     assert active == [], "the test left jobs queued or running"
 
 
+def held(tag):
+    """A job program that runs until the test releases it (no fixed sleeps to wait out)."""
+    return ["/bin/sh", "-c", f"while [ ! -e /data/{tag} ]; do sleep 0.3; done"]
+
+
+def release(cluster, user, tag):
+    cluster.as_user(user, ["touch", f"/srv/dockermpi/users/{user}/{tag}"])
+
+
 @pytest.fixture
 def restore(cluster):
     """Undo faults made on nodes, whatever the test's outcome."""
@@ -338,8 +347,7 @@ def test_a_master_restart_loses_nothing_and_the_queue_resumes(cluster):
     done = submit(cluster, np=2, cmd="hostname")
     wait_for(cluster, done, ("succeeded",), 30)
     tag = f"go-restart-{int(time.time())}"  # the job runs until the test lets it end
-    running = submit(cluster, np=6, walltime="2m",
-                     cmd=["/bin/sh", "-c", f"while [ ! -e /data/{tag} ]; do sleep 0.3; done"])
+    running = submit(cluster, np=6, walltime="2m", cmd=held(tag))
     wait_for(cluster, running, ("running",), 30)
     queued = submit(cluster, np=2, cmd="hostname")
     cluster.exec("master", ["systemctl", "restart", "salt-master"])
@@ -347,7 +355,7 @@ def test_a_master_restart_loses_nothing_and_the_queue_resumes(cluster):
     assert status(cluster, done)["state"] == "succeeded"
     assert status(cluster, queued)["state"] == "queued"
     assert status(cluster, running)["state"] == "running"
-    cluster.as_user("lifecycle", ["touch", f"/srv/dockermpi/users/lifecycle/{tag}"])
+    release(cluster, "lifecycle", tag)
     job = wait_for(cluster, running, ("succeeded", "failed"), 60)
     assert job["state"] == "succeeded", "a running job with live nodes must survive the restart"
     assert wait_for(cluster, queued, ("succeeded",), 60)["state"] == "succeeded"

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from tests.integration.test_lifecycle import (restore, run, status, submit,  # noqa: F401
-                                              wait_clean, wait_for, wait_reporting)
+from tests.integration.test_lifecycle import (held, release, restore, run,  # noqa: F401
+                                              status, submit, wait_clean, wait_for,
+                                              wait_reporting)
 
 pytestmark = pytest.mark.cluster
 
@@ -30,15 +31,6 @@ def nothing_left_behind(cluster):
     active, left = cluster.settle()
     assert left == {}
     assert active == [], "the test left jobs queued or running"
-
-
-def held(tag):
-    """A job program that runs until the test releases it (no fixed sleeps to wait out)."""
-    return ["/bin/sh", "-c", f"while [ ! -e /data/{tag} ]; do sleep 0.3; done"]
-
-
-def release(cluster, user, tag):
-    cluster.as_user(user, ["touch", f"{STORAGE}/users/{user}/{tag}"])
 
 
 def waiting_for(cluster, job_id, words, timeout=40):
