@@ -81,6 +81,7 @@ def test_sshd_config_for_unprivileged_sshd():
         "PidFile none",
         "PasswordAuthentication no",
         "AllowTcpForwarding no",
+        "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org",
     ):
         assert expected in lines
     assert not any(line.startswith("ListenAddress") for line in lines)
