@@ -234,6 +234,9 @@ class JobEngine:
         # Jobs that ended otherwise than by success keep their slots while their
         # containers are removed: a rank may still run until its container is gone.
         self.closing = {}
+        # Jobs whose clean-up (``_cleanup``) is under way: their containers on a node's
+        # report are not leftovers to remove a second time.
+        self.cleaning = set()
         self.plan_queued = False
         # Addresses of containers on nodes not yet cleaned (only the engine writes them;
         # the store keeps them across restarts).
@@ -495,19 +498,23 @@ class JobEngine:
 
     def _finish(self, record, state, reason, fields, now):
         """Record the final state and announce it; the clean-up follows in the background."""
-        ended = self.store.transition(record["job_id"], state, reason,
-                                      expect=("queued",) + self.lib["mpi_rules.active_states"](),
-                                      ended=now, **fields)
+        # One transaction: whoever reads the final state (mpi.wait) reads its timings.
+        with self.store.transaction() as conn:
+            ended = self.store.transition(
+                record["job_id"], state, reason, conn=conn,
+                expect=("queued",) + self.lib["mpi_rules.active_states"](), ended=now, **fields)
+            if ended is not None:
+                timings = ended["timings"]
+                if ended.get("started"):
+                    timings.setdefault("mpirun", round(now - ended["started"], 3))
+                timings["total"] = round(now - ended["submitted"], 3)
+                closed = not ended.get("placement")
+                ended = self.store.update(ended["job_id"], conn=conn, timings=timings,
+                                          closed=closed)
         if ended is None:
             self._track(self.store.get(record["job_id"]))  # someone else moved it
             return None
         self._track(ended)
-        timings = ended["timings"]
-        if ended.get("started"):
-            timings.setdefault("mpirun", round(now - ended["started"], 3))
-        timings["total"] = round(now - ended["submitted"], 3)
-        closed = not ended.get("placement")
-        ended = self.store.update(ended["job_id"], timings=timings, closed=closed) or ended
         self.transport.fire(f"mpi/job/{ended['job_id']}/{state}",
                             {"job_id": ended["job_id"], "state": state, "reason": reason,
                              "exit_code": ended.get("exit_code")})
@@ -518,8 +525,13 @@ class JobEngine:
             self.closing[ended["job_id"]] = dict(ended["placement"])
         if not closed and ended["job_id"] not in self.starting:
             # A job still starting is cleaned up by its start thread when it returns.
-            self.pool.submit(self._cleanup, ended)
+            self._clean_up_soon(ended)
         return ended
+
+    def _clean_up_soon(self, record):
+        with self.lock:
+            self.cleaning.add(record["job_id"])
+        self.pool.submit(self._cleanup, record)
 
     def _cleanup(self, record):
         """Remove the job's containers and keys from its nodes that are alive, write
@@ -559,6 +571,7 @@ class JobEngine:
         finally:
             with self.lock:
                 freed = self.closing.pop(record["job_id"], None)
+                self.cleaning.discard(record["job_id"])
         if freed:
             self._plan_soon()  # its slots are free now
 
@@ -585,6 +598,8 @@ class JobEngine:
         records = {job_id: self.active.get(job_id) or self.queue.get(job_id)
                    or self.store.get(job_id) for job_id in jobs}
         for job_id in self.lib["mpi_rules.leftovers"]({"jobs": jobs}, records):
+            if job_id in self.cleaning:
+                continue  # its own clean-up is under way
             if now - self.cleanup_asked.get((node, job_id), 0) < CLEANUP_RETRY:
                 continue
             self.cleanup_asked[(node, job_id)] = now
@@ -797,7 +812,7 @@ class JobEngine:
             self._reconcile(current, self.clock())
             current = self.store.get(job_id)
             if self.lib["mpi_rules.is_final"](current["state"]) and not current.get("closed"):
-                self.pool.submit(self._cleanup, current)
+                self._clean_up_soon(current)
             self.plan_due = True
 
     def _bring_up(self, record, timings):

@@ -229,6 +229,56 @@ def test_a_succeeded_jobs_slots_are_free_before_its_clean_up(world):
     _settle(engine)
 
 
+def test_an_ended_job_is_never_seen_without_its_timings(world):
+    # mpi.wait returns as soon as it reads a final state: the timings must be in the
+    # same write (a launch once returned a failed job with no mpirun time).
+    store, transport, clock, engine = world
+    job_id = _submit(store, clock, np=2)
+    engine.job_requested(job_id)
+    _settle(engine)
+    reader = store_module.open_store(store.path)
+    seen = []
+    transition = store.transition
+
+    def transition_then_look(*args, **kwargs):
+        moved = transition(*args, **kwargs)
+        seen.append(reader.get(job_id))  # another connection, as the runner's
+        return moved
+
+    store.transition = transition_then_look
+    clock.now += 2
+    engine.node_report("node1", _running_report(clock, job_id, launcher_exit_code=0))
+    ended = reader.get(job_id)
+    assert ended["state"] == "succeeded" and ended["timings"]["mpirun"] == 2
+    assert seen and all(r["state"] == "running" or "mpirun" in r["timings"] for r in seen)
+
+
+def test_reports_during_a_jobs_clean_up_do_not_ask_for_a_second_one(world):
+    # The launcher's exit is reported while its containers are still there: the
+    # engine's own clean-up removes them; a second (leftover) clean-up per node would
+    # double the work of every job on the nodes.
+    store, transport, clock, engine = world
+    release = _hold_cleanups(transport)
+    job_id = _submit(store, clock, np=4)
+    engine.job_requested(job_id)
+    _settle(engine)
+    clock.now += 2
+    ended = _running_report(clock, job_id, launcher_exit_code=0,
+                            containers={"worker": "running", "launcher": "exited"})
+    engine.node_report("node1", ended)
+    engine.node_report("node2", _running_report(clock, job_id))
+    assert store.get(job_id)["state"] == "succeeded"
+    release.set()
+    _settle(engine)
+    cleanups = [c for c in transport.calls if c[0] == "mpi_job.cleanup"]
+    assert [c[1] for c in cleanups] == [["node1", "node2"]] and cleanups[0][2]["status"]
+    # Once the clean-up returned, containers a node still reports are leftovers.
+    clock.now += 1
+    engine.node_report("node2", _running_report(clock, job_id))
+    cleanups = [c for c in transport.calls if c[0] == "mpi_job.cleanup"]
+    assert [c[1] for c in cleanups] == [["node1", "node2"], ["node2"]]
+
+
 def test_slots_being_cleaned_up_are_reserved_for_the_head_of_the_queue(world):
     # While a cancelled job's containers are removed, a long job must not backfill the
     # idle node that the head of the queue needs as soon as the clean-up is done.
