@@ -35,6 +35,7 @@ import ipaddress
 import logging
 import os
 import re
+import threading
 import time
 
 import salt.client
@@ -71,9 +72,15 @@ class SaltTransport:
         self.opts = opts
         self.runners = runners
         self.utils = utils
+        self._local = threading.local()
 
     def _client(self):
-        return salt.client.get_local_client(mopts=self.opts)
+        """The calling thread's LocalClient: made once per engine thread (a LocalClient
+        is not shared between threads), not once per call."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = salt.client.get_local_client(mopts=self.opts)
+        return client
 
     def call(self, minions, fun, timeout, **kwargs):
         """Run fun on minions in parallel; ``{minion: return}``; raises if any failed."""
