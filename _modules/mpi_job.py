@@ -39,6 +39,8 @@ directories cannot lead the node anywhere else (and NFS root_squash is no obstac
     ip6tables-restore and ssh-keyscan on the node
 """
 
+import concurrent.futures
+import contextvars
 import ipaddress
 import json
 import logging
@@ -533,8 +535,11 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         address in ``addresses`` answer with the job's host key, starts the launcher
         (:func:`start_launcher`) before it returns.
 
-    Returns ``{"container": name, "sshd_ready_seconds": float}``, and on the launcher's
-    node also ``launcher`` (its container name) and ``peers_ready_seconds``.
+    Returns ``{"container": name, "sshd_ready_seconds": float, "phases": {...}}``, and
+    on the launcher's node also ``launcher`` (its container name) and
+    ``peers_ready_seconds``. There ``sshd_ready_seconds`` is when every sshd of the job
+    was proven; ``phases`` says when each step ended (seconds from the call: prepare,
+    container, firewall, sshd, launcher).
 
     CLI Example:
 
@@ -556,15 +561,16 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     if not isinstance(allowed_sources, dict):
         raise SaltInvocationError("allowed_sources must be {peers: [...], hosts: [...]}")
     blob = _host_key_blob(files.get("known_hosts", ""))
+    starts_launcher = bool(launcher) and launcher.get("node") == __opts__["id"]
     started = time.monotonic()
     _require_user_dir(storage_path, user, uid)
     users_root = _users_root(storage_path)
     secret_dir = _secret_dir(job_root, job_id)
     _write_secrets(secret_dir, files, uid, gid)
-    _userfs("makedirs", uid, gid, root=users_root, parts=[user, JOBS_SUBDIR, job_id])
     options = _container_options(job_id, "worker", user, uid, gid,
                                  os.path.join(users_root, user), secret_dir, limits)
     client = _client()
+    phases = {"prepare": time.monotonic() - started}
     try:
         container = client.containers.run(
             image, ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"],
@@ -578,22 +584,34 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         container.reload()
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the worker of job {job_id}: {exc}") from exc
+    phases["container"] = time.monotonic() - started
     pid = container.attrs["State"]["Pid"]
     _close_namespace(job_id, pid, allowed_sources, sshd_port)
+    phases["firewall"] = time.monotonic() - started
     deadline = time.monotonic() + ready_timeout
-    _wait_for_sshd(job_id, container, pid, [address], sshd_port, blob, deadline)
-    result = {"container": options["name"], "sshd_ready_seconds": time.monotonic() - started}
-    if launcher and launcher.get("node") == __opts__["id"]:
-        # The launcher's node starts mpirun itself once every peer's sshd proves it is
-        # the job's: one publish starts the whole job.
-        peers = [a for a in addresses.values() if a != address]
-        _wait_for_sshd(job_id, container, pid, peers, sshd_port, blob, deadline)
-        result["launcher"] = start_launcher(
-            job_id, image, user, uid, gid, storage_path, job_root, launcher["argv"],
-            environment=launcher.get("environment"), status=launcher.get("status"),
-            limits=launcher.get("limits"))["container"]
-        result["peers_ready_seconds"] = time.monotonic() - started
-    return result
+    if not starts_launcher:
+        _wait_for_sshd(job_id, container, pid, [address], sshd_port, blob, deadline)
+        phases["sshd"] = time.monotonic() - started
+        return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
+                "phases": phases}
+    # The launcher's node starts mpirun itself once every sshd of the job, its own
+    # included, proves it is the job's: one publish starts the whole job. The job
+    # directory and the launcher container are made while the sshds come up.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # The thread runs in this call's context: Salt's dunders resolve through it.
+        prepared = pool.submit(contextvars.copy_context().run, _create_launcher, job_id, image,
+                               user, uid, gid, storage_path, job_root, launcher["argv"],
+                               launcher.get("environment"), launcher.get("limits"),
+                               launcher.get("status"))
+        _wait_for_sshd(job_id, container, pid, sorted(set(addresses.values())), sshd_port,
+                       blob, deadline)
+        launcher_container = prepared.result()
+    phases["sshd"] = time.monotonic() - started
+    _start_launcher(job_id, launcher_container)
+    phases["launcher"] = time.monotonic() - started
+    return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
+            "peers_ready_seconds": phases["sshd"], "launcher": launcher_container.name,
+            "phases": phases}
 
 
 def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
@@ -609,7 +627,8 @@ def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
     environment
         ``{name: value}`` set in the launcher, forwarded to the ranks with ``-x``.
     status
-        Optional status record, written as ``status.json`` once the launcher runs.
+        Optional status record, written as ``status.json`` just before the launcher
+        starts.
 
     CLI Example:
 
@@ -618,6 +637,16 @@ def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
         salt node1 mpi_job.start_launcher <job_id> <image> alice 100000 100000 \\
             /srv/dockermpi /var/lib/dockermpi/jobs '[mpirun, ...]'
     """
+    container = _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
+                                 environment, limits, status)
+    _start_launcher(job_id, container)
+    return {"container": container.name}
+
+
+def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
+                     environment, limits, status):
+    """The job directory (as the user's uid), the launcher container, created, not
+    started, and ``status.json`` (when ``status`` is given) saying the job runs."""
     _check_job_id(job_id)
     _check_user(user)
     uid, gid = _check_ids(uid, gid)
@@ -627,17 +656,26 @@ def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
     secret_dir = _secret_dir(job_root, job_id)
     if not os.path.isdir(secret_dir):
         raise CommandExecutionError(f"job {job_id} has no worker on this node")
+    _userfs("makedirs", uid, gid, root=users_root, parts=[user, JOBS_SUBDIR, job_id])
     options = _container_options(job_id, "launcher", user, uid, gid,
                                  os.path.join(users_root, user), secret_dir, limits)
     options["environment"] = dict(environment or {}, **options["environment"])
+    options.pop("detach")
     try:
-        _client().containers.run(image, argv, network_mode=f"container:dmpi-{job_id}-worker",
-                                 **options)
+        container = _client().containers.create(
+            image, argv, network_mode=f"container:dmpi-{job_id}-worker", **options)
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the launcher of job {job_id}: {exc}") from exc
     if status is not None:
         write_status(job_id, storage_path, user, uid, gid, status)
-    return {"container": options["name"]}
+    return container
+
+
+def _start_launcher(job_id, container):
+    try:
+        container.start()
+    except docker.errors.APIError as exc:
+        raise CommandExecutionError(f"cannot start the launcher of job {job_id}: {exc}") from exc
 
 
 def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, user=None,
