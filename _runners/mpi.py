@@ -32,6 +32,7 @@ import secrets
 import signal
 import time
 
+import salt.cache
 import salt.client
 import salt.fileclient
 import salt.utils.event
@@ -145,10 +146,23 @@ def _defaults():
         return salt.utils.yaml.safe_load(handle)["mpi"]
 
 
+def _node_pillar(minion):
+    """The pillar a node last received: the master keeps it in its minion data cache at
+    every pillar refresh (highstate, ``saltutil.refresh_pillar``), so reading it costs
+    no rendering. Rendered now only when the master has none (``minion_data_cache``
+    off, or a node that never asked)."""
+    if __opts__.get("minion_data_cache"):
+        cached = salt.cache.factory(__opts__).fetch("pillar", minion)
+        if cached:
+            return cached
+    return __salt__["pillar.show_pillar"](minion) or {}
+
+
 def _site_config(minion):
-    """The ``mpi`` settings as the nodes see them: pillar merged over the defaults and
-    checked (``mpi_config``); CommandExecutionError naming every problem of a bad pillar."""
-    pillar = __salt__["pillar.show_pillar"](minion) or {}
+    """The ``mpi`` settings as the nodes see them: their pillar merged over the defaults
+    and checked (``mpi_config``); CommandExecutionError naming every problem of a bad
+    pillar."""
+    pillar = _node_pillar(minion)
     try:
         return __utils__["mpi_config.validate"](
             __utils__["mpi_config.merge"](_defaults(), pillar.get("mpi")))
