@@ -170,6 +170,33 @@ def test_symlinks_planted_in_a_job_directory_never_lead_the_node_elsewhere(clust
     assert all(node_reports(cluster, node) for node in cluster.nodes)
 
 
+def test_a_link_in_place_of_the_job_directories_fails_the_start_and_leads_nowhere(cluster,
+                                                                                  victim):
+    # The launcher's node makes mpi-jobs/<job id> as the user's uid while the sshds come
+    # up. A's mpi-jobs replaced beforehand by a link to a directory anyone may write on
+    # the node (its /tmp) must fail A's start with the reason, and nothing may be made
+    # there: the node never follows a link in a user's tree.
+    home = f"{STORAGE}/{ATTACKER}"
+    escape = "/tmp/dmpi-escape"
+    cluster.exec("node1", ["sh", "-c", f"rm -rf {escape} && mkdir -m 1777 {escape}"])
+    cluster.as_user(ATTACKER, ["sh", "-c", f"mkdir -p {home}/mpi-jobs && "
+                               f"mv {home}/mpi-jobs {home}/mpi-jobs.real && "
+                               f"ln -s {escape} {home}/mpi-jobs"])
+    try:
+        code, job = launch(cluster, ATTACKER, "hostname", nodes="node1", walltime="60s")
+        assert code == 1 and job["state"] == "failed", job
+        assert job["reason"].startswith("could not start") and "mpi-jobs" in job["reason"], job
+        assert [h["state"] for h in job["history"]] == ["queued", "starting", "failed"]
+        _, made = cluster.exec("node1", ["find", escape, "-mindepth", "1"])
+        assert made.strip() == ""
+    finally:
+        cluster.as_user(ATTACKER, ["sh", "-c", f"rm -f {home}/mpi-jobs && "
+                                   f"mv {home}/mpi-jobs.real {home}/mpi-jobs"])
+        cluster.exec("node1", ["rm", "-rf", escape])
+    code, job = launch(cluster, ATTACKER, "hostname", nodes="node1")
+    assert code == 0 and job["state"] == "succeeded", job
+
+
 def test_a_fifo_and_a_1100_link_chain_do_not_hang_or_silence_the_node(cluster, victim):
     attack = (
         'd="$DMPI_JOB_DIR"; mkfifo "$d/status.json.tmp" "$d/status.json"; '
