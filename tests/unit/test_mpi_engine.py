@@ -126,6 +126,14 @@ def _settle(engine):
     engine.pool = engine_module.ThreadPoolExecutor(max_workers=8)
 
 
+def _started(store, clock, engine, **kwargs):
+    """Submit a job, tell the engine and let it start it; returns the job id."""
+    job_id = _submit(store, clock, **kwargs)
+    engine.job_requested(job_id)
+    _settle(engine)
+    return job_id
+
+
 def _wait_while_queued(store, job_id, timeout=10):
     """Wait for a worker thread of the engine to start the job (or give up)."""
     deadline = time.monotonic() + timeout
@@ -157,9 +165,7 @@ def _running_report(clock, job_id, **job):
 
 def test_a_queued_job_is_placed_started_and_running(world):
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     record = store.get(job_id)
     assert record["state"] == "running" and record["placement"] == {"node1": 2, "node2": 2}
     assert transport.funs() == ["mpi_job.start_worker"]  # one publish starts the job
@@ -174,9 +180,7 @@ def test_a_queued_job_is_placed_started_and_running(world):
 
 def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     clock.now += 2
     engine.node_report("node1", _running_report(clock, job_id, launcher_exit_code=0))
     record = store.get(job_id)
@@ -194,9 +198,7 @@ def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
     # next job must not be placed on those slots before then.
     store, transport, clock, engine = world
     release = _hold_cleanups(transport)
-    first = _submit(store, clock, np=6)
-    engine.job_requested(first)
-    _settle(engine)
+    first = _started(store, clock, engine, np=6)
     second = _submit(store, clock, np=2)
     engine.job_requested(second)
     clock.now += 2
@@ -215,9 +217,7 @@ def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
 def test_a_succeeded_jobs_slots_are_free_before_its_clean_up(world):
     store, transport, clock, engine = world
     release = _hold_cleanups(transport)
-    first = _submit(store, clock, np=6)
-    engine.job_requested(first)
-    _settle(engine)
+    first = _started(store, clock, engine, np=6)
     second = _submit(store, clock, np=6)
     engine.job_requested(second)
     clock.now += 2
@@ -233,9 +233,7 @@ def test_an_ended_job_is_never_seen_without_its_timings(world):
     # mpi.wait returns as soon as it reads a final state: the timings must be in the
     # same write (a launch once returned a failed job with no mpirun time).
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=2)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=2)
     reader = store_module.open_store(store.path)
     seen = []
     transition = store.transition
@@ -259,9 +257,7 @@ def test_reports_during_a_jobs_clean_up_do_not_ask_for_a_second_one(world):
     # double the work of every job on the nodes.
     store, transport, clock, engine = world
     release = _hold_cleanups(transport)
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     clock.now += 2
     ended = _running_report(clock, job_id, launcher_exit_code=0,
                             containers={"worker": "running", "launcher": "exited"})
@@ -284,9 +280,8 @@ def test_slots_being_cleaned_up_are_reserved_for_the_head_of_the_queue(world):
     # idle node that the head of the queue needs as soon as the clean-up is done.
     store, transport, clock, engine = world
     release = _hold_cleanups(transport)
-    blocker = _submit(store, clock, np=4, spec=dict(_spec(), candidates=["node1", "node2"]))
-    engine.job_requested(blocker)
-    _settle(engine)
+    blocker = _started(store, clock, engine, np=4,
+                       spec=dict(_spec(), candidates=["node1", "node2"]))
     head = _submit(store, clock, np=6)
     long_ = _submit(store, clock, np=2, walltime=600)
     engine.job_requested(long_)
@@ -337,9 +332,7 @@ def test_reports_taken_while_the_job_came_up_do_not_fail_it(world):
 def test_a_failed_start_is_recorded_once_and_the_queue_goes_on(world):
     store, transport, clock, engine = world
     transport.failing["mpi_job.start_worker"] = "node2: cannot start the worker"
-    first = _submit(store, clock, np=4)
-    engine.job_requested(first)
-    _settle(engine)
+    first = _started(store, clock, engine, np=4)
     record = store.get(first)
     assert record["state"] == "failed"
     assert record["reason"] == "could not start: node2: cannot start the worker"
@@ -386,9 +379,7 @@ def _probes_done(engine):
 
 def test_a_silent_node_ends_its_jobs_after_the_node_timeout(world):
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     _seconds(engine, clock, rules.NODE_TIMEOUT)
     assert store.get(job_id)["state"] == "running"
     _seconds(engine, clock, 2)
@@ -401,9 +392,7 @@ def test_a_silent_node_whose_host_answers_keeps_its_job_for_the_grace(world):
     # are fine. The job is kept (and says so) and goes on when the node reports again.
     store, transport, clock, engine = world
     transport.hosts_up = {"10.0.0.11"}  # node2's host (host_addresses: node2 -> .11)
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     _seconds(engine, clock, 30)
     record = store.get(job_id)
     assert record["state"] == "running"
@@ -427,9 +416,7 @@ def test_a_silent_node_whose_host_answers_is_lost_when_the_grace_runs_out(world)
     store.set_meta("site", {"config": dict(CONFIG, engine={"silent_grace": 20,
                                                             "probe_port": 2222}),
                             "read": clock.now})
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     _seconds(engine, clock, 20)
     assert store.get(job_id)["state"] == "running"
     _seconds(engine, clock, 2)
@@ -441,9 +428,7 @@ def test_a_silent_node_whose_host_answers_is_lost_when_the_grace_runs_out(world)
 def test_a_silent_node_whose_host_stops_answering_is_lost_at_once(world):
     store, transport, clock, engine = world
     transport.hosts_up = {"10.0.0.11"}
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     _seconds(engine, clock, 15)
     assert store.get(job_id)["state"] == "running"
     transport.hosts_up = set()  # the host goes down during the silence
@@ -455,9 +440,7 @@ def test_a_silent_node_whose_host_stops_answering_is_lost_at_once(world):
 def test_a_silent_node_a_peer_cannot_reach_is_lost_even_if_its_host_answers(world):
     store, transport, clock, engine = world
     transport.hosts_up = {"10.0.0.11"}
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     node2 = store.get(job_id)["job_addresses"]["node2"]
     for _ in range(rules.NODE_TIMEOUT + 2):
         clock.now += 1
@@ -471,9 +454,7 @@ def test_a_silent_node_a_peer_cannot_reach_is_lost_even_if_its_host_answers(worl
 
 def test_after_a_restart_a_node_not_heard_again_is_lost_only_after_the_grace(world):
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     _seconds(engine, clock, 2, heard=NODES)
     engine.tick()  # flushes what the engine knows of the nodes to the store
     clock.now += 10  # the master is down for 10 s, then a new engine starts
@@ -490,9 +471,7 @@ def test_after_a_restart_a_node_not_heard_again_is_lost_only_after_the_grace(wor
 
 def test_a_stalled_engine_gives_nodes_a_grace_before_judging_silence(world):
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     _seconds(engine, clock, rules.RESTART_GRACE + 1, heard=NODES)
     clock.now += 30  # nothing was read for 30 s
     engine.tick()
@@ -503,9 +482,7 @@ def test_a_stalled_engine_gives_nodes_a_grace_before_judging_silence(world):
 
 def test_a_heartbeat_with_another_fingerprint_makes_the_evidence_unusable(world):
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     clock.now += 2
     engine.node_report("node2", dict(_running_report(clock, job_id), jobs={}))  # gone
     assert store.get(job_id)["state"] == "failed"
@@ -569,9 +546,7 @@ def test_addresses_go_round_skip_taken_ones_and_run_out():
 
 def test_addresses_of_uncleaned_containers_are_held_until_their_node_reports_them_gone(world):
     store, transport, clock, engine = world
-    job_id = _submit(store, clock, np=4)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=4)
     addresses = store.get(job_id)["job_addresses"]
     transport.failing["mpi_job.cleanup"] = "node1, node2: no answer"
     clock.now += 2
@@ -581,9 +556,7 @@ def test_addresses_of_uncleaned_containers_are_held_until_their_node_reports_the
     held = store.get_meta("address_holds")
     assert set(held) == set(addresses.values())
     # while held, no new job gets them
-    other = _submit(store, clock, np=2)
-    engine.job_requested(other)
-    _settle(engine)
+    other = _started(store, clock, engine, np=2)
     assert not set(store.get(other)["job_addresses"].values()) & set(held)
     engine.node_report("node1", {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d2"})
     assert set(store.get_meta("address_holds")) == {addresses["node2"]}
@@ -610,9 +583,7 @@ def test_minion_returns_sorts_answers_failures_and_silence():
 
 def test_a_drained_node_takes_no_new_job_running_ones_go_on_and_resume_brings_it_back(world):
     store, transport, clock, engine = world
-    running = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node2"]))
-    engine.job_requested(running)
-    _settle(engine)
+    running = _started(store, clock, engine, np=2, spec=dict(_spec(), candidates=["node2"]))
     store.drain("node2", "disk swap", by="root")
     engine.drains_changed()
     queued = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node2"]))
@@ -636,9 +607,7 @@ def test_drains_survive_an_engine_restart(world):
     store.drain("node1", "kernel update")
     engine.pool.shutdown(wait=True)
     engine = engine_module.new_engine(store, transport, LIB, clock)
-    job_id = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node1"]))
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=2, spec=dict(_spec(), candidates=["node1"]))
     assert store.get(job_id)["state"] == "queued"
 
 
@@ -694,9 +663,7 @@ def test_a_missing_image_is_pulled_on_the_nodes_a_job_could_use_before_it_starts
 def test_a_node_without_health_evidence_takes_no_job(world):
     store, transport, clock, engine = world
     engine.nodes["node3"].pop("health")
-    job_id = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node3"]))
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=2, spec=dict(_spec(), candidates=["node3"]))
     assert store.get_meta("waiting")[job_id] == "node3 unhealthy: no health report yet"
 
 
@@ -707,7 +674,5 @@ def test_a_restarted_engine_knows_the_nodes_health_from_the_store(world):
     clock.now += 1
     engine.pool.shutdown(wait=True)
     engine = engine_module.new_engine(store, transport, LIB, clock)
-    job_id = _submit(store, clock, np=2)
-    engine.job_requested(job_id)
-    _settle(engine)
+    job_id = _started(store, clock, engine, np=2)
     assert store.get(job_id)["state"] == "running"
