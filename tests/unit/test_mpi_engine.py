@@ -487,8 +487,13 @@ def test_a_heartbeat_with_another_fingerprint_makes_the_evidence_unusable(world)
     engine.node_report("node2", dict(_running_report(clock, job_id), jobs={}))  # gone
     assert store.get(job_id)["state"] == "failed"
     other = _submit(store, clock, np=4)
+    # The failed job's slots are free once its clean-up returned; the next pass places
+    # the other job and its start thread ends before anything else is looked at.
     engine.tick()
     _settle(engine)
+    engine.tick()
+    _settle(engine)
+    assert store.get(other)["state"] == "running"
     clock.now += 2
     engine.heartbeat("node1", "something-else")
     assert engine.nodes["node1"]["usable"] is False
