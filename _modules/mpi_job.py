@@ -536,10 +536,10 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         (:func:`start_launcher`) before it returns.
 
     Returns ``{"container": name, "sshd_ready_seconds": float, "phases": {...}}``, and
-    on the launcher's node also ``launcher`` (its container name) and
-    ``peers_ready_seconds``. There ``sshd_ready_seconds`` is when every sshd of the job
-    was proven; ``phases`` says when each step ended (seconds from the call: prepare,
-    container, firewall, sshd, launcher).
+    on the launcher's node also ``launcher`` (its container name); there
+    ``sshd_ready_seconds`` is when every sshd of the job was proven. ``phases`` says
+    when each step ended (seconds from the call: prepare, container, firewall, sshd,
+    launcher).
 
     CLI Example:
 
@@ -610,8 +610,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     _start_launcher(job_id, launcher_container)
     phases["launcher"] = time.monotonic() - started
     return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
-            "peers_ready_seconds": phases["sshd"], "launcher": launcher_container.name,
-            "phases": phases}
+            "launcher": launcher_container.name, "phases": phases}
 
 
 def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
