@@ -529,11 +529,13 @@ class TestCluster:
         """Create (or start) a systemd host container on the cluster network."""
         try:
             container = self.docker.containers.get(name)
+        except docker.errors.NotFound:
+            container = None
+        if container is not None:
+            self._check_same_checkout(container, mounts)
             if container.status != "running":
                 container.start()
             return container, False
-        except docker.errors.NotFound:
-            pass
         container = self.docker.containers.create(
             image,
             name=name,
@@ -552,6 +554,19 @@ class TestCluster:
             self.docker.networks.get(network).connect(container, ipv4_address=extra_address)
         container.start()
         return container, True
+
+    @staticmethod
+    def _check_same_checkout(container, mounts):
+        """An existing host container must mount this checkout's folders: one built from
+        another checkout (or one since deleted) would serve that tree's states and modules."""
+        wanted = {spec["bind"]: source for source, spec in mounts.items() if source.startswith("/")}
+        have = {m["Destination"]: m["Source"] for m in container.attrs.get("Mounts", [])}
+        other = sorted(have[dest] for dest, source in wanted.items()
+                       if dest in have and have[dest] != source)
+        if other:
+            raise ClusterError(
+                f"{container.name} was built from another checkout (it mounts {other[0]}, "
+                f"not {REPO}): run `tests/cluster/dmpi-cluster down` first, or use that checkout")
 
     def wait_for_systemd(self, host, timeout=60):
         deadline = time.monotonic() + timeout
