@@ -89,6 +89,13 @@ LABEL_JOB = "io.dockermpi.job"
 LABEL_ROLE = "io.dockermpi.role"
 LABEL_USER = "io.dockermpi.user"
 
+#: Network namespaces a node keeps made ahead of jobs (``mpi:job_network:standby``): at
+#: most this many, each held by a container named ``dmpi-standby-<hex>`` with the role
+#: label ``standby`` until a job start takes it (and renames it ``dmpi-<job id>-netns``).
+MAX_STANDBY_NAMESPACES = 16
+STANDBY_ROLE = "standby"
+STANDBY_PREFIX = "dmpi-standby-"
+
 #: Values of the ``roles`` grain: a node that runs jobs, the host exporting NFS storage.
 NODE_ROLE = "mpi-node"
 NFS_SERVER_ROLE = "mpi-nfs-server"
@@ -150,7 +157,7 @@ _KEYS = {
     "storage:nfs": ("server", "export", "mount_options"),
     "retention": ("job_records_days", "job_dirs_days"),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries"),
-    "job_network": ("name", "addresses", "parent"),
+    "job_network": ("name", "addresses", "parent", "standby"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
     "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_ca",
             "authenticator", "admin_users", "admin_token", "dummy", "github", "pip",
@@ -202,7 +209,8 @@ def contract():
              "IMAGE_REFERENCE_RE", "DATA_MOUNT", "USERS_SUBDIR", "JOBS_SUBDIR", "RUN_DIR",
              "DEFAULT_JOB_ROOT", "QUEUED", "ACTIVE", "FINAL", "STATES", "JOB_EVENT_TAG",
              "CONTAINER_ROLES", "CONTAINER_NAME", "LABEL_JOB", "LABEL_ROLE", "LABEL_USER",
-             "NODE_ROLE", "NFS_SERVER_ROLE", "PORT_MIN", "PORT_MAX", "STORAGE_TYPES")
+             "MAX_STANDBY_NAMESPACES", "STANDBY_ROLE", "STANDBY_PREFIX", "NODE_ROLE", "NFS_SERVER_ROLE", "PORT_MIN", "PORT_MAX",
+             "STORAGE_TYPES")
     return {name: globals()[name] for name in names}
 
 
@@ -728,6 +736,8 @@ class _Checker:
         self.text("job_network", "parent", pattern=_INTERFACE_RE, allow_empty=True,
                   what="an interface name (at most 15 letters, digits, '_', '.', '-'; "
                        "'' for the one holding the node's cluster address)")
+        self.whole("job_network", "standby", minimum=0, maximum=MAX_STANDBY_NAMESPACES,
+                   note=" (network namespaces a node keeps made ahead of jobs)")
         addresses = job_network.get("addresses", _MISSING)
         if addresses is _MISSING:
             return

@@ -493,6 +493,15 @@ CASES = [
     ({"job_network": {"name": "-jobs"}},
      "mpi:job_network:name '-jobs' is not a Docker network name (letters, digits, '_', "
      "'.', '-', starting with a letter or digit, at most 64)"),
+    ({"job_network": {"standby": 17}},
+     "mpi:job_network:standby must be a whole number from 0 to 16 (network namespaces a "
+     "node keeps made ahead of jobs), got 17"),
+    ({"job_network": {"standby": "2"}},
+     "mpi:job_network:standby must be a whole number from 0 to 16 (network namespaces a "
+     "node keeps made ahead of jobs), got '2'"),
+    ({"job_network": {"standby": True}},
+     "mpi:job_network:standby must be a whole number from 0 to 16 (network namespaces a "
+     "node keeps made ahead of jobs), got True"),
     ({"job_network": {"parent": "eth0/1"}},
      "mpi:job_network:parent 'eth0/1' is not an interface name (at most 15 letters, "
      "digits, '_', '.', '-'; '' for the one holding the node's cluster address)"),
