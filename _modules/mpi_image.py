@@ -234,7 +234,8 @@ def unapproved(approved):
     found = []
     users = {}
     for container in client.containers.list(all=True, sparse=False):
-        users.setdefault(container.attrs.get("Image"), []).append(container.name)
+        if not _is_standby_spare(container):  # removed with the image (remove())
+            users.setdefault(container.attrs.get("Image"), []).append(container.name)
     for reference in _ledger():
         if reference in approved:
             continue
@@ -243,6 +244,13 @@ def unapproved(approved):
                       "id": image and image.id,
                       "containers": sorted(users.get(image.id, [])) if image else []})
     return found
+
+
+def _is_standby_spare(container):
+    contract = __utils__["mpi_config.contract"]()
+    labels = container.attrs.get("Config", {}).get("Labels") or {}
+    return (labels.get(contract["LABEL_ROLE"]) == contract["STANDBY_ROLE"]
+            and container.name.startswith(contract["STANDBY_PREFIX"]))
 
 
 def remove(reference):
@@ -258,6 +266,16 @@ def remove(reference):
     """
     parse_reference(reference)
     client = _client()
+    image = _local_image(client, reference)
+    if image is not None:
+        # Spare network namespaces (mpi_job.standby) run the image of the last job;
+        # they are idle and the next clean-up makes new ones.
+        for container in client.containers.list(all=True, sparse=False):
+            if _is_standby_spare(container) and container.attrs.get("Image") == image.id:
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
     try:
         client.images.remove(reference, force=False)
         removed, reason = True, None

@@ -9,11 +9,13 @@ local disk:
 - :func:`start_worker` writes the job's secrets to node-local disk (readable only by the
   job's uid), starts the job's worker container in a network namespace of its own (an
   address on the job network, a firewall that admits only the job's own peers) and
-  waits until its sshd answers with the job's host key.
+  waits until its sshd answers with the job's host key. The namespace is one made
+  ahead (a standby) when the node has one: making it is the slowest step of a start.
 - :func:`start_launcher` starts the container that runs ``mpirun`` on the first node, in
   the worker's network namespace.
 - :func:`cleanup` writes the status file, then removes every container and secret of a
-  job. It is idempotent.
+  job. It is idempotent. It then makes the network namespaces the node keeps ready for
+  the next jobs (:func:`standby`), off every job's start.
 - :func:`jobs` lists what of which job is on this node.
 - :func:`report` is the node's evidence about every job on it (containers, launcher
   exit and the failing rank, limits hit, Docker engine, reachability of the job's other
@@ -40,12 +42,15 @@ directories cannot lead the node anywhere else (and NFS root_squash is no obstac
 """
 
 import concurrent.futures
+import contextlib
 import contextvars
+import fcntl
 import ipaddress
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
@@ -108,6 +113,17 @@ ENGINE_RESTART_GRACE = 30
 # When this process (the mpi_node engine keeps this module loaded) first saw the Docker
 # engine not answering; None while it answers.
 _ENGINE_OUTAGE = {"since": None}
+# Network namespaces made ahead of jobs: containers that only hold one (running `sleep`
+# as nobody), on a node-local internal network until a job start takes one, renames it
+# to NETNS_NAME and gives it the job's address.
+ROLE_STANDBY = "standby"  # mpi_config's STANDBY_ROLE
+STANDBY_NETWORK = "dmpi-standby"
+STANDBY_PREFIX = "dmpi-standby-"  # mpi_config's STANDBY_PREFIX
+NETNS_NAME = "dmpi-{job_id}-netns"
+_NETNS_RE = re.compile(r"^dmpi-([0-9]{8}-[0-9]{6}-[0-9a-f]{6})-netns\Z")
+# Taking and trimming spares, one at a time (in /run: only root may make files there).
+STANDBY_LOCK = "/run/dockermpi-standby.lock"
+STANDBY_LIMITS = {"mem_limit": 32 << 20, "pids_limit": 8, "nano_cpus": 100_000_000}
 
 
 def __virtual__():
@@ -451,6 +467,139 @@ def _close_namespace(job_id, pid, allowed_sources, sshd_port):
             raise CommandExecutionError(f"cannot set the firewall of job {job_id}: {err.strip()}")
 
 
+# ------------------------------------------------------- standby network namespaces
+
+
+def _standby_network(client):
+    """The node-local network standby namespaces wait on, made when missing: internal
+    (no route anywhere) and without traffic between its members."""
+    try:
+        return client.networks.get(STANDBY_NETWORK)
+    except docker.errors.NotFound:
+        pass
+    try:
+        return client.networks.create(
+            STANDBY_NETWORK, driver="bridge", internal=True,
+            options={"com.docker.network.bridge.enable_icc": "false"},
+            labels={LABEL_ROLE: ROLE_STANDBY})
+    except docker.errors.APIError:
+        # Another call made it meanwhile; anything else raises from get().
+        return client.networks.get(STANDBY_NETWORK)
+
+
+def _standby_spares(client):
+    """The standby namespaces not yet taken by a job (any state)."""
+    return [c for c in client.containers.list(
+        all=True, filters={"label": f"{LABEL_ROLE}={ROLE_STANDBY}"}, ignore_removed=True)
+        if c.name.startswith(STANDBY_PREFIX)]
+
+
+def _check_standby_count(count):
+    most = __utils__["mpi_config.contract"]()["MAX_STANDBY_NAMESPACES"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= most:
+        raise SaltInvocationError(
+            f"the standby count must be a whole number from 0 to {most}, got {count!r}")
+
+
+@contextlib.contextmanager
+def _standby_lock():
+    """Serialize taking and trimming spares between this node's Salt jobs."""
+    fd = os.open(STANDBY_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _take_standby(client, job_id, network, address):
+    """A standby namespace made the job's (renamed to NETNS_NAME, on the job network at
+    ``address``, off the standby network), or None when this node has none ready (the
+    caller then makes the namespace with the worker, as it takes longer)."""
+    name = NETNS_NAME.format(job_id=job_id)
+    with _standby_lock():
+        try:
+            spares = [c for c in _standby_spares(client) if c.status == "running"]
+            if not spares:
+                return None
+            spares[0].rename(name)
+        except docker.errors.APIError as exc:
+            log.warning("job %s: cannot take a standby namespace: %s", job_id, exc)
+            return None
+        holder = spares[0]
+    try:
+        client.api.connect_container_to_network(holder.id, network, ipv4_address=address)
+        client.api.disconnect_container_from_network(holder.id, STANDBY_NETWORK)
+    except docker.errors.APIError as exc:
+        log.warning("job %s: cannot move standby namespace %s to the job network: %s",
+                    job_id, name, exc)
+        with contextlib.suppress(docker.errors.APIError):
+            holder.remove(force=True)
+        return None
+    return holder
+
+
+def standby(image, count):
+    """
+    Keep ``count`` network namespaces made ahead of jobs on this node, each held by a
+    container that runs ``sleep`` as nobody (no capabilities, read-only, tiny limits)
+    on the node-local internal network ``dmpi-standby``, which reaches nothing. A job
+    start takes one (:func:`start_worker`): making a namespace is the slowest step of
+    a container's start. Spares beyond ``count``, or not running, are removed.
+
+    image
+        An image present on the node with ``sleep`` in it (the clean-up passes the
+        image its job ran).
+    count
+        How many to keep, 0 to 16 (``mpi:job_network:standby``); 0 removes them all.
+
+    Returns ``{"made": [names], "removed": [names], "ready": n}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.standby 10.0.0.10:5000/mpi@sha256:0123...cdef 2
+    """
+    _check_standby_count(count)
+    if not isinstance(image, str) or not image or image.startswith("-"):
+        raise SaltInvocationError(f"invalid image {image!r}")
+    return _keep_standby(image, count)
+
+
+def _keep_standby(image, count):
+    client = _client()
+    removed = []
+    with _standby_lock():
+        running = 0
+        for spare in _standby_spares(client):
+            if spare.status == "running" and running < count:
+                running += 1
+                continue
+            with contextlib.suppress(docker.errors.NotFound):
+                spare.remove(force=True)
+                removed.append(spare.name)
+    made = []
+    if running < count:
+        network = _standby_network(client)
+    # Made outside the lock: a start may take a spare meanwhile.
+    for _ in range(count - running):
+        name = STANDBY_PREFIX + secrets.token_hex(4)
+        try:
+            client.containers.run(
+                image, entrypoint=["sleep", "infinity"], name=name, detach=True,
+                labels={LABEL_ROLE: ROLE_STANDBY}, hostname=__opts__["id"],
+                network=network.name, sysctls={"net.ipv6.conf.all.disable_ipv6": "1"},
+                user="65534:65534", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                read_only=True, init=True, **STANDBY_LIMITS)
+        except docker.errors.APIError as exc:
+            with contextlib.suppress(docker.errors.APIError):
+                client.containers.get(name).remove(force=True)
+            raise CommandExecutionError(f"cannot make a standby namespace: {exc}") from exc
+        made.append(name)
+    return {"made": made, "removed": removed, "ready": running + len(made)}
+
+
 def _host_key_blob(known_hosts):
     words = known_hosts.split()
     if len(words) < 3:
@@ -571,20 +720,30 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
                                  os.path.join(users_root, user), secret_dir, limits)
     client = _client()
     phases = {"prepare": time.monotonic() - started}
+    holder = _take_standby(client, job_id, network, address)
+    phases["namespace"] = time.monotonic() - started
+    sshd_argv = ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"]
     try:
-        container = client.containers.run(
-            image, ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"],
-            network=network,
-            networking_config={network: client.api.create_endpoint_config(ipv4_address=address)},
-            sysctls={"net.ipv6.conf.all.disable_ipv6": "1"},
-            # Ranks name their node as users know it (the launcher shares this).
-            hostname=__opts__["id"],
-            **options,
-        )
+        if holder is not None:
+            # The standby's namespace: its address, and the node's name as hostname.
+            container = client.containers.run(image, sshd_argv,
+                                              network_mode=f"container:{holder.id}", **options)
+        else:
+            container = client.containers.run(
+                image, sshd_argv, network=network,
+                networking_config={
+                    network: client.api.create_endpoint_config(ipv4_address=address)},
+                sysctls={"net.ipv6.conf.all.disable_ipv6": "1"},
+                # Ranks name their node as users know it (the launcher shares this).
+                hostname=__opts__["id"],
+                **options,
+            )
         container.reload()
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the worker of job {job_id}: {exc}") from exc
     phases["container"] = time.monotonic() - started
+    netns = holder.id if holder is not None else options["name"]
+    namespace = "standby" if holder is not None else "own"
     pid = container.attrs["State"]["Pid"]
     _close_namespace(job_id, pid, allowed_sources, sshd_port)
     phases["firewall"] = time.monotonic() - started
@@ -593,7 +752,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         _wait_for_sshd(job_id, container, pid, [address], sshd_port, blob, deadline)
         phases["sshd"] = time.monotonic() - started
         return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
-                "phases": phases}
+                "namespace": namespace, "phases": phases}
     # The launcher's node starts mpirun itself once every sshd of the job, its own
     # included, proves it is the job's: one publish starts the whole job. The job
     # directory and the launcher container are made while the sshds come up.
@@ -602,7 +761,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         prepared = pool.submit(contextvars.copy_context().run, _create_launcher, job_id, image,
                                user, uid, gid, storage_path, job_root, launcher["argv"],
                                launcher.get("environment"), launcher.get("limits"),
-                               launcher.get("status"))
+                               launcher.get("status"), netns)
         _wait_for_sshd(job_id, container, pid, sorted(set(addresses.values())), sshd_port,
                        blob, deadline)
         launcher_container = prepared.result()
@@ -610,7 +769,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     _start_launcher(job_id, launcher_container)
     phases["launcher"] = time.monotonic() - started
     return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
-            "launcher": launcher_container.name, "phases": phases}
+            "launcher": launcher_container.name, "namespace": namespace, "phases": phases}
 
 
 def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
@@ -636,16 +795,24 @@ def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
         salt node1 mpi_job.start_launcher <job_id> <image> alice 100000 100000 \\
             /srv/dockermpi /var/lib/dockermpi/jobs '[mpirun, ...]'
     """
+    netns = NETNS_NAME.format(job_id=job_id)
+    try:
+        _client().containers.get(netns)
+    except docker.errors.NotFound:
+        netns = f"dmpi-{job_id}-worker"
+    except docker.errors.APIError as exc:
+        raise CommandExecutionError(f"cannot start the launcher of job {job_id}: {exc}") from exc
     container = _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
-                                 environment, limits, status)
+                                 environment, limits, status, netns)
     _start_launcher(job_id, container)
     return {"container": container.name}
 
 
 def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
-                     environment, limits, status):
-    """The job directory (as the user's uid), the launcher container, created, not
-    started, and ``status.json`` (when ``status`` is given) saying the job runs."""
+                     environment, limits, status, netns):
+    """The job directory (as the user's uid), the launcher container in the network
+    namespace of container ``netns`` (the worker's), created, not started, and
+    ``status.json`` (when ``status`` is given) saying the job runs."""
     _check_job_id(job_id)
     _check_user(user)
     uid, gid = _check_ids(uid, gid)
@@ -662,7 +829,7 @@ def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv
     options.pop("detach")
     try:
         container = _client().containers.create(
-            image, argv, network_mode=f"container:dmpi-{job_id}-worker", **options)
+            image, argv, network_mode=f"container:{netns}", **options)
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the launcher of job {job_id}: {exc}") from exc
     if status is not None:
@@ -678,9 +845,11 @@ def _start_launcher(job_id, container):
 
 
 def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, user=None,
-            uid=None, gid=None):
+            uid=None, gid=None, standby=0):
     """
-    Remove every container and secret of a job from this node; idempotent.
+    Remove every container and secret of a job from this node; idempotent. Then, with
+    ``standby``, make the network namespaces the node keeps ready (:func:`standby`,
+    from the job's image); a failure there is logged, never the clean-up's.
 
     job_id, job_root
         As for :func:`start_worker`.
@@ -690,8 +859,12 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
     status_node
         Only the node with this id writes ``status``: one call serves all of a job's
         nodes, and the shared file is written once.
+    standby
+        How many network namespaces this node keeps made ahead of jobs
+        (``mpi:job_network:standby``); 0 leaves them as they are.
 
-    Returns ``{"removed": [container names], "secrets_removed": bool}``.
+    Returns ``{"removed": [container names], "secrets_removed": bool}``, and
+    ``standby`` (what :func:`standby` did) when it ran.
 
     CLI Example:
 
@@ -700,16 +873,23 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
         salt '*' mpi_job.cleanup <job_id> /var/lib/dockermpi/jobs
     """
     _check_job_id(job_id)
+    _check_standby_count(standby)
     if status is not None and status_node in (None, __opts__["id"]):
         try:
             write_status(job_id, storage_path, user, uid, gid, status)
         except (CommandExecutionError, SaltInvocationError) as exc:
             log.error("job %s: cannot write status.json: %s", job_id, exc)
-    removed = []
+    removed, image = [], None
     client = _client()
     # (another clean-up of the same job may remove a container while it is listed)
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"},
-                                            ignore_removed=True):
+    containers = client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"},
+                                        ignore_removed=True)
+    # The namespace's holder last: the job's containers are in its namespace.
+    containers += client.containers.list(
+        all=True, filters={"name": NETNS_NAME.format(job_id=job_id)}, ignore_removed=True)
+    for container in containers:
+        if container.name == f"dmpi-{job_id}-worker":
+            image = (container.attrs or {}).get("Image")
         try:
             container.remove(force=True)
             removed.append(container.name)
@@ -724,7 +904,13 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
     shutil.rmtree(secret_dir, ignore_errors=True)
     if os.path.exists(secret_dir):
         raise CommandExecutionError(f"cannot remove {secret_dir}")
-    return {"removed": sorted(removed), "secrets_removed": had_secrets}
+    result = {"removed": sorted(removed), "secrets_removed": had_secrets}
+    if standby and image:
+        try:
+            result["standby"] = _keep_standby(image, standby)
+        except (CommandExecutionError, SaltInvocationError) as exc:
+            log.error("cannot keep %s standby network namespaces: %s", standby, exc)
+    return result
 
 
 def write_status(job_id, storage_path, user, uid, gid, status):
@@ -787,10 +973,13 @@ def jobs(job_root="/var/lib/dockermpi/jobs"):
         salt '*' mpi_job.jobs
     """
     found = {}
-    for container in _client().containers.list(all=True, filters={"label": LABEL_JOB},
+    for container in _client().containers.list(all=True, filters={"label": LABEL_ROLE},
                                                ignore_removed=True):
-        job = found.setdefault(container.labels[LABEL_JOB], {"containers": {}, "secrets": False})
-        job["containers"][container.name] = container.status
+        taken = _NETNS_RE.match(container.name or "")
+        job_id = taken.group(1) if taken else container.labels.get(LABEL_JOB)
+        if job_id:
+            job = found.setdefault(job_id, {"containers": {}, "secrets": False})
+            job["containers"][container.name] = container.status
     if os.path.isdir(job_root):
         for name in os.listdir(job_root):
             found.setdefault(name, {"containers": {}, "secrets": False})["secrets"] = True
@@ -965,8 +1154,10 @@ def _engine_jobs(engine_timeout):
     limits hit."""
     client = docker.from_env(timeout=engine_timeout)
     try:
+        # Every container this module makes has a role: the jobs' and the standby
+        # namespaces (a job's once a start took it and named it after the job).
         containers = client.containers.list(
-            all=True, filters={"label": LABEL_JOB}, ignore_removed=True
+            all=True, filters={"label": LABEL_ROLE}, ignore_removed=True
         )
     finally:
         client.close()
@@ -974,7 +1165,12 @@ def _engine_jobs(engine_timeout):
     for container in containers:
         labels = container.labels or {}
         job_id, role = labels.get(LABEL_JOB), labels.get(LABEL_ROLE)
-        if not _JOB_ID_RE.match(job_id or "") or role not in ("worker", "launcher"):
+        if role == ROLE_STANDBY:
+            taken = _NETNS_RE.match(container.name or "")
+            if not taken:
+                continue  # a spare: no job's yet
+            job_id, role = taken.group(1), "netns"
+        elif not _JOB_ID_RE.match(job_id or "") or role not in ("worker", "launcher"):
             log.warning("ignoring container %s with labels %s", container.name, labels)
             continue
         job = found.setdefault(job_id, _empty_job())
@@ -983,10 +1179,12 @@ def _engine_jobs(engine_timeout):
             job["user"] = user
         job["containers"][role] = container.status
         attrs = container.attrs or {}
-        if role == "worker":
+        if role in ("worker", "netns"):
+            # The namespace's owner holds the address (the worker's own, or the standby's).
             networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
-            job["address"] = next((n.get("IPAddress") for n in networks.values()
-                                   if n.get("IPAddress")), None)
+            job["address"] = job["address"] or next(
+                (n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), None)
+        if role == "worker":
             config_user = (attrs.get("Config") or {}).get("User") or ""
             job["uid"] = config_user.split(":")[0] or None
             job["gid"] = config_user.split(":")[1] if ":" in config_user else None
@@ -1004,7 +1202,7 @@ def _empty_job():
         "uid": None,
         "gid": None,
         "address": None,
-        "containers": {"worker": None, "launcher": None},
+        "containers": {"worker": None, "launcher": None, "netns": None},
         "launcher_exit_code": None,
         "failure": None,
         "limits_hit": [],
@@ -1046,7 +1244,8 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
         {"engine": "ok" or the error text when the Docker engine cannot be reached,
          "jobs": {job_id: {"user": str or None,
                            "containers": {"worker": status or None,
-                                          "launcher": status or None},
+                                          "launcher": status or None,
+                                          "netns": status or None},
                            "launcher_exit_code": int or None,
                            "failure": which rank failed (from stderr) or None,
                            "limits_hit": ["memory", "pids"] (those the job ran into),

@@ -551,6 +551,7 @@ class JobEngine:
                         status=public(dict(record, closed=True)), status_node=reachable[0],
                         storage_path=config["storage"]["path"], user=record["user"],
                         uid=record.get("uid"), gid=record.get("uid"),
+                        standby=config["job_network"].get("standby", 0),
                     ))
                 except Exception as exc:  # pylint: disable=broad-except
                     answered = list(getattr(exc, "answered", []))
@@ -906,10 +907,14 @@ class JobEngine:
             self.store.set_meta("address_holds", self.address_holds)
 
     def _release_addresses(self, node, jobs):
-        """A node that reports no worker of a job any more frees that job's addresses."""
+        """A node that reports neither a worker nor a namespace holder of a job any more
+        frees that job's addresses."""
+        def holds(job_id):
+            containers = (jobs.get(job_id) or {}).get("containers") or {}
+            return containers.get("worker") or containers.get("netns")
+
         gone = [a for a, h in self.address_holds.items()
-                if h["node"] == node
-                and not ((jobs.get(h["job_id"]) or {}).get("containers") or {}).get("worker")]
+                if h["node"] == node and not holds(h["job_id"])]
         if gone:
             for address in gone:
                 self.address_holds.pop(address, None)

@@ -137,6 +137,10 @@ def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster
         cluster._highstate([node])
         assert _has_image(cluster, node, reference)
         cluster.exec(node, ["docker", "rm", "retired-user"])
+        # The node's ready network namespaces run the image of the last job: they are no
+        # user of it and go with it.
+        for count in ("0", "2"):
+            cluster.salt(["salt", node, "mpi_job.standby", reference, count])
         _, dry = cluster.salt_json(["salt", node, "state.apply", "dockermpi.images.absent",
                                     "test=True"])
         planned = _absent_state(dry[node])
@@ -145,6 +149,9 @@ def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster
         cluster._highstate([node])
         assert not _has_image(cluster, node, reference)
         assert reference not in _ledger(cluster, node)
+        _, spares = cluster.exec(node, ["docker", "ps", "-aq", "--filter",
+                                        "label=io.dockermpi.role=standby"])
+        assert spares.split() == []
         for approved_ref in pillar["mpi"]["images"].values():  # the approved ones stay
             assert _has_image(cluster, node, approved_ref)
     finally:

@@ -283,6 +283,66 @@ def test_another_users_job_cannot_squat_ports_or_reach_a_jobs_endpoints(cluster,
     run(cluster, "mpi.cancel", job_id=a_job)
 
 
+def _spares(cluster, node):
+    """The standby namespaces a node keeps ready: {name: its standby-network address}."""
+    _, names = cluster.exec(node, ["docker", "ps", "-a", "--filter", "label=io.dockermpi.role=standby",
+                                   "--format", "{{.Names}}"])
+    found = {}
+    for name in names.split():
+        _, raw = cluster.exec(node, ["docker", "inspect", name])
+        networks = json.loads(raw)[0]["NetworkSettings"]["Networks"]
+        found[name] = {net: n["IPAddress"] for net, n in networks.items()}
+    return found
+
+
+def test_a_job_in_a_standby_namespace_has_only_its_own_address_and_leaves_none(cluster, victim):
+    # A job's clean-up leaves the node its standby namespaces (2 in the test pillar).
+    code, warm = launch(cluster, VICTIM, "hostname", nodes="node1")
+    assert code == 0, warm
+    wait_for(cluster, warm["job_id"], ("succeeded",))
+    spares = _spares(cluster, "node1")
+    assert len(spares) == 2 and all(list(n) == ["dmpi-standby"] for n in spares.values()), spares
+    # A's job takes one; from inside it looks for any way to the standby network (where
+    # the other spare, and B's next namespace, wait): an interface or a route.
+    _, subnet = cluster.exec("node1", ["docker", "network", "inspect", "dmpi-standby", "--format",
+                                       "{{range .IPAM.Config}}{{.Subnet}}{{end}}"])
+    probe = "ip -o -4 addr show | awk '{print $2, $4}'; hostname; ip -4 route; sleep 120"
+    a_job = submit(cluster, ATTACKER, shell(probe), nodes="node1")
+    a = wait_for(cluster, a_job, ("running",))
+    deadline = time.monotonic() + 30
+    while "default" not in (out := cluster.read_shared(a["output"]["stdout"])):
+        assert time.monotonic() < deadline, out
+        time.sleep(0.5)
+    lines = out.split("\n")
+    addresses = {line.split()[1] for line in lines if line.count(" ") == 1 and "/" in line}
+    assert addresses == {"127.0.0.1/8", f"{a['job_addresses']['node1']}/24"}, out
+    assert "node1" in lines
+    network = subnet.strip().split("/")[0].rsplit(".", 2)[0]  # e.g. 172.20
+    assert network and network not in out, out
+    taken = f"dmpi-{a_job}-netns"
+    _, raw = cluster.exec("node1", ["docker", "inspect", taken])
+    holder = json.loads(raw)[0]
+    assert list(holder["NetworkSettings"]["Networks"]) == ["dmpi-jobs"]
+    assert holder["Config"]["User"] == "65534:65534" and holder["HostConfig"]["CapDrop"] == ["ALL"]
+    assert holder["HostConfig"]["ReadonlyRootfs"] is True and holder["Mounts"] == []
+    # B's job on the same node meanwhile gets a namespace and an address of its own.
+    code, b = launch(cluster, VICTIM, shell("ip -o -4 addr show | awk '{print $4}'"),
+                     nodes="node1")
+    assert code == 0, b
+    b_out = cluster.read_shared(b["output"]["stdout"]).split()
+    assert set(b_out) == {"127.0.0.1/8", f"{b['job_addresses']['node1']}/24"}
+    assert b["job_addresses"]["node1"] != a["job_addresses"]["node1"]
+    run(cluster, "mpi.cancel", job_id=a_job)
+    wait_for(cluster, a_job, ("cancelled",))
+    # A's namespace went with A's job; the node keeps its spares.
+    code, _ = cluster.exec("node1", ["docker", "inspect", taken], check=False)
+    assert code != 0
+    deadline = time.monotonic() + 20
+    while len(_spares(cluster, "node1")) != 2:
+        assert time.monotonic() < deadline, _spares(cluster, "node1")
+        time.sleep(0.5)
+
+
 # ----------------------------------------------------------------------------- arguments
 
 

@@ -30,7 +30,7 @@ def _utils():
 LIB = _utils()
 CONFIG = {
     "cluster_network": "10.0.0.0/16", "job_root": "/var/lib/dockermpi/jobs",
-    "job_network": {"name": "dmpi-jobs", "addresses": "10.0.1.128/29"},
+    "job_network": {"name": "dmpi-jobs", "addresses": "10.0.1.128/29", "standby": 2},
     "ports": {"sshd": [20000, 20000], "oob": [20100, 20299], "btl": [20300, 20999]},
     "storage": {"path": "/srv/dockermpi"}, "slots_per_node": 2,
     "limits": {"memory_per_slot_mb": 512, "pids_per_slot": 128, "cpus_per_slot": 1,
@@ -563,8 +563,23 @@ def test_addresses_of_uncleaned_containers_are_held_until_their_node_reports_the
     # while held, no new job gets them
     other = _started(store, clock, engine, np=2)
     assert not set(store.get(other)["job_addresses"].values()) & set(held)
-    engine.node_report("node1", {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d2"})
+    # The worker is gone, the standby namespace that holds its address is not yet.
+    holder_only = {"containers": {"worker": None, "launcher": None, "netns": "running"}}
+    engine.node_report("node1", {"engine": "ok", "jobs": {job_id: holder_only},
+                                 "time": clock.now, "digest": "d2"})
+    assert set(store.get_meta("address_holds")) == set(addresses.values())
+    engine.node_report("node1", {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d3"})
     assert set(store.get_meta("address_holds")) == {addresses["node2"]}
+
+
+def test_a_clean_up_keeps_the_sites_standby_namespaces(world):
+    store, transport, clock, engine = world
+    job_id = _started(store, clock, engine, np=2)
+    clock.now += 2
+    engine.node_report("node1", _running_report(clock, job_id, launcher_exit_code=0))
+    _settle(engine)
+    cleanups = [c for c in transport.calls if c[0] == "mpi_job.cleanup"]
+    assert cleanups and cleanups[0][2]["standby"] == 2
 
 
 def test_minion_returns_sorts_answers_failures_and_silence():

@@ -117,6 +117,19 @@ def _container(job_id, role, status, exit_code=0, user=USER, address=OWN):
     return container
 
 
+def _holder(name, address=None):
+    """A standby namespace's holder: a spare, or one a job start took (renamed)."""
+    container = MagicMock()
+    container.name = name
+    container.labels = {mpi_job.LABEL_ROLE: "standby"}
+    container.status = "running"
+    container.attrs = {"State": {"Status": "running", "ExitCode": 0, "Pid": 0},
+                       "Config": {"User": "65534:65534"},
+                       "NetworkSettings": {"Networks": {"dmpi-jobs": {"IPAddress": address}}
+                                           if address else {}}}
+    return container
+
+
 def _engine(*containers):
     client = MagicMock()
     client.containers.list.return_value = list(containers)
@@ -182,7 +195,7 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
         "uid": str(UID),
         "gid": str(UID),
         "address": OWN,
-        "containers": {"worker": "running", "launcher": "running"},
+        "containers": {"worker": "running", "launcher": "running", "netns": None},
         "launcher_exit_code": None,
         "failure": None,
         "limits_hit": [],
@@ -200,8 +213,33 @@ def test_peers_are_not_probed_once_no_container_runs(storage, job_root, listener
     _secrets(job_root, JOB, [OWN, "127.0.0.2"], listeners.port)
     with _engine(_container(JOB, "worker", "exited", 137)):
         ret = mpi_job.report(str(storage), str(job_root))
-    assert ret["jobs"][JOB]["containers"] == {"worker": "exited", "launcher": None}
+    assert ret["jobs"][JOB]["containers"] == {"worker": "exited", "launcher": None, "netns": None}
     assert ret["jobs"][JOB]["peers"] == {}
+
+
+def test_a_job_in_a_standby_namespace_has_the_holders_address_and_spares_are_no_jobs(
+        storage, job_root, listeners, caplog):
+    listeners.listen("127.0.0.2")
+    _secrets(job_root, JOB, [OWN, "127.0.0.2"], listeners.port)
+    # A worker in another container's namespace has no network settings of its own.
+    worker = _container(JOB, "worker", "running", address=None)
+    worker.attrs["NetworkSettings"] = {"Networks": {}}
+    with _engine(worker, _holder(f"dmpi-{JOB}-netns", OWN), _holder("dmpi-standby-0a1b2c3d"),
+                 _holder("dmpi-standby-junk-netns")):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert set(ret["jobs"]) == {JOB}
+    job = ret["jobs"][JOB]
+    assert job["containers"] == {"worker": "running", "launcher": None, "netns": "running"}
+    assert job["address"] == OWN and job["uid"] == str(UID)
+    assert job["peers"] == {"127.0.0.2": True}
+    assert "ignoring container" not in caplog.text
+
+
+def test_a_taken_namespace_outliving_its_job_is_reported_for_the_clean_up(storage, job_root):
+    with _engine(_holder(f"dmpi-{JOB}-netns", OWN)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["containers"] == {"worker": None, "launcher": None,
+                                              "netns": "running"}
 
 
 def test_exited_launcher_reports_exit_code_and_failed_rank(storage, job_root):
@@ -256,7 +294,7 @@ def test_engine_down_reports_the_error_and_jobs_from_secrets_only(storage, job_r
             "uid": None,
             "gid": None,
             "address": None,
-            "containers": {"worker": None, "launcher": None},
+            "containers": {"worker": None, "launcher": None, "netns": None},
             "launcher_exit_code": None,
             "failure": None,
             "limits_hit": [],
@@ -330,7 +368,7 @@ def test_jobs_are_merged_from_containers_and_secret_dirs_and_junk_is_ignored(sto
     assert set(ret["jobs"]) == {JOB, OTHER_JOB}
     assert ret["jobs"][JOB]["secrets"] is False
     assert ret["jobs"][OTHER_JOB]["secrets"] is True
-    assert ret["jobs"][OTHER_JOB]["containers"] == {"worker": None, "launcher": None}
+    assert ret["jobs"][OTHER_JOB]["containers"] == {"worker": None, "launcher": None, "netns": None}
 
 
 def test_a_report_never_raises_on_what_the_job_wrote(storage, job_root, tmp_path):
@@ -530,3 +568,12 @@ def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, 
         assert mpi_job.health(str(storage))["storage"] == "ok"
     assert written == [str(storage / ".dockermpi-health" / ".dockermpi-health-node1")]
     assert os.listdir(storage / ".dockermpi-health") == []
+
+
+def test_the_node_module_names_what_the_contract_names():
+    contract = load_extension("_utils/mpi_config.py", "mpi_config_for_report").contract()
+    for name in ("LABEL_JOB", "LABEL_ROLE", "LABEL_USER", "RUN_DIR", "DATA_MOUNT",
+                 "JOBS_SUBDIR", "STANDBY_PREFIX"):
+        assert getattr(mpi_job, name) == contract[name], name
+    assert mpi_job.ROLE_STANDBY == contract["STANDBY_ROLE"]
+    assert mpi_job._JOB_ID_RE.pattern == contract["JOB_ID_RE"].pattern
