@@ -43,6 +43,13 @@ salt-api
 overhead = launch - plain (medians), for salt-run, the in-master API and salt-api.
 Aims: under 1 s at 3 nodes through the API, and less than 25 % growth from 1 to 3 nodes.
 
+Each timed launch starts once the previous job is ``closed`` (its clean-up done): the
+figure is the launch path of a user's job on an idle cluster; a clean-up, which follows
+a result, is on no launch path. ``--back-to-back`` starts each launch as soon as the
+previous returned, so it shares the machine with that job's clean-up (the figures
+before the standby namespaces were taken that way; throughput.py measures the cost of
+clean-ups).
+
 Run as root on the machine that runs the test cluster, from the repository root, holding
 the cluster lock::
 
@@ -395,6 +402,18 @@ class SaltApiLauncher:
         self.cluster.stop_notebook(self.user)
 
 
+def wait_closed(session, job_id, timeout=60):
+    """Until the job's clean-up is done (``closed`` in ``mpi.status``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _, job = session.call("mpi.status", job_id=job_id)
+        if isinstance(job, dict) and job.get("closed"):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"job {job_id} was not closed {timeout}s after its result: {job}")
+        time.sleep(0.1)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per side and node count")
@@ -405,6 +424,9 @@ def main(argv=None):
     # option is still accepted so existing command lines keep working.
     parser.add_argument("--oob-slot", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
+    parser.add_argument("--back-to-back", action="store_true",
+                        help="start each launch as soon as the previous returned, not once "
+                             "its clean-up is done")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.nodes.split(",")]
     if args.repeat < 1 or not all(1 <= c <= len(NODES) for c in counts):
@@ -429,16 +451,24 @@ def main(argv=None):
             launcher.once(nodes)
             api.once(nodes)
             salt_api.once(nodes)
+
+            def idle(last):
+                if not args.back_to_back:
+                    wait_closed(api.session, last)
+
             for i in range(args.repeat):
+                idle(salt_api.job_ids[-1])
                 seconds, t, job_id = launcher.once(nodes)
                 launch_s.append(seconds)
                 timings.append(t)
                 log(f"{count} node(s) launch {i + 1}/{args.repeat}: {seconds:.2f}s {job_id} {t}")
                 if "mpirun" not in t:
                     incomplete.append(job_id)
+                idle(job_id)
                 seconds, t, job_id = api.once(nodes)
                 api_s.append(seconds)
                 log(f"{count} node(s) api {i + 1}/{args.repeat}: {seconds:.2f}s {job_id} {t}")
+                idle(job_id)
                 seconds, t, job_id = salt_api.once(nodes)
                 salt_api_s.append(seconds)
                 log(f"{count} node(s) salt-api {i + 1}/{args.repeat}: {seconds:.2f}s {job_id}")
