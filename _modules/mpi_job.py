@@ -567,6 +567,22 @@ def standby(image, count):
     return _keep_standby(image, count)
 
 
+def standby_status():
+    """
+    The standby network namespaces on this node (:func:`standby`): ``{"ready": n,
+    "not_running": m}``, spares that run and spares that do not (a stopped engine's).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.standby_status
+    """
+    spares = _standby_spares(_client())
+    ready = sum(1 for spare in spares if spare.status == "running")
+    return {"ready": ready, "not_running": len(spares) - ready}
+
+
 def _keep_standby(image, count):
     client = _client()
     removed = []

@@ -339,6 +339,17 @@ def test_images_rendered_with_digest_reference(nfs_high):
     assert img["reference"] == NFS_PILLAR["images"]["openmpi"]
 
 
+def test_standby_namespaces_from_the_first_approved_image_after_images(nfs_high):
+    standby = _args(nfs_high, "mpi-node-standby-namespaces", "mpi_standby.present")
+    assert (standby["name"], standby["count"]) == ("openmpi", 2)
+    assert standby["image"] == NFS_PILLAR["images"]["openmpi"]
+    assert {"sls": "dockermpi.images"} in standby["require"]
+
+
+def test_no_standby_namespaces_without_an_approved_image(preshared_high):
+    assert "mpi-node-standby-namespaces" not in preshared_high
+
+
 def test_guest_user(preshared_high):
     user = _args(preshared_high, "mpi-guest-user-user-present", "user.present")
     assert (user["name"], user["uid"], user["gid"]) == ("mpiguest", 2000, 2000)

@@ -1,3 +1,4 @@
 include:
   - .jobs
   - .engine
+  - .standby
