@@ -149,8 +149,10 @@ def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster
         cluster._highstate([node])
         assert not _has_image(cluster, node, reference)
         assert reference not in _ledger(cluster, node)
+        # (the highstate made new ones, from an approved image)
         _, spares = cluster.exec(node, ["docker", "ps", "-aq", "--filter",
-                                        "label=io.dockermpi.role=standby"])
+                                        "label=io.dockermpi.role=standby", "--filter",
+                                        f"ancestor={reference}"])
         assert spares.split() == []
         for approved_ref in pillar["mpi"]["images"].values():  # the approved ones stay
             assert _has_image(cluster, node, approved_ref)
@@ -190,8 +192,9 @@ def test_retention_removes_old_records_and_job_dirs_and_nothing_else(cluster):
     cluster.as_user(owner, ["sh", "-c",
                             f"mkdir -p {jobs}/20200101-000000-aaaaaa {jobs}/20200101-000000-cccccc"
                             f" && echo x > {jobs}/20200101-000000-aaaaaa/stdout"
-                            f" && ln -s {users}/{victim}/keep.txt {jobs}/20200101-000000-cccccc/l"
-                            f" && ln -s {users}/{victim} {jobs}/20200101-000000-bbbbbb"
+                            f" && ln -sfn {users}/{victim}/keep.txt {jobs}/20200101-000000-cccccc/l"
+                            # -n: an earlier run on this cluster left this link in place
+                            f" && ln -sfn {users}/{victim} {jobs}/20200101-000000-bbbbbb"
                             f" && touch -h -d 2020-01-02 {jobs}/20200101-000000-*"
                             f" {jobs}/20200101-000000-*/*"])
     try:
