@@ -494,6 +494,26 @@ def _standby_spares(client):
         if c.name.startswith(STANDBY_PREFIX)]
 
 
+def _job_of(container):
+    """(job id, role) of one of this module's containers: a taken standby namespace is
+    its job's ``netns`` (by the name the start gave it), a spare belongs to no job
+    (``(None, "standby")``); workers and launchers carry their job and role as labels.
+    The role is None for a label this module never sets."""
+    labels = container.labels or {}
+    role = labels.get(LABEL_ROLE)
+    if role == ROLE_STANDBY:
+        taken = _NETNS_RE.match(container.name or "")
+        return (taken.group(1), "netns") if taken else (None, ROLE_STANDBY)
+    return labels.get(LABEL_JOB), role if role in ("worker", "launcher") else None
+
+
+def _namespace_options():
+    """What a job's network namespace gets wherever it is made (with the worker, or
+    ahead as a standby): the node's name as hostname, as users know it (the ranks
+    share it), and no IPv6."""
+    return {"hostname": __opts__["id"], "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1"}}
+
+
 def _check_standby_count(count):
     most = __utils__["mpi_config.contract"]()["MAX_STANDBY_NAMESPACES"]
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= most:
@@ -604,10 +624,9 @@ def _keep_standby(image, count):
         try:
             client.containers.run(
                 image, entrypoint=["sleep", "infinity"], name=name, detach=True,
-                labels={LABEL_ROLE: ROLE_STANDBY}, hostname=__opts__["id"],
-                network=network.name, sysctls={"net.ipv6.conf.all.disable_ipv6": "1"},
+                labels={LABEL_ROLE: ROLE_STANDBY}, network=network.name,
                 user="65534:65534", cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                read_only=True, init=True, **STANDBY_LIMITS)
+                read_only=True, init=True, **_namespace_options(), **STANDBY_LIMITS)
         except docker.errors.APIError as exc:
             with contextlib.suppress(docker.errors.APIError):
                 client.containers.get(name).remove(force=True)
@@ -741,7 +760,6 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     sshd_argv = ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"]
     try:
         if holder is not None:
-            # The standby's namespace: its address, and the node's name as hostname.
             container = client.containers.run(image, sshd_argv,
                                               network_mode=f"container:{holder.id}", **options)
         else:
@@ -749,10 +767,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
                 image, sshd_argv, network=network,
                 networking_config={
                     network: client.api.create_endpoint_config(ipv4_address=address)},
-                sysctls={"net.ipv6.conf.all.disable_ipv6": "1"},
-                # Ranks name their node as users know it (the launcher shares this).
-                hostname=__opts__["id"],
-                **options,
+                **_namespace_options(), **options,
             )
         container.reload()
     except docker.errors.APIError as exc:
@@ -991,8 +1006,7 @@ def jobs(job_root="/var/lib/dockermpi/jobs"):
     found = {}
     for container in _client().containers.list(all=True, filters={"label": LABEL_ROLE},
                                                ignore_removed=True):
-        taken = _NETNS_RE.match(container.name or "")
-        job_id = taken.group(1) if taken else container.labels.get(LABEL_JOB)
+        job_id, _ = _job_of(container)
         if job_id:
             job = found.setdefault(job_id, {"containers": {}, "secrets": False})
             job["containers"][container.name] = container.status
@@ -1180,13 +1194,10 @@ def _engine_jobs(engine_timeout):
     found = {}
     for container in containers:
         labels = container.labels or {}
-        job_id, role = labels.get(LABEL_JOB), labels.get(LABEL_ROLE)
+        job_id, role = _job_of(container)
         if role == ROLE_STANDBY:
-            taken = _NETNS_RE.match(container.name or "")
-            if not taken:
-                continue  # a spare: no job's yet
-            job_id, role = taken.group(1), "netns"
-        elif not _JOB_ID_RE.match(job_id or "") or role not in ("worker", "launcher"):
+            continue  # a spare: no job's yet
+        if role is None or not _JOB_ID_RE.match(job_id or ""):
             log.warning("ignoring container %s with labels %s", container.name, labels)
             continue
         job = found.setdefault(job_id, _empty_job())

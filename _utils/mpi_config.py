@@ -209,8 +209,8 @@ def contract():
              "IMAGE_REFERENCE_RE", "DATA_MOUNT", "USERS_SUBDIR", "JOBS_SUBDIR", "RUN_DIR",
              "DEFAULT_JOB_ROOT", "QUEUED", "ACTIVE", "FINAL", "STATES", "JOB_EVENT_TAG",
              "CONTAINER_ROLES", "CONTAINER_NAME", "LABEL_JOB", "LABEL_ROLE", "LABEL_USER",
-             "MAX_STANDBY_NAMESPACES", "STANDBY_ROLE", "STANDBY_PREFIX", "NODE_ROLE", "NFS_SERVER_ROLE", "PORT_MIN", "PORT_MAX",
-             "STORAGE_TYPES")
+             "MAX_STANDBY_NAMESPACES", "STANDBY_ROLE", "STANDBY_PREFIX", "NODE_ROLE",
+             "NFS_SERVER_ROLE", "PORT_MIN", "PORT_MAX", "STORAGE_TYPES")
     return {name: globals()[name] for name in names}
 
 
