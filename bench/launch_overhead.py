@@ -441,6 +441,12 @@ def main(argv=None):
     launcher = Launcher(args.user)
     api = salt_api = None
     rows, failure, incomplete = [], None, []
+
+    def idle(last):
+        """Let the job before the next timed launch close, unless --back-to-back."""
+        if not args.back_to_back:
+            wait_closed(api.session, last)
+
     try:
         api = ApiLauncher(args.user)
         salt_api = SaltApiLauncher(args.user)
@@ -451,11 +457,6 @@ def main(argv=None):
             launcher.once(nodes)
             api.once(nodes)
             salt_api.once(nodes)
-
-            def idle(last):
-                if not args.back_to_back:
-                    wait_closed(api.session, last)
-
             for i in range(args.repeat):
                 idle(salt_api.job_ids[-1])
                 seconds, t, job_id = launcher.once(nodes)
