@@ -248,16 +248,29 @@ def test_another_users_job_cannot_squat_ports_or_reach_a_jobs_endpoints(cluster,
         "    except OSError:\n"
         "        pass\n"
         "mine = set(os.environ['DMPI_ADDRESSES'].split(','))\n"
+        "import selectors, time\n"
         "found = []\n"
-        "for last in range(129, 255):\n"
-        "    address = f'10.251.1.{last}'\n"
-        "    if address in mine: continue\n"
-        "    for port in (20000, 20100, 20101, 20300):\n"
-        "        c = socket.socket(); c.settimeout(0.05)\n"
-        "        if c.connect_ex((address, port)) == 0: found.append([address, port])\n"
-        "        c.close()\n"
-        "print(json.dumps({'held': len(held), 'found': found}), flush=True)\n"
-        "import time; time.sleep(120)\n"
+        "# A's own sshds first: they must answer, or the scan proves nothing.\n"
+        "targets = [(address, 20000) for address in sorted(mine)] + [\n"
+        "    (f'10.251.1.{last}', port) for port in (20000, 20100, 20101, 20300)\n"
+        "    for last in range(129, 255) if f'10.251.1.{last}' not in mine]\n"
+        "# Up to 125 at once, a second for each batch to answer.\n"
+        "for batch in range(0, len(targets), 125):\n"
+        "    sel = selectors.DefaultSelector()\n"
+        "    for target in targets[batch:batch + 125]:\n"
+        "        c = socket.socket(); c.setblocking(False); c.connect_ex(target)\n"
+        "        sel.register(c, selectors.EVENT_WRITE, target)\n"
+        "    deadline = time.monotonic() + 1\n"
+        "    while sel.get_map() and (left := deadline - time.monotonic()) > 0:\n"
+        "        for key, _ in sel.select(left):\n"
+        "            if key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:\n"
+        "                found.append(list(key.data))\n"
+        "            sel.unregister(key.fileobj); key.fileobj.close()\n"
+        "    for key in list(sel.get_map().values()): key.fileobj.close()\n"
+        "own = [f for f in found if f[0] in mine]\n"
+        "found = [f for f in found if f[0] not in mine]\n"
+        "print(json.dumps({'held': len(held), 'found': found, 'own': own}), flush=True)\n"
+        "time.sleep(120)\n"
     )
     a_job = submit(cluster, ATTACKER, ["python3", "-c", squat_and_scan], np=2,
                    nodes="node1,node2", slots_per_node=1)
@@ -270,6 +283,7 @@ def test_another_users_job_cannot_squat_ports_or_reach_a_jobs_endpoints(cluster,
     # A really holds the ports: all but its own sshd's and, beside the launcher, the
     # 200 out-of-band ports its own mpirun listens on.
     assert len(results) == 2 and all(r["held"] > 750 for r in results), results
+    assert all(len(r["own"]) == 2 for r in results), f"the scan reaches nothing: {results}"
     assert all(r["found"] == [] for r in results), f"A reached another job: {results}"
     assert wait_for(cluster, b_job, ("running",))["state"] == "running"
     assert b["job_addresses"]["node1"] != a["job_addresses"]["node1"]
