@@ -1,10 +1,23 @@
-"""Shared fixtures: the real test cluster (tests/cluster), brought up once per session."""
+"""Shared fixtures: the real test cluster (tests/cluster), brought up once per session.
+
+A session that needs a fresh cluster starts building it as soon as its tests are
+collected, in a child process logging to ``CLUSTER_BUILD_LOG``; the unit and functional
+tests (first in ``testpaths``) run meanwhile and the first integration test waits for it.
+"""
 
 import os
+import subprocess
+import sys
+import tempfile
+import threading
 
 import pytest
 
 from tests.cluster.testcluster import TestCluster
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER_BUILD_LOG = os.path.join(tempfile.gettempdir(), "dmpi-cluster-build.log")
+_build = {}
 
 
 def pytest_addoption(parser):
@@ -17,15 +30,53 @@ def pytest_addoption(parser):
     )
 
 
+def _test_cluster():
+    return TestCluster(nodes=int(os.environ.get("DMPI_NODES", "3")))
+
+
+def _rebuild_cluster(nodes):
+    """``dmpi-cluster down`` then ``up`` (the tool's own code), output to the log."""
+    with open(CLUSTER_BUILD_LOG, "w", encoding="utf-8") as log:
+        for command in ("down", "up"):
+            done = subprocess.run([sys.executable, "-m", "tests.cluster", "--nodes", str(nodes),
+                                   command], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, check=False)
+            if done.returncode != 0:
+                _build["error"] = f"dmpi-cluster {command} exited {done.returncode}"
+                return
+
+
+def _start_cluster_build(config):
+    if _build:
+        return
+    if config.getoption("--reuse-cluster") and _test_cluster().is_up():
+        _build["reuse"] = True
+        return
+    thread = threading.Thread(target=_rebuild_cluster, args=(_test_cluster().node_count,),
+                              name="cluster-build", daemon=True)
+    _build["thread"] = thread
+    thread.start()
+
+
+def pytest_collection_finish(session):
+    if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_cluster_build(session.config)
+
+
 @pytest.fixture(scope="session")
 def cluster(request):
     """The running test cluster; integration tests only."""
-    testcluster = TestCluster(nodes=int(os.environ.get("DMPI_NODES", "3")))
-    if request.config.getoption("--reuse-cluster") and testcluster.is_up():
+    testcluster = _test_cluster()
+    _start_cluster_build(request.config)
+    if _build.get("reuse"):
         testcluster.sync_and_highstate()
-    else:
-        testcluster.down()
-        testcluster.up()
+        return testcluster
+    _build["thread"].join()
+    if "error" in _build:
+        with open(CLUSTER_BUILD_LOG, encoding="utf-8", errors="replace") as log:
+            tail = log.read()[-4000:]
+        pytest.fail(f"the test cluster was not built ({_build['error']}); the end of "
+                    f"{CLUSTER_BUILD_LOG}:\n{tail}", pytrace=False)
     return testcluster
 
 
