@@ -534,8 +534,9 @@ def _standby_lock():
 
 def _take_standby(client, job_id, network, address):
     """A standby namespace made the job's (renamed to NETNS_NAME, on the job network at
-    ``address``, off the standby network), or None when this node has none ready (the
-    caller then makes the namespace with the worker, as it takes longer)."""
+    ``address``; :func:`_seal_standby` takes it off the standby network), or None when
+    this node has none ready (the caller then makes the namespace with the worker, as
+    it takes longer)."""
     name = NETNS_NAME.format(job_id=job_id)
     with _standby_lock():
         try:
@@ -549,7 +550,6 @@ def _take_standby(client, job_id, network, address):
         holder = spares[0]
     try:
         client.api.connect_container_to_network(holder.id, network, ipv4_address=address)
-        client.api.disconnect_container_from_network(holder.id, STANDBY_NETWORK)
     except docker.errors.APIError as exc:
         log.warning("job %s: cannot move standby namespace %s to the job network: %s",
                     job_id, name, exc)
@@ -557,6 +557,17 @@ def _take_standby(client, job_id, network, address):
             holder.remove(force=True)
         return None
     return holder
+
+
+def _seal_standby(client, job_id, holder, allowed_sources, sshd_port):
+    """A taken standby namespace off the standby network and behind the job's firewall;
+    done before the worker starts in it, so nothing of the job ever runs without both."""
+    try:
+        client.api.disconnect_container_from_network(holder.id, STANDBY_NETWORK)
+    except docker.errors.APIError as exc:
+        raise CommandExecutionError(
+            f"cannot take the namespace of job {job_id} off the standby network: {exc}") from exc
+    _close_namespace(job_id, holder.attrs["State"]["Pid"], allowed_sources, sshd_port)
 
 
 def standby(image, count):
@@ -719,11 +730,12 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         address in ``addresses`` answer with the job's host key, starts the launcher
         (:func:`start_launcher`) before it returns.
 
-    Returns ``{"container": name, "sshd_ready_seconds": float, "phases": {...}}``, and
-    on the launcher's node also ``launcher`` (its container name); there
-    ``sshd_ready_seconds`` is when every sshd of the job was proven. ``phases`` says
-    when each step ended (seconds from the call: prepare, container, firewall, sshd,
-    launcher).
+    Returns ``{"container": name, "sshd_ready_seconds": float, "namespace": "standby"
+    or "own", "phases": {...}}``, and on the launcher's node also ``launcher`` (its
+    container name); there ``sshd_ready_seconds`` is when every sshd of the job was
+    proven. ``phases`` says when each step ended (seconds from the call: prepare,
+    namespace, container, firewall, sshd, launcher). In a standby namespace the
+    firewall is in place before the worker starts; in its own, just after.
 
     CLI Example:
 
@@ -760,8 +772,17 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     sshd_argv = ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"]
     try:
         if holder is not None:
-            container = client.containers.run(image, sshd_argv,
-                                              network_mode=f"container:{holder.id}", **options)
+            # The namespace is sealed while the worker is created, and before it starts.
+            options.pop("detach")
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                sealed = pool.submit(contextvars.copy_context().run, _seal_standby, client,
+                                     job_id, holder, allowed_sources, sshd_port)
+                container = client.containers.create(
+                    image, sshd_argv, network_mode=f"container:{holder.id}", **options)
+                sealed.result()
+            phases["firewall"] = time.monotonic() - started
+            container.start()
+            pid = holder.attrs["State"]["Pid"]
         else:
             container = client.containers.run(
                 image, sshd_argv, network=network,
@@ -769,15 +790,16 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
                     network: client.api.create_endpoint_config(ipv4_address=address)},
                 **_namespace_options(), **options,
             )
-        container.reload()
+            container.reload()
+            pid = container.attrs["State"]["Pid"]
     except docker.errors.APIError as exc:
         raise CommandExecutionError(f"cannot start the worker of job {job_id}: {exc}") from exc
     phases["container"] = time.monotonic() - started
     netns = holder.id if holder is not None else options["name"]
     namespace = "standby" if holder is not None else "own"
-    pid = container.attrs["State"]["Pid"]
-    _close_namespace(job_id, pid, allowed_sources, sshd_port)
-    phases["firewall"] = time.monotonic() - started
+    if holder is None:
+        _close_namespace(job_id, pid, allowed_sources, sshd_port)
+        phases["firewall"] = time.monotonic() - started
     deadline = time.monotonic() + ready_timeout
     if not starts_launcher:
         _wait_for_sshd(job_id, container, pid, [address], sshd_port, blob, deadline)
