@@ -187,7 +187,7 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
              listeners.port)
     with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "running")):
         started = time.monotonic()
-        ret = mpi_job.report(str(storage), str(job_root), probe_timeout=0.4)
+        ret = mpi_job.report(str(storage), str(job_root), probe_timeout=1.0)
         took = time.monotonic() - started
     assert ret["engine"] == "ok"
     assert ret["jobs"][JOB] == {
@@ -203,8 +203,9 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
         "peers": {"127.0.0.2": True, "127.0.0.3": False, "127.0.0.4": False,
                   "127.0.0.5": False},
     }
-    # Two dropped peers cost one probe_timeout, not two.
-    assert took < 0.75
+    # Two dropped peers cost one probe_timeout, not two (one after the other would take
+    # 2 s; the margin is for a machine busy with other work).
+    assert took < 1.9
     assert abs(ret["time"] - time.time()) < 5
 
 
