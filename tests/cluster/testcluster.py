@@ -20,6 +20,8 @@ and the MPI and notebook images pushed to the registry on the master host.
 """
 
 import concurrent.futures
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -436,7 +438,21 @@ class TestCluster:
         return MASTER_ADDR if host == "master" else node_address(int(host.removeprefix("node")))
 
     # --- images -------------------------------------------------------------------
+    @staticmethod
+    @contextlib.contextmanager
+    def _building():
+        """One image build at a time on this host (the test cluster's build and the
+        Vagrant test's may run at once): a second builder of a tag finds it built."""
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with open(CACHE / ".image-build.lock", "w", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def ensure_base_image(self):
+        with self._building():
+            self._ensure_base_image()
+
+    def _ensure_base_image(self):
         try:
             self.docker.images.get(BASE_IMAGE)
             return
@@ -464,6 +480,10 @@ class TestCluster:
     def build_image(self, name, context_dir, extra=None, buildargs=None):
         """Build context_dir (plus extra {name: path}) as name:<content hash>, once.
         buildargs (besides BASE) are part of the hash: a new parent image is a new tag."""
+        with self._building():
+            return self._build_image(name, context_dir, extra, buildargs)
+
+    def _build_image(self, name, context_dir, extra, buildargs):
         extra = extra or {}
         buildargs = {"BASE": BASE_IMAGE, **(buildargs or {})}
         tag = f"{name}:{tree_digest(context_dir)}"
