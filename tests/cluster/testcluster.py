@@ -51,6 +51,7 @@ SITE_NET = ("dmpi-site", "10.251.2.0/24", "10.251.2.1")
 MASTER = "dmpi-master"
 MASTER_ADDR = "10.251.1.2"
 REGISTRY = f"{MASTER_ADDR}:5000"
+MINION_REPAIR_AFTER = 45  # seconds; minions answer within 20 s of a (re)start here
 REGISTRY_HOST_PORT = int(os.environ.get("DMPI_REGISTRY_PORT", "15000"))
 SHARED_VOLUME = "dmpi-shared"
 SHARED_PATH = "/srv/dockermpi"
@@ -693,6 +694,11 @@ class TestCluster:
                 raise ClusterError(f"minions never asked for key acceptance: {sorted(pending)}")
             if pending:
                 time.sleep(1)
+        # A salt-master whose worker failed to load its modules at start (Salt logs
+        # "worker will be non-functional"; seen once here, a race in Salt's loader)
+        # never recovers by itself: restart it once when the minions stay silent.
+        repair_at = time.monotonic() + MINION_REPAIR_AFTER
+        repaired = False
         while True:
             try:
                 _, answers = self.salt_json(["salt", "-L", ",".join(self.minions),
@@ -702,6 +708,12 @@ class TestCluster:
             missing = [n for n in self.minions if answers.get(n) is not True]
             if not missing:
                 return
+            if not repaired and time.monotonic() > repair_at:
+                step(f"minions {missing} not answering after {MINION_REPAIR_AFTER}s; "
+                     "restarting salt-master once")
+                self.exec("master", ["systemctl", "restart", "salt-master"])
+                repaired = True
+                deadline = max(deadline, time.monotonic() + 60)
             if time.monotonic() > deadline:
                 raise ClusterError(f"minions not answering: {missing}")
             time.sleep(1)

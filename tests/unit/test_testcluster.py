@@ -35,3 +35,55 @@ def test_a_host_built_from_another_checkout_is_refused_with_the_fix():
     message = str(raised.value)
     assert "dmpi-master" in message and "/old/checkout/salt" in message
     assert "dmpi-cluster down" in message and str(testcluster.REPO) in message
+
+
+class SilentMaster:
+    """The cluster tool's view of a master whose minions answer only once it was
+    restarted (after ``answers_after_restart`` more looks), on a fake clock."""
+
+    def __init__(self, answers_after_restart):
+        self.now = 0.0
+        self.restarts = 0
+        self.looks_left = answers_after_restart
+        self.cluster = object.__new__(testcluster.TestCluster)
+        self.cluster.node_count = 1
+        self.cluster.salt_json = self.salt_json
+        self.cluster.salt = lambda argv, **kwargs: (0, "")
+        self.cluster.exec = self.exec
+
+    def salt_json(self, argv):
+        self.now += 5  # a test.ping that times out
+        if argv[0] == "salt-key":
+            return 0, {"minions": self.cluster.minions}
+        if self.restarts and not self.looks_left:
+            return 0, {minion: True for minion in self.cluster.minions}
+        self.looks_left -= bool(self.restarts)
+        return 0, {}
+
+    def exec(self, host, argv):
+        assert (host, argv) == ("master", ["systemctl", "restart", "salt-master"])
+        self.restarts += 1
+
+
+@pytest.fixture
+def silent_master(monkeypatch):
+    def make(answers_after_restart):
+        master = SilentMaster(answers_after_restart)
+        monkeypatch.setattr(testcluster.time, "monotonic", lambda: master.now)
+        monkeypatch.setattr(testcluster.time, "sleep", lambda seconds: None)
+        return master
+    return make
+
+
+def test_minions_silent_behind_a_broken_master_get_it_restarted_once(silent_master):
+    master = silent_master(answers_after_restart=2)
+    master.cluster.wait_for_minions(timeout=120)
+    assert master.restarts == 1
+    assert testcluster.MINION_REPAIR_AFTER <= master.now < 120
+
+
+def test_minions_still_silent_after_the_restart_fail_naming_them(silent_master):
+    master = silent_master(answers_after_restart=10**6)
+    with pytest.raises(ClusterError, match=r"minions not answering: \['master', 'hub', 'node1'\]"):
+        master.cluster.wait_for_minions(timeout=120)
+    assert master.restarts == 1
