@@ -1,8 +1,9 @@
 """Shared fixtures: the real test cluster (tests/cluster), brought up once per session.
 
 A session that needs a fresh cluster starts building it as soon as its tests are
-collected, in a child process logging to ``CLUSTER_BUILD_LOG``; the unit and functional
-tests (first in ``testpaths``) run meanwhile and the first integration test waits for it.
+collected, in a child process logging to ``CLUSTER_BUILD_LOG``; the unit, functional and
+Vagrant tests (before the integration tests in ``testpaths``) run meanwhile and the
+first integration test waits for it.
 """
 
 import os
@@ -49,10 +50,11 @@ def _rebuild_cluster(nodes):
 def _start_cluster_build(config):
     if _build:
         return
-    if config.getoption("--reuse-cluster") and _test_cluster().is_up():
+    testcluster = _test_cluster()
+    if config.getoption("--reuse-cluster") and testcluster.is_up():
         _build["reuse"] = True
         return
-    thread = threading.Thread(target=_rebuild_cluster, args=(_test_cluster().node_count,),
+    thread = threading.Thread(target=_rebuild_cluster, args=(testcluster.node_count,),
                               name="cluster-build", daemon=True)
     _build["thread"] = thread
     thread.start()
