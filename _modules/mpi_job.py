@@ -559,15 +559,16 @@ def _take_standby(client, job_id, network, address):
     return holder
 
 
-def _seal_standby(client, job_id, holder, allowed_sources, sshd_port):
-    """A taken standby namespace off the standby network and behind the job's firewall;
-    done before the worker starts in it, so nothing of the job ever runs without both."""
+def _seal_standby(client, job_id, holder, pid, allowed_sources, sshd_port):
+    """A taken standby namespace (its holder, whose process is ``pid``) off the standby
+    network and behind the job's firewall; done before the worker starts in it, so
+    nothing of the job ever runs without both."""
     try:
         client.api.disconnect_container_from_network(holder.id, STANDBY_NETWORK)
     except docker.errors.APIError as exc:
         raise CommandExecutionError(
             f"cannot take the namespace of job {job_id} off the standby network: {exc}") from exc
-    _close_namespace(job_id, holder.attrs["State"]["Pid"], allowed_sources, sshd_port)
+    _close_namespace(job_id, pid, allowed_sources, sshd_port)
 
 
 def standby(image, count):
@@ -774,15 +775,15 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         if holder is not None:
             # The namespace is sealed while the worker is created, and before it starts.
             options.pop("detach")
+            pid = holder.attrs["State"]["Pid"]
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 sealed = pool.submit(contextvars.copy_context().run, _seal_standby, client,
-                                     job_id, holder, allowed_sources, sshd_port)
+                                     job_id, holder, pid, allowed_sources, sshd_port)
                 container = client.containers.create(
                     image, sshd_argv, network_mode=f"container:{holder.id}", **options)
                 sealed.result()
             phases["firewall"] = time.monotonic() - started
             container.start()
-            pid = holder.attrs["State"]["Pid"]
         else:
             container = client.containers.run(
                 image, sshd_argv, network=network,
