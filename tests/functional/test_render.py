@@ -312,6 +312,8 @@ def test_the_node_engine_runs_with_health_reports_and_restarts_the_minion_until_
     restart = _args(preshared_high, "mpi-node-engine-minion-restart", "module.run")
     unless = restart["unless"][0]
     assert unless.pop("fun") == "mpi_job.node_engine_running" and unless == wanted
+    # Nothing of the highstate may still run when the minion restarts.
+    assert restart["order"] == "last"
 
 
 def test_job_network_on_cluster_network_after_docker_service(nfs_high):

@@ -42,10 +42,13 @@ mpi-node-engine-config:
 mpi-node-engine-minion-restart:
   module.run:
     - cmd.run_all:
+      # Last state of the run, restart 5 s later: a restart while states still run
+      # kills the highstate and its return (seen when the standby state ran after it).
       # (a transient timer fires within a minute by default: ask for the second)
-      - cmd: [systemd-run, --on-active=2, --timer-property=AccuracySec=100ms,
+      - cmd: [systemd-run, --on-active=5, --timer-property=AccuracySec=100ms,
               systemctl, restart, salt-minion]
       - python_shell: False
+    - order: last
     - unless:
       - fun: mpi_job.node_engine_running
         storage_path: {{ mpi.storage.path | json }}
