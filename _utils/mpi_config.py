@@ -137,13 +137,16 @@ _REGISTRY_RE = re.compile(r"^[^\s/]+(?:/[0-9]{1,2})?\Z")
 _URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])"
                      r"(?::[0-9]{1,5})?(?:/[^\s]*)?\Z")
 _PINNED_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*\Z")
+#: Where the scheduler puts a job's ranks (``mpi:placement``; ``mpi_sched.PLACEMENTS``).
+PLACEMENTS = ("pack", "spread")
+
 #: How users log in to the hub (``mpi:hub:authenticator``).
 HUB_AUTHENTICATORS = ("dummy", "github")
 
 #: Every setting: the keys of each mapping under ``mpi`` (the limits that are not in
 #: defaults.yaml are read by ``mpi_request`` when a site sets them).
 _KEYS = {
-    "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "limits",
+    "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "placement", "limits",
          "retention", "storage", "docker", "job_network", "images", "job_root", "firewall",
          "hub", "api", "engine"),
     "users": ("uid_min", "uid_max"),
@@ -439,6 +442,7 @@ class _Checker:
         self.check_ids(sections["users"], sections["guest"])
         cluster = self.check_cluster_network()
         slots = self.whole("slots_per_node", minimum=1)
+        self.choice(PLACEMENTS, "placement")
         self.check_ports(sections["ports"], slots)
         self.check_limits(sections["limits"])
         if sections["retention"] is not None:
@@ -514,6 +518,15 @@ class _Checker:
         if not _is_int(value) or (minimum is not None and value < minimum) or (
                 maximum is not None and value > maximum):
             self.problem(f"{_key(*path)} must be a whole number{bounds}{note}, "
+                         f"got {_shown(value)}")
+            return None
+        return value
+
+    def choice(self, choices, *path):
+        """One of ``choices`` at ``path`` (as it is when missing), or None after a problem."""
+        value = self.get(*path)
+        if value is not _MISSING and value not in choices:
+            self.problem(f"{_key(*path)} must be one of {', '.join(choices)}, "
                          f"got {_shown(value)}")
             return None
         return value
@@ -668,10 +681,7 @@ class _Checker:
     def check_storage(self, storage, nfs):
         if storage is None:
             return
-        kind = storage.get("type", _MISSING)
-        if kind is not _MISSING and kind not in STORAGE_TYPES:
-            self.problem(f"mpi:storage:type must be one of {', '.join(STORAGE_TYPES)}, "
-                         f"got {_shown(kind)}")
+        kind = self.choice(STORAGE_TYPES, "storage", "type")
         path = self.path("storage", "path")
         export = None
         if nfs is not None:
@@ -823,10 +833,7 @@ class _Checker:
         self.path("hub", "api_ca")
         self.path("hub", "venv")
         self.path("hub", "state_dir")
-        kind = hub.get("authenticator", _MISSING)
-        if kind is not _MISSING and kind not in HUB_AUTHENTICATORS:
-            self.problem(f"mpi:hub:authenticator must be one of "
-                         f"{', '.join(HUB_AUTHENTICATORS)}, got {_shown(kind)}")
+        kind = self.choice(HUB_AUTHENTICATORS, "hub", "authenticator")
         for path in (("admin_users",), ("dummy", "allowed_users"),
                      ("github", "allowed_organizations")):
             value = self.get("hub", *path)

@@ -692,7 +692,8 @@ class JobEngine:
             waiting, free, running, now, node_slots,
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),
              "max_slots": limits.get("max_slots_per_user")},
-            usage,
+            # (a site record stored before placement policies existed packs, as it did)
+            usage, placement=site_config.get("placement", "pack"),
         )
         started = []
         store = self.store

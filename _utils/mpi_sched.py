@@ -7,16 +7,25 @@ time enough slots will be free given the walltimes of running jobs, and the node
 would take then. A later job may start before it only if it fits now and either ends
 (by its walltime) before that time or leaves the head's reserved slots untouched, so
 backfill never delays the head.
+
+Where a job's ranks go (``placement``): ``pack`` fills nodes in their preference order,
+keeping the last nodes free for large jobs (like Slurm's default); ``spread`` takes the
+nodes with the most free slots first (like Slurm's ``LLN`` and Kubernetes' default
+scoring), so small jobs share the cluster's nodes and more of them run at once.
 """
 
+import bisect
 import math
+
+#: The placement policies (``mpi:placement``).
+PLACEMENTS = ("pack", "spread")
 
 
 class NoFit(ValueError):
     """The job cannot be placed on the given free slots."""
 
 
-def place(np, free, count=None, per_node=None, node_slots=None):
+def place(np, free, count=None, per_node=None, node_slots=None, placement="pack"):
     """
     Return ``{node: ranks}`` for ``np`` ranks on nodes with ``free`` slots.
 
@@ -24,7 +33,8 @@ def place(np, free, count=None, per_node=None, node_slots=None):
         Number of ranks.
     free
         ``{node: free slots}``, in the order nodes are preferred (block distribution:
-        fill the first node, then the next).
+        fill the first node, then the next; with ``placement="spread"`` nodes with more
+        free slots come first, ties in this order).
     count
         Exactly this many nodes: ``per_node`` ranks each (the last may get fewer), or
         without ``per_node`` an even spread (shares differ by at most one rank).
@@ -32,19 +42,35 @@ def place(np, free, count=None, per_node=None, node_slots=None):
         This many ranks per node (the last node may get fewer).
     node_slots
         Slots of one node, to reject a ``per_node`` that can never fit.
+    placement
+        One of :data:`PLACEMENTS`.
 
     Raises :class:`NoFit` (a ValueError) saying why when the job does not fit.
     """
+    spread = _is_spread(placement)
     shares = _shares(np, len(free), count, per_node, node_slots)
-    placement = _placement(np, free.items(), shares, per_node)
-    if placement is None:
+    result = _placement(np, _ordered(free.items(), spread), shares, per_node)
+    if result is None:
         if count is not None:
             raise NoFit(
                 f"np={np} over {count} nodes cannot be placed: free slots per node are {free}"
             )
         detail = f" with {per_node} ranks per node" if per_node else ""
         raise NoFit(f"np={np} cannot be placed{detail}: free slots per node are {free}")
-    return placement
+    return result
+
+
+def _is_spread(placement):
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    return placement == "spread"
+
+
+def _ordered(free_items, spread):
+    """``(node, free slots)`` pairs in the order the policy prefers them."""
+    if not spread:
+        return free_items
+    return sorted(free_items, key=lambda item: -item[1])  # stable: ties keep their order
 
 
 def _shares(np, nodes_up, count, per_node, node_slots):
@@ -81,7 +107,7 @@ def _placement(np, free_items, shares, per_node):
     without free slots never get a rank, so leaving them out changes nothing.
     """
     if shares is not None:
-        return _spread(shares, free_items)
+        return _take_shares(shares, free_items)
     placement, remaining = {}, np
     for node, available in free_items:
         if remaining == 0:
@@ -94,7 +120,7 @@ def _placement(np, free_items, shares, per_node):
     return None if remaining else placement
 
 
-def _spread(shares, free_items):
+def _take_shares(shares, free_items):
     """Each node in preference order takes the largest share it has room for."""
     placement = {}
     for node, available in free_items:
@@ -117,18 +143,18 @@ def _try_place(np, free_items, nodes_up, count, per_node, node_slots):
     return _placement(np, free_items, shares, per_node)
 
 
-def fits(job, free, node_slots):
+def fits(job, free, node_slots, placement="pack"):
     """The job's placement on ``free`` (restricted to its candidate nodes), or None."""
     candidates = {n: free[n] for n in job["candidates"] if n in free}
-    return _try_place(job["np"], candidates.items(), len(candidates), job.get("count"),
-                      job.get("per_node"), node_slots)
+    return _try_place(job["np"], _ordered(candidates.items(), _is_spread(placement)),
+                      len(candidates), job.get("count"), job.get("per_node"), node_slots)
 
 
 def _subtract(free, placement):
     return {n: s - placement.get(n, 0) for n, s in free.items()}
 
 
-def _reserve(head, free, running, node_slots):
+def _reserve(head, free, running, node_slots, spread):
     """
     (time, placement) at which the head job can first start, or (inf, None).
 
@@ -145,8 +171,8 @@ def _reserve(head, free, running, node_slots):
             for node, ranks in job["placement"].items():
                 if node in capacity:
                     capacity[node] += ranks
-        return _try_place(head["np"], capacity.items(), len(capacity), head.get("count"),
-                          head.get("per_node"), node_slots)
+        return _try_place(head["np"], _ordered(capacity.items(), spread), len(capacity),
+                          head.get("count"), head.get("per_node"), node_slots)
 
     if not ending or placement_after(len(ending)) is None:
         return math.inf, None
@@ -171,10 +197,11 @@ class _FreeSlots:
     reading its candidate list once if no job before it held that same list object.
     """
 
-    def __init__(self, free, node_slots):
+    def __init__(self, free, node_slots, spread=False):
         self.free = dict(free)
         self.total = sum(s for s in self.free.values() if s > 0)
         self._node_slots = node_slots
+        self._spread = spread
         self._by_content = {}   # tuple(candidates) -> _Candidates
         # id(candidates) -> (candidates, _Candidates); holding the list keeps its id unique.
         self._by_object = {}
@@ -205,7 +232,10 @@ class _FreeSlots:
             self.total -= max(before, 0) - max(after, 0)
             if after <= 0:
                 for candidates in self._lists_with.pop(node, ()):
-                    candidates.drop(node)
+                    candidates.drop(node, before)
+            elif self._spread:  # (packing keeps the order: nothing to move)
+                for candidates in self._lists_with.get(node, ()):
+                    candidates.move(node, before, after)
 
     def _candidates(self, nodes):
         # Jobs mostly share one list object, or hold equal lists (one per job when read
@@ -220,7 +250,8 @@ class _FreeSlots:
             key = tuple(nodes)
             candidates = self._by_content.get(key)
             if candidates is None:
-                candidates = self._by_content[key] = _Candidates(key, self.free)
+                kind = _SpreadCandidates if self._spread else _Candidates
+                candidates = self._by_content[key] = kind(key, self.free)
                 for node in candidates.open:
                     self._lists_with.setdefault(node, []).append(candidates)
         self._by_object[id(nodes)] = self._last = (nodes, candidates)
@@ -228,7 +259,8 @@ class _FreeSlots:
 
 
 class _Candidates:
-    """One candidate list in a pass: how many of its nodes are up, and which have room."""
+    """One candidate list in a pass (pack): how many of its nodes are up, and which have
+    room, in the list's order."""
 
     def __init__(self, nodes, free):
         up = [n for n in dict.fromkeys(nodes) if n in free]
@@ -242,7 +274,7 @@ class _Candidates:
         """``(node, free slots)`` of the nodes with room, in preference order."""
         return ((node, free[node]) for node in self.open)
 
-    def drop(self, node):
+    def drop(self, node, before):  # pylint: disable=unused-argument
         """The node is full for the rest of the pass."""
         del self.open[node]
         self._dropped += 1
@@ -251,6 +283,44 @@ class _Candidates:
         if self._dropped > len(self.open):
             self.open = dict.fromkeys(self.open)
             self._dropped = 0
+
+    def move(self, node, before, after):
+        """The node has fewer free slots: its place in the list stays."""
+
+
+class _SpreadCandidates:
+    """One candidate list in a pass (spread): its nodes with room grouped by free slots,
+    each group in the list's order, so the walk starts at the emptiest nodes without
+    sorting the list for every job."""
+
+    def __init__(self, nodes, free):
+        up = [n for n in dict.fromkeys(nodes) if n in free]
+        self.nodes_up = len(up)
+        self.unfit = set()
+        self._position = {n: i for i, n in enumerate(up)}
+        self._levels = {}    # free slots -> sorted [(position, node)]
+        for position, node in enumerate(up):
+            if free[node] > 0:
+                self._levels.setdefault(free[node], []).append((position, node))
+        self.open = [node for level in self._levels.values() for _, node in level]
+
+    def items(self, free):
+        for level in sorted(self._levels, reverse=True):
+            for _, node in self._levels[level]:
+                yield node, free[node]
+
+    def drop(self, node, before):
+        self._remove(node, before)
+
+    def move(self, node, before, after):
+        self._remove(node, before)
+        bisect.insort(self._levels.setdefault(after, []), (self._position[node], node))
+
+    def _remove(self, node, level):
+        nodes = self._levels[level]
+        del nodes[bisect.bisect_left(nodes, (self._position[node], node))]
+        if not nodes:
+            del self._levels[level]
 
 
 def _within_limits(job, usage, limits):
@@ -263,7 +333,7 @@ def _within_limits(job, usage, limits):
     return True
 
 
-def plan(queued, free, running, now, node_slots, limits=None, usage=None):
+def plan(queued, free, running, now, node_slots, limits=None, usage=None, placement="pack"):
     """
     Decide which queued jobs start now.
 
@@ -283,6 +353,8 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
         ``{"max_running_jobs": n, "max_slots": n}`` per user; 0 or None is no limit.
     usage
         ``{user: {"jobs": n, "slots": n}}`` held by running jobs.
+    placement
+        One of :data:`PLACEMENTS`: where a job's ranks go among the nodes that fit it.
 
     Returns ``(starts, blocked)``: ``starts`` is a list of ``(job id, placement)`` in
     start order; ``blocked`` maps each job that waits to why (``"resources"``,
@@ -290,7 +362,8 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
     """
     limits = limits or {}
     usage = {u: dict(v) for u, v in (usage or {}).items()}
-    slots = _FreeSlots(free, node_slots)
+    spread = _is_spread(placement)
+    slots = _FreeSlots(free, node_slots, spread)
     # Jobs started by this plan hold their slots until their walltime, like running ones.
     running = list(running)
     starts, blocked = [], {}
@@ -299,11 +372,12 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
         if not _within_limits(job, usage, limits):
             blocked[job["id"]] = "user limit"
             continue
-        placement = slots.fit(job)
+        where = slots.fit(job)
         if head is None:
-            if placement is None:
+            if where is None:
                 head = job
-                shadow_time, reserved = _reserve(job, slots.free, running, node_slots)
+                shadow_time, reserved = _reserve(job, slots.free, running, node_slots,
+                                                   spread)
                 # Slots still free at the shadow time once the head has its share.
                 shadow_free = None
                 if reserved is not None:
@@ -316,25 +390,25 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None):
                     shadow_free = _subtract(capacity, reserved)
                 blocked[job["id"]] = "resources"
                 continue
-        elif placement is not None:
+        elif where is not None:
             ends_in_time = now + job["walltime"] <= shadow_time
             if not ends_in_time:
                 if shadow_free is None:
                     # The head cannot be placed at any known time (its nodes are down):
                     # nothing started now can delay it.
                     pass
-                elif any(shadow_free.get(n, 0) < r for n, r in placement.items()):
+                elif any(shadow_free.get(n, 0) < r for n, r in where.items()):
                     blocked[job["id"]] = f"reserved for {head['id']}"
                     continue
                 else:
-                    for node, ranks in placement.items():
+                    for node, ranks in where.items():
                         shadow_free[node] -= ranks
-        if placement is None:
+        if where is None:
             blocked[job["id"]] = "resources"
             continue
-        starts.append((job["id"], placement))
-        slots.take(placement)
-        running.append({"placement": placement, "end": now + job["walltime"]})
+        starts.append((job["id"], where))
+        slots.take(where)
+        running.append({"placement": where, "end": now + job["walltime"]})
         mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
         mine["jobs"] += 1
         mine["slots"] += job["np"]

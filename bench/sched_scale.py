@@ -114,13 +114,15 @@ def digest(starts, blocked):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def time_passes(sched, case, repeat):
+def time_passes(sched, case, repeat, placement):
     """(seconds of each pass, (starts, blocked) of the last)."""
     queued, free, running, usage = case
+    # A module from before placement policies knows only packing.
+    policy = {} if placement == "pack" else {"placement": placement}
     seconds = []
     for _ in range(repeat):
         begin = time.perf_counter()
-        decisions = sched.plan(queued, free, running, NOW, NODE_SLOTS, LIMITS, usage)
+        decisions = sched.plan(queued, free, running, NOW, NODE_SLOTS, LIMITS, usage, **policy)
         seconds.append(time.perf_counter() - begin)
     return seconds, decisions
 
@@ -134,6 +136,8 @@ def main(argv=None):
     parser.add_argument("--candidates", default="store,shared",
                         help="kinds of candidate lists, store and/or shared (default both)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the synthetic data (default 1)")
+    parser.add_argument("--placement", choices=("pack", "spread"), default="pack",
+                        help="placement policy, mpi:placement (default pack)")
     parser.add_argument("--module", default=str(REPO / "_utils" / "mpi_sched.py"),
                         help="mpi_sched.py to time (default: this repository's)")
     args = parser.parse_args(argv)
@@ -150,21 +154,22 @@ def main(argv=None):
         for kind in kinds:
             case = build_case(count, args.queued, args.running, args.seed + count,
                               shared=kind == "shared")
-            seconds, (starts, blocked) = time_passes(sched, case, args.repeat)
+            seconds, (starts, blocked) = time_passes(sched, case, args.repeat, args.placement)
             log(f"{count} nodes, {kind} lists: passes "
                 f"{', '.join(f'{s * 1000:.1f}' for s in seconds)} ms")
             why = collections.Counter(
                 "reserved" if reason.startswith("reserved for") else reason
                 for reason in blocked.values()
             )
-            label = f"sched_pass_{count}_nodes{'_shared_lists' if kind == 'shared' else ''}_ms"
+            label = (f"sched_pass_{count}_nodes{'_shared_lists' if kind == 'shared' else ''}"
+                     f"{'_spread' if args.placement == 'spread' else ''}_ms")
             rows.append([label, count, kind, len(case[2]), len(case[0]),
                          median(seconds) * 1000, min(seconds) * 1000, len(starts),
                          why["resources"], why["reserved"], why["user limit"],
                          digest(starts, blocked)])
             del case
-    print(f"one pass of mpi_sched.plan ({args.module}): {args.queued} queued jobs, nodes of "
-          f"{NODE_SLOTS} slots, seed {args.seed}, {args.repeat} passes each (ms)")
+    print(f"one pass of mpi_sched.plan ({args.module}, {args.placement}): {args.queued} queued "
+          f"jobs, nodes of {NODE_SLOTS} slots, seed {args.seed}, {args.repeat} passes each (ms)")
     print(table(["figure", "nodes", "candidates", "running", "queued", "median ms", "min ms", "start",
                  "resources", "reserved", "user limit", "decisions"], rows))
     return 0

@@ -270,8 +270,10 @@ CASES = [
     # structure
     ({"slot_per_node": 4},
      "mpi:slot_per_node is not a DockerMPI setting (the keys of mpi are: users, guest, "
-     "cluster_network, ports, slots_per_node, limits, retention, storage, docker, "
-     "job_network, images, job_root, firewall, hub, api, engine)"),
+     "cluster_network, ports, slots_per_node, placement, limits, retention, storage, "
+     "docker, job_network, images, job_root, firewall, hub, api, engine)"),
+    ({"placement": "random"}, "mpi:placement must be one of pack, spread, got 'random'"),
+    ({"placement": ["spread"]}, "mpi:placement must be one of pack, spread, got ['spread']"),
     ({"retention": {"job_records_days": -1}},
      "mpi:retention:job_records_days must be a whole number from 0 to 36500 (days; 0: keep "
      "forever), got -1"),

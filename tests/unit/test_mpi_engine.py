@@ -32,7 +32,7 @@ CONFIG = {
     "cluster_network": "10.0.0.0/16", "job_root": "/var/lib/dockermpi/jobs",
     "job_network": {"name": "dmpi-jobs", "addresses": "10.0.1.128/29", "standby": 2},
     "ports": {"sshd": [20000, 20000], "oob": [20100, 20299], "btl": [20300, 20999]},
-    "storage": {"path": "/srv/dockermpi"}, "slots_per_node": 2,
+    "storage": {"path": "/srv/dockermpi"}, "slots_per_node": 2, "placement": "pack",
     "limits": {"memory_per_slot_mb": 512, "pids_per_slot": 128, "cpus_per_slot": 1,
                "tmp_size_mb": 64},
 }
@@ -176,6 +176,22 @@ def test_a_queued_job_is_placed_started_and_running(world):
                                                        "10.0.1.131", "10.0.1.132"}
     assert f"mpi/job/{job_id}/starting" in transport.events
     assert f"mpi/job/{job_id}/running" in transport.events
+
+
+@pytest.mark.parametrize("placement, placements", [
+    ("pack", [{"node1": 1, "node2": 1}, {"node1": 1, "node2": 1}]),
+    ("spread", [{"node1": 1, "node2": 1}, {"node3": 1, "node1": 1}, {"node2": 1, "node3": 1}]),
+])
+def test_the_sites_placement_policy_decides_where_jobs_go(world, placement, placements):
+    store, _, clock, engine = world
+    store.set_meta("site", {"config": dict(CONFIG, placement=placement), "read": time.time()})
+    spec = dict(_spec(), count=2, config=dict(CONFIG, placement=placement))
+    jobs = [_submit(store, clock, np=2, job_id=f"20261201-000000-00000{i}", spec=spec,
+                    user=user) for i, user in enumerate(("alice", "bob", "carol"))]
+    engine.job_requested(jobs[0])
+    _settle(engine)
+    running = [store.get(j) for j in jobs if store.get(j)["state"] == "running"]
+    assert [r["placement"] for r in running] == placements
 
 
 def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):

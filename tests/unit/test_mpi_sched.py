@@ -14,6 +14,7 @@ import pytest
 from tests.extension import load_extension
 
 mpi_sched = load_extension("_utils/mpi_sched.py", "mpi_sched")
+mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
 
 NODE_SLOTS = 4
 NODES = ["n1", "n2", "n3"]
@@ -36,8 +37,9 @@ def _running(placement, ends_in):
     return {"placement": placement, "end": NOW + ends_in}
 
 
-def _plan(queued, free, running=(), limits=None, usage=None):
-    return mpi_sched.plan(queued, dict(free), list(running), NOW, NODE_SLOTS, limits, usage)
+def _plan(queued, free, running=(), limits=None, usage=None, placement="pack"):
+    return mpi_sched.plan(queued, dict(free), list(running), NOW, NODE_SLOTS, limits, usage,
+                          placement=placement)
 
 
 def _per_node_use(starts):
@@ -150,6 +152,49 @@ def test_fits_ignores_candidates_that_are_down():
 def test_fits_count_larger_than_candidates():
     job = _job("j", 2, candidates=["n1", "n2"], count=3)
     assert mpi_sched.fits(job, {"n1": 4, "n2": 4, "n3": 4}, NODE_SLOTS) is None
+
+
+# ------------------------------------------------------------------- placement policy
+
+
+def test_the_policies_are_the_ones_the_pillar_accepts():
+    assert mpi_sched.PLACEMENTS == mpi_config.PLACEMENTS
+
+
+def test_place_spread_takes_the_nodes_with_most_free_slots_first():
+    free = {"n1": 1, "n2": 3, "n3": 4}
+    assert mpi_sched.place(4, free, placement="spread") == {"n3": 4}
+    assert mpi_sched.place(5, free, placement="spread") == {"n3": 4, "n2": 1}
+    assert mpi_sched.place(2, free, count=2, placement="spread") == {"n3": 1, "n2": 1}
+    assert mpi_sched.place(4, free) == {"n1": 1, "n2": 3}
+
+
+def test_place_spread_breaks_ties_in_preference_order():
+    assert mpi_sched.place(2, {"n3": 2, "n1": 2, "n2": 1}, count=2,
+                           placement="spread") == {"n3": 1, "n1": 1}
+
+
+@pytest.mark.parametrize("call", [
+    lambda: mpi_sched.place(1, {"n1": 1}, placement="random"),
+    lambda: mpi_sched.fits(_job("j", 1), {"n1": 1}, NODE_SLOTS, placement="Spread"),
+    lambda: mpi_sched.plan([_job("j", 1)], {"n1": 1}, [], NOW, NODE_SLOTS, placement=None),
+])
+def test_an_unknown_policy_is_refused(call):
+    with pytest.raises(ValueError, match="placement must be one of pack, spread"):
+        call()
+
+
+def test_plan_spread_runs_more_small_jobs_at_once_than_pack():
+    # Three nodes of 2 slots, jobs of one rank on each of 2 nodes: packing puts two on
+    # n1+n2 and leaves n3 with nobody to pair with; spreading pairs all three nodes.
+    queued = [_job(j, 2, count=2) for j in ("a", "b", "c")]
+    free = {"n1": 2, "n2": 2, "n3": 2}
+    packed, blocked = mpi_sched.plan(queued, dict(free), [], NOW, 2)
+    assert [j for j, _ in packed] == ["a", "b"] and blocked == {"c": "resources"}
+    spread, blocked = mpi_sched.plan(queued, dict(free), [], NOW, 2, placement="spread")
+    assert spread == [("a", {"n1": 1, "n2": 1}), ("b", {"n3": 1, "n1": 1}),
+                      ("c", {"n2": 1, "n3": 1})]
+    assert blocked == {}
 
 
 # -------------------------------------------------------------------------------- plan
@@ -428,7 +473,9 @@ def _check_plan_properties(queued, free, running, limits):
 # A verbatim copy of place(), fits() and plan() as they were before plan() was made fast
 # (commit c6984db), kept as the reference: the fast plan() must take exactly the same
 # decisions (same starts, in the same order, with the same placements, and the same
-# reasons to wait) and place() must answer exactly as before, errors included.
+# reasons to wait) and place() must answer exactly as before, errors included. The
+# spread policy came later: in the reference it is the obvious sort of each job's
+# candidates by free slots (most first, ties in candidate order).
 
 
 class _ReferenceNoFit(ValueError):
@@ -483,8 +530,10 @@ def _reference_place_on_count(np, free, count, per_node):
     raise _ReferenceNoFit(f"np={np} over {count} nodes cannot be placed: free slots per node are {free}")
 
 
-def _reference_fits(job, free, node_slots):
+def _reference_fits(job, free, node_slots, spread=False):
     candidates = {n: free[n] for n in job["candidates"] if n in free}
+    if spread:
+        candidates = dict(sorted(candidates.items(), key=lambda item: -item[1]))
     try:
         return _reference_place(job["np"], candidates, job.get("count"), job.get("per_node"), node_slots)
     except _ReferenceNoFit:
@@ -495,13 +544,13 @@ def _reference_subtract(free, placement):
     return {n: s - placement.get(n, 0) for n, s in free.items()}
 
 
-def _reference_reserve(head, free, running, node_slots):
+def _reference_reserve(head, free, running, node_slots, spread=False):
     capacity = dict(free)
     for job in sorted(running, key=lambda r: r["end"]):
         for node, ranks in job["placement"].items():
             if node in capacity:
                 capacity[node] += ranks
-        placement = _reference_fits(head, capacity, node_slots)
+        placement = _reference_fits(head, capacity, node_slots, spread)
         if placement is not None:
             return job["end"], placement
     return math.inf, None
@@ -517,7 +566,8 @@ def _reference_within_limits(job, usage, limits):
     return True
 
 
-def _reference_plan(queued, free, running, now, node_slots, limits=None, usage=None):
+def _reference_plan(queued, free, running, now, node_slots, limits=None, usage=None,
+                    spread=False):
     limits = limits or {}
     usage = {u: dict(v) for u, v in (usage or {}).items()}
     free = dict(free)
@@ -528,11 +578,11 @@ def _reference_plan(queued, free, running, now, node_slots, limits=None, usage=N
         if not _reference_within_limits(job, usage, limits):
             blocked[job["id"]] = "user limit"
             continue
-        placement = _reference_fits(job, free, node_slots)
+        placement = _reference_fits(job, free, node_slots, spread)
         if head is None:
             if placement is None:
                 head = job
-                shadow_time, reserved = _reference_reserve(job, free, running, node_slots)
+                shadow_time, reserved = _reference_reserve(job, free, running, node_slots, spread)
                 shadow_free = None
                 if reserved is not None:
                     capacity = dict(free)
@@ -656,14 +706,17 @@ def _random_cluster(rng, size):
     return queued, free, running, now, node_slots, limits, rng.choice([usage, None])
 
 
+@pytest.mark.parametrize("placement", mpi_sched.PLACEMENTS)
 @pytest.mark.parametrize("size, cases", [(4, 1500), (12, 600), (60, 40)])
-def test_plan_decides_as_the_reference(size, cases):
+def test_plan_decides_as_the_reference(size, cases, placement):
     for seed in range(cases):
         queued, free, running, now, node_slots, limits, usage = _random_cluster(
             random.Random(f"{size}-{seed}"), size
         )
-        expected = _reference_plan(queued, dict(free), list(running), now, node_slots, limits, usage)
-        actual = mpi_sched.plan(queued, dict(free), list(running), now, node_slots, limits, usage)
-        assert actual == expected, f"size {size}, seed {seed}"
+        expected = _reference_plan(queued, dict(free), list(running), now, node_slots, limits,
+                                   usage, spread=placement == "spread")
+        actual = mpi_sched.plan(queued, dict(free), list(running), now, node_slots, limits, usage,
+                                placement=placement)
+        assert actual == expected, f"size {size}, seed {seed}, {placement}"
         # Dicts compare equal in any order; the runner sees placements in this order.
         assert [list(p) for _, p in actual[0]] == [list(p) for _, p in expected[0]]
