@@ -213,9 +213,10 @@ class Jobs:
         self.ids = []
 
     def submit(self, np, cmd, nodes=None, slots_per_node=None, walltime="2m", timeout=T_SALT,
-               session=None):
-        """Submit through ``salt-run``, or through ``session`` (a RunnerSession)."""
-        kwargs = {"user": self.user, "image": "mpi", "np": np, "cmd": cmd,
+               session=None, user=None):
+        """Submit through ``salt-run``, or through ``session`` (a RunnerSession), as
+        ``user`` (default: this object's user)."""
+        kwargs = {"user": user or self.user, "image": "mpi", "np": np, "cmd": cmd,
                   "walltime": walltime}
         if nodes is not None:
             kwargs["nodes"] = nodes

@@ -3,7 +3,8 @@
 double-book a slot?
 
 Submits M jobs (default 20; np=4, nodes=2, ``hostname``; ``--ranks-per-node 1``: np=2)
-with ``mpi.submit`` as fast as ``--parallel`` submitters can, each through a long-lived
+with ``mpi.submit`` as fast as ``--parallel`` submitters can (each a user of its own, as
+the per-user running-job limit is meant for people), each through a long-lived
 RunnerClient in the master as an API server calls it (``--via salt-run``: a salt-run
 process per call), then polls ``mpi.list`` until every one has ended, and reports:
 
@@ -80,7 +81,9 @@ def main(argv=None):
                         help="submit (and poll) through one long-lived RunnerClient per "
                              "submitter in the master, as an API server does (default), or "
                              "through a salt-run process per call")
-    parser.add_argument("--user", default="bench-tput", help="job user (starts with bench)")
+    parser.add_argument("--user", default="bench-tput",
+                        help="job user (starts with bench); submitter k submits as <user>-k, "
+                             "so the per-user running-job limit applies to each as to a person")
     args = parser.parse_args(argv)
     if not 1 <= args.jobs <= 200 or not 1 <= args.parallel <= 8 \
             or not 1 <= args.ranks_per_node <= SLOTS_PER_NODE:
@@ -90,6 +93,10 @@ def main(argv=None):
     trap_sigterm()
 
     jobs = Jobs(args.user)
+
+    def submitter_user(number):
+        return f"{args.user}-{number % args.parallel}"
+
     failure, records = None, {}
     submit_seconds = None
     sessions = []
@@ -100,7 +107,7 @@ def main(argv=None):
         def submit(number):
             session = sessions[number % len(sessions)] if sessions else None
             return jobs.submit(np, args.cmd, nodes=2, slots_per_node=args.ranks_per_node,
-                               walltime="2m", session=session)
+                               walltime="2m", session=session, user=submitter_user(number))
 
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -117,10 +124,10 @@ def main(argv=None):
         deadline = time.monotonic() + T_ALL
         while True:
             if sessions:
-                _, listing = sessions[0].call("mpi.list", user=args.user)
+                _, listing = sessions[0].call("mpi.list")
                 code = 0
             else:
-                code, listing = salt_run("mpi.list", user=args.user)
+                code, listing = salt_run("mpi.list")
             if not isinstance(listing, list):
                 raise BenchError(f"mpi.list (exit {code}): {listing!r}"[:1500])
             states = {j["job_id"]: j["state"] for j in listing if j["job_id"] in mine}
