@@ -284,25 +284,19 @@ class _Candidates:
             self.open = dict.fromkeys(self.open)
             self._dropped = 0
 
-    def move(self, node, before, after):
-        """The node has fewer free slots: its place in the list stays."""
 
-
-class _SpreadCandidates:
+class _SpreadCandidates(_Candidates):
     """One candidate list in a pass (spread): its nodes with room grouped by free slots,
     each group in the list's order, so the walk starts at the emptiest nodes without
-    sorting the list for every job."""
+    sorting the list for every job. (``open`` keeps the nodes that had room at the
+    start, in list order.)"""
 
     def __init__(self, nodes, free):
-        up = [n for n in dict.fromkeys(nodes) if n in free]
-        self.nodes_up = len(up)
-        self.unfit = set()
-        self._position = {n: i for i, n in enumerate(up)}
+        super().__init__(nodes, free)
+        self._position = {n: i for i, n in enumerate(self.open)}
         self._levels = {}    # free slots -> sorted [(position, node)]
-        for position, node in enumerate(up):
-            if free[node] > 0:
-                self._levels.setdefault(free[node], []).append((position, node))
-        self.open = [node for level in self._levels.values() for _, node in level]
+        for node, position in self._position.items():
+            self._levels.setdefault(free[node], []).append((position, node))
 
     def items(self, free):
         for level in sorted(self._levels, reverse=True):
@@ -313,6 +307,7 @@ class _SpreadCandidates:
         self._remove(node, before)
 
     def move(self, node, before, after):
+        """The node has ``after`` free slots instead of ``before``."""
         self._remove(node, before)
         bisect.insort(self._levels.setdefault(after, []), (self._position[node], node))
 

@@ -190,8 +190,8 @@ def test_the_sites_placement_policy_decides_where_jobs_go(world, placement, plac
                     user=user) for i, user in enumerate(("alice", "bob", "carol"))]
     engine.job_requested(jobs[0])
     _settle(engine)
-    running = [store.get(j) for j in jobs if store.get(j)["state"] == "running"]
-    assert [r["placement"] for r in running] == placements
+    records = [store.get(j) for j in jobs]
+    assert [r["placement"] for r in records if r["state"] == "running"] == placements
 
 
 def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):
