@@ -40,6 +40,9 @@ NODES = ["node1", "node2", "node3"]
 IMAGE_REF = "r@sha256:" + "0" * 64
 # A healthy node holding the jobs' image (mpi_job.health).
 HEALTH = {"docker": "ok", "storage": "ok", "images": [IMAGE_REF]}
+# Bound of every wait on the engine's background work: generous, since the unit tests
+# share two cores with the test cluster's build; a wait ends as soon as its condition holds.
+SETTLE_TIMEOUT = 60
 
 
 class Transport:
@@ -92,8 +95,7 @@ def world(tmp_path):
     store = store_module.open_store(str(tmp_path / "jobs.sqlite"))
     store.set_meta("site", {"config": CONFIG, "read": time.time()})
     transport, clock = Transport(), Clock()
-    engine = engine_module.new_engine(store, transport, LIB, clock)
-    engine.probe_host = transport.probe_host
+    engine = _new_engine(store, transport, clock)
     for node in NODES:
         engine.node_report(node, {"engine": "ok", "jobs": {}, "time": clock.now, "digest": "d0",
                                   "health": HEALTH})
@@ -120,10 +122,79 @@ def _submit(store, clock, np=2, job_id=None, **spec):
     return job_id
 
 
-def _settle(engine):
-    """Let the engine's worker threads finish what they started."""
+class InFlight:
+    """Work handed to an engine's thread pools and not yet done, shared by its pools. A
+    task counts until it returns, so work it hands on (a clean-up that plans, a plan that
+    starts a job) is counted before it ends: zero means nothing is left to happen."""
+
+    def __init__(self):
+        self.count, self.errors = 0, []
+        self.changed = threading.Condition()
+
+    def pool(self, max_workers):
+        counter = self
+
+        class CountingPool(engine_module.ThreadPoolExecutor):
+            def submit(self, fn, *args, **kwargs):
+                with counter.changed:
+                    counter.count += 1
+                try:
+                    future = super().submit(fn, *args, **kwargs)
+                except BaseException:
+                    counter.done(None)
+                    raise
+                future.add_done_callback(counter.done)
+                return future
+
+        return CountingPool(max_workers=max_workers)
+
+    def done(self, future):
+        with self.changed:
+            if future is not None and future.exception() is not None:
+                self.errors.append(future.exception())
+            self.count -= 1
+            self.changed.notify_all()
+
+    def wait_idle(self, timeout=SETTLE_TIMEOUT):
+        with self.changed:
+            idle = self.changed.wait_for(lambda: self.count == 0, timeout)
+        assert idle, f"the engine still had {self.count} tasks in flight after {timeout} s"
+        assert not self.errors, f"an engine task raised: {self.errors!r}"
+
+
+def _new_engine(store, transport, clock):
+    """An engine whose thread pools tell when its background work is done."""
+    engine = engine_module.new_engine(store, transport, LIB, clock)
+    engine.in_flight = InFlight()
     engine.pool.shutdown(wait=True)
-    engine.pool = engine_module.ThreadPoolExecutor(max_workers=8)
+    engine.probe_pool.shutdown(wait=True)
+    engine.pool = engine.in_flight.pool(8)
+    engine.probe_pool = engine.in_flight.pool(4)
+    engine.probe_host = transport.probe_host
+    return engine
+
+
+def _restart(engine, store, transport, clock):
+    """The engine stops once its work is done, and a new one starts on the same store."""
+    _settle(engine)
+    engine.pool.shutdown(wait=True)
+    engine.probe_pool.shutdown(wait=True)
+    return _new_engine(store, transport, clock)
+
+
+def _settle(engine):
+    """Wait until everything the engine started in its threads is done, work those
+    threads handed on included (never a fixed time, never a pool shut down under a task
+    that still submits)."""
+    engine.in_flight.wait_idle()
+
+
+def _until(condition, what, timeout=SETTLE_TIMEOUT):
+    """Wait for ``condition()`` to hold; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still not {what} after {timeout} s"
+        time.sleep(0.01)
 
 
 def _started(store, clock, engine, **kwargs):
@@ -134,11 +205,9 @@ def _started(store, clock, engine, **kwargs):
     return job_id
 
 
-def _wait_while_queued(store, job_id, timeout=10):
-    """Wait for a worker thread of the engine to start the job (or give up)."""
-    deadline = time.monotonic() + timeout
-    while store.get(job_id)["state"] == "queued" and time.monotonic() < deadline:
-        time.sleep(0.01)
+def _wait_while_queued(store, job_id):
+    """Wait for a worker thread of the engine to take the job off the queue."""
+    _until(lambda: store.get(job_id)["state"] != "queued", f"{job_id} off the queue")
 
 
 def _hold_cleanups(transport):
@@ -148,7 +217,7 @@ def _hold_cleanups(transport):
 
     def call(minions, fun, timeout, **kwargs):
         if fun == "mpi_job.cleanup":
-            release.wait(10)
+            assert release.wait(SETTLE_TIMEOUT), "the test never released the clean-up"
         return plain_call(minions, fun, timeout, **kwargs)
 
     transport.call = call
@@ -225,9 +294,8 @@ def test_an_ended_job_keeps_its_slots_until_its_containers_are_gone(world):
     assert store.get(second)["state"] == "queued"  # node slots still held by the first
     release.set()
     _wait_while_queued(store, second)  # the clean-up, when done, plans at once
-    _settle(engine)
+    _until(lambda: store.get(second)["state"] == "running", f"{second} running")
     assert store.get(first)["closed"]
-    assert store.get(second)["state"] == "running"
 
 
 def test_a_succeeded_jobs_slots_are_free_before_its_clean_up(world):
@@ -389,8 +457,7 @@ def _seconds(engine, clock, seconds, heard=("node1", "node3")):
 
 def _probes_done(engine):
     """Let the host probes the last pass started finish (they run in threads)."""
-    engine.probe_pool.shutdown(wait=True)
-    engine.probe_pool = engine_module.ThreadPoolExecutor(max_workers=4)
+    _settle(engine)
 
 
 def test_a_silent_node_ends_its_jobs_after_the_node_timeout(world):
@@ -474,9 +541,7 @@ def test_after_a_restart_a_node_not_heard_again_is_lost_only_after_the_grace(wor
     _seconds(engine, clock, 2, heard=NODES)
     engine.tick()  # flushes what the engine knows of the nodes to the store
     clock.now += 10  # the master is down for 10 s, then a new engine starts
-    engine.pool.shutdown(wait=True)
-    engine = engine_module.new_engine(store, transport, LIB, clock)
-    engine.probe_host = transport.probe_host
+    engine = _restart(engine, store, transport, clock)
     assert set(engine.active) == {job_id}
     _seconds(engine, clock, rules.RESTART_GRACE - 1)  # node2's minion reconnects slowly
     assert store.get(job_id)["state"] == "running"
@@ -641,8 +706,7 @@ def test_a_drained_node_takes_no_new_job_running_ones_go_on_and_resume_brings_it
 def test_drains_survive_an_engine_restart(world):
     store, transport, clock, engine = world
     store.drain("node1", "kernel update")
-    engine.pool.shutdown(wait=True)
-    engine = engine_module.new_engine(store, transport, LIB, clock)
+    engine = _restart(engine, store, transport, clock)
     job_id = _started(store, clock, engine, np=2, spec=dict(_spec(), candidates=["node1"]))
     assert store.get(job_id)["state"] == "queued"
 
@@ -708,7 +772,6 @@ def test_a_restarted_engine_knows_the_nodes_health_from_the_store(world):
     clock.now += engine_module.FLUSH_SECONDS
     engine.tick()  # flushes the nodes' reports to the store
     clock.now += 1
-    engine.pool.shutdown(wait=True)
-    engine = engine_module.new_engine(store, transport, LIB, clock)
+    engine = _restart(engine, store, transport, clock)
     job_id = _started(store, clock, engine, np=2)
     assert store.get(job_id)["state"] == "running"

@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from unittest.mock import MagicMock, patch
 
@@ -185,10 +186,24 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
     # 127.0.0.3 has nothing on the port: refused. OWN is this node: never probed.
     _secrets(job_root, JOB, [OWN, "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"],
              listeners.port)
-    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "running")):
-        started = time.monotonic()
+    # Both dropped peers must be in flight at once: each probe of one waits (bounded) for
+    # the other's to begin. One after the other, the first would wait in vain.
+    dropped = {"127.0.0.4", "127.0.0.5"}
+    together = threading.Barrier(len(dropped), timeout=30)
+    overlapped, connects = [], mpi_job._tcp_connects
+
+    def probe(address, port, timeout):
+        if address in dropped:
+            try:
+                together.wait()
+                overlapped.append(address)
+            except threading.BrokenBarrierError:
+                pass
+        return connects(address, port, timeout)
+
+    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "running")), \
+            patch.object(mpi_job, "_tcp_connects", probe):
         ret = mpi_job.report(str(storage), str(job_root), probe_timeout=1.0)
-        took = time.monotonic() - started
     assert ret["engine"] == "ok"
     assert ret["jobs"][JOB] == {
         "user": USER,
@@ -203,9 +218,11 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
         "peers": {"127.0.0.2": True, "127.0.0.3": False, "127.0.0.4": False,
                   "127.0.0.5": False},
     }
-    # Two dropped peers cost one probe_timeout, not two (one after the other would take
-    # 2 s; the margin is for a machine busy with other work).
-    assert took < 1.9
+    deadline = time.monotonic() + 60
+    while len(overlapped) < len(dropped) and not together.broken:
+        assert time.monotonic() < deadline, "the dropped peers' probes never both began"
+        time.sleep(0.01)
+    assert sorted(overlapped) == sorted(dropped), "the dropped peers were probed one by one"
     assert abs(ret["time"] - time.time()) < 5
 
 
@@ -535,14 +552,19 @@ def test_storage_root_cannot_write_is_not_writable(storage):
 
 
 def test_a_hanging_storage_check_is_reported_and_not_waited_for_again(storage, monkeypatch):
-    release = __import__("threading").Event()
-    monkeypatch.setattr(mpi_job, "_storage_state", lambda *a: release.wait(10) and "ok")
+    release, checks = threading.Event(), []
+
+    def hanging_check(*args):
+        checks.append(args)
+        return release.wait(60) and "ok"
+
+    monkeypatch.setattr(mpi_job, "_storage_state", hanging_check)
     monkeypatch.setattr(mpi_job, "STORAGE_CHECK_TIMEOUT", 0.2)
     with _images_engine():
         assert mpi_job.health(str(storage))["storage"].startswith("not responding (the check")
-        started = time.monotonic()
         assert mpi_job.health(str(storage))["storage"].startswith("not responding (a check")
-        assert time.monotonic() - started < 0.2
+    # The second report neither waited for the hanging check nor started another.
+    assert len(checks) == 1 and not release.is_set()
     release.set()
 
 
