@@ -235,7 +235,11 @@ def test_cancel_of_a_queued_job_takes_it_out_of_the_queue(cluster):
     _, job = run(cluster, "mpi.cancel", job_id=queued)
     assert job["state"] == "cancelled" and "placement" not in job
     run(cluster, "mpi.cancel", job_id=blocker)
-    time.sleep(3)
+    cluster.closed(blocker)
+    # A job submitted once the blocker's slots are free runs: the queue was planned, and
+    # the cancelled job was not started on those slots.
+    after = submit(cluster, np=6, cmd="hostname")
+    assert wait_for(cluster, after, ("succeeded",), 60)["state"] == "succeeded"
     assert status(cluster, queued)["state"] == "cancelled"
 
 

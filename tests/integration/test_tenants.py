@@ -68,9 +68,19 @@ def victim_files(cluster):
     return sorted(listing.splitlines()), cluster.read_shared(SECRET)
 
 
-def node_reports(cluster, node):
-    _, nodes = run(cluster, "mpi.nodes")
-    return nodes[node]["reachable"]
+def node_reports(cluster, node, since=None, timeout=60):
+    """Whether the master hears from ``node`` after ``since`` (time.time(), default now):
+    waits for that report, bounded by ``timeout``, and says whether it came."""
+    since = time.time() if since is None else since
+    deadline = time.monotonic() + timeout
+    while True:
+        _, nodes = run(cluster, "mpi.nodes")
+        ago = nodes[node]["last_report_seconds_ago"]
+        if nodes[node]["reachable"] and ago is not None and time.time() - ago > since:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +219,6 @@ def test_a_fifo_and_a_1100_link_chain_do_not_hang_or_silence_the_node(cluster, v
     assert code == 1 and job["state"] == "failed"
     job = cluster.closed(job["job_id"])
     assert job["timings"]["cleanup"] < 15, "the node's status writer hung"
-    time.sleep(3)
     assert node_reports(cluster, "node1"), "node1 stopped reporting"
     # B's next job on the same node runs as usual.
     code, other = launch(cluster, VICTIM, "hostname", nodes="node1")
@@ -226,8 +235,7 @@ def test_job_output_cannot_make_the_report_raise(cluster, victim):
               "exited on signal 11 (Segmentation fault).")
     code, job = launch(cluster, ATTACKER, shell(f'echo "{forged}" >&2; exit 3'), nodes="node1")
     assert code == 1 and job["state"] == "failed"
-    time.sleep(2)
-    assert node_reports(cluster, "node1")
+    assert node_reports(cluster, "node1"), "node1 stopped reporting"
 
 
 # ------------------------------------------------------------------------------ network
