@@ -179,6 +179,15 @@ def _check_ipv4(value, what):
         raise SaltInvocationError(f"{what} must be an IPv4 address, got {value!r}") from None
 
 
+def _check_ipv4_network(value, what):
+    try:
+        return str(ipaddress.IPv4Network(value, strict=True))
+    except (ipaddress.AddressValueError, ipaddress.NetmaskValueError, ValueError,
+            TypeError):
+        raise SaltInvocationError(
+            f"{what} must be an IPv4 network in CIDR form, got {value!r}") from None
+
+
 def _secret_dir(job_root, job_id):
     return os.path.join(_check_abs(job_root, "job_root"), job_id)
 
@@ -437,8 +446,13 @@ def job_firewall_rules(allowed_sources, sshd_port):
     """
     The iptables rules of a job's network namespace: only the job's own containers may
     reach it, and its nodes' hosts only its sshd (the node reports probe it); nothing
-    else on the cluster network reaches a job's sshd or Open MPI ports.
+    else on the cluster network reaches a job's sshd or Open MPI ports. Out of it, the
+    job opens connections to its own containers only among the networks in
+    ``allowed_sources["unreachable"]`` (the cluster network and what the site adds):
+    never to the master's Salt ports, salt-api, the registry, the hub or a node's host.
+    Those are refused at once (a reset or port-unreachable), not left to time out.
     """
+    peers = [_check_ipv4(source, "peer address") for source in allowed_sources["peers"]]
     lines = [
         "*filter",
         ":INPUT DROP [0:0]",
@@ -447,11 +461,17 @@ def job_firewall_rules(allowed_sources, sshd_port):
         "-A INPUT -i lo -j ACCEPT",
         "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
     ]
-    for source in allowed_sources["peers"]:
-        lines.append(f"-A INPUT -s {_check_ipv4(source, 'peer address')}/32 -j ACCEPT")
+    lines += [f"-A INPUT -s {peer}/32 -j ACCEPT" for peer in peers]
     for source in allowed_sources["hosts"]:
         lines.append(f"-A INPUT -s {_check_ipv4(source, 'host address')}/32 -p tcp "
                      f"--dport {int(sshd_port)} -j ACCEPT")
+    lines += ["-A OUTPUT -o lo -j ACCEPT",
+              "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"]
+    lines += [f"-A OUTPUT -d {peer}/32 -j ACCEPT" for peer in peers]
+    for network in allowed_sources.get("unreachable", ()):
+        network = _check_ipv4_network(network, "unreachable network")
+        lines += [f"-A OUTPUT -d {network} -p tcp -j REJECT --reject-with tcp-reset",
+                  f"-A OUTPUT -d {network} -j REJECT --reject-with icmp-port-unreachable"]
     return "\n".join(lines + ["COMMIT", ""])
 
 
@@ -510,8 +530,12 @@ def _job_of(container):
 def _namespace_options():
     """What a job's network namespace gets wherever it is made (with the worker, or
     ahead as a standby): the node's name as hostname, as users know it (the ranks
-    share it), and no IPv6."""
-    return {"hostname": __opts__["id"], "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1"}}
+    share it), no IPv6, and ports below 1024 for root alone (Docker lowers that floor
+    to 0 in every container; a job binding one could pass for a host's root, as to an
+    NFS server that trusts privileged source ports)."""
+    return {"hostname": __opts__["id"],
+            "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1",
+                        "net.ipv4.ip_unprivileged_port_start": "1024"}}
 
 
 def _check_standby_count(count):
@@ -713,8 +737,10 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         ``{node id: address}``: each node's job container address from the master's
         pool (one call serves every node of the job); this node takes its own.
     allowed_sources
-        ``{"peers": [job addresses], "hosts": [node addresses]}``: who may reach the
-        job's namespace (peers: everything; hosts: only sshd).
+        ``{"peers": [job addresses], "hosts": [node addresses], "unreachable":
+        [networks]}``: who may reach the job's namespace (peers: everything; hosts: only
+        sshd), and where the job may open connections only to its peers (CIDRs: the
+        cluster network and the site's ``mpi:job_network:unreachable``).
     sshd_port
         The port sshd listens on inside the job's namespace.
     files
@@ -744,7 +770,8 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
 
         salt node1 mpi_job.start_worker <job_id> <image> alice 100000 100000 \\
             /srv/dockermpi /var/lib/dockermpi/jobs dmpi-jobs '{node1: 10.0.1.130}' \\
-            '{peers: [10.0.1.130], hosts: [10.0.0.11]}' 2222 '{...}'
+            '{peers: [10.0.1.130], hosts: [10.0.0.11], unreachable: [10.0.0.0/16]}' \\
+            2222 '{...}'
     """
     _check_job_id(job_id)
     _check_user(user)
@@ -756,7 +783,8 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     if not isinstance(network, str) or not _NETWORK_RE.match(network):
         raise SaltInvocationError(f"invalid network name {network!r}")
     if not isinstance(allowed_sources, dict):
-        raise SaltInvocationError("allowed_sources must be {peers: [...], hosts: [...]}")
+        raise SaltInvocationError(
+            "allowed_sources must be {peers: [...], hosts: [...], unreachable: [...]}")
     blob = _host_key_blob(files.get("known_hosts", ""))
     starts_launcher = bool(launcher) and launcher.get("node") == __opts__["id"]
     started = time.monotonic()

@@ -160,7 +160,7 @@ _KEYS = {
     "storage:nfs": ("server", "export", "mount_options"),
     "retention": ("job_records_days", "job_dirs_days"),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries"),
-    "job_network": ("name", "addresses", "parent", "standby"),
+    "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
     "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_ca",
             "authenticator", "admin_users", "admin_token", "dummy", "github", "pip",
@@ -748,6 +748,7 @@ class _Checker:
                        "'' for the one holding the node's cluster address)")
         self.whole("job_network", "standby", minimum=0, maximum=MAX_STANDBY_NAMESPACES,
                    note=" (network namespaces a node keeps made ahead of jobs)")
+        self.check_unreachable(job_network.get("unreachable", _MISSING))
         addresses = job_network.get("addresses", _MISSING)
         if addresses is _MISSING:
             return
@@ -772,6 +773,27 @@ class _Checker:
             self.problem(f"mpi:job_network:addresses {pool} is the whole of "
                          "mpi:cluster_network: the pool must leave room for the nodes "
                          "and the gateway")
+
+    def check_unreachable(self, networks):
+        if networks is _MISSING:
+            return
+        if networks is None:  # `unreachable:` with every entry commented out
+            networks = []
+            self.put(("job_network", "unreachable"), networks)
+        if not isinstance(networks, list):
+            self.problem("mpi:job_network:unreachable must be a list of IPv4 networks "
+                         f"(CIDR), got {_shown(networks)}")
+            return
+        normal = []
+        for entry in networks:
+            try:
+                if not isinstance(entry, str):
+                    raise ValueError("not text")
+                normal.append(str(ipaddress.IPv4Network(entry, strict=True)))
+            except ValueError as exc:
+                self.problem(f"mpi:job_network:unreachable entry {_shown(entry)} is not an "
+                             f"IPv4 network in CIDR form with no host bits set ({exc})")
+        self.put(("job_network", "unreachable"), normal)
 
     def check_images(self):
         images = self.get("images")

@@ -846,7 +846,9 @@ class JobEngine:
         )
         launcher_node = nodes[0]
         allowed = {"peers": sorted(job_addresses.values()),
-                   "hosts": sorted(host_addresses.values())}
+                   "hosts": sorted(host_addresses.values()),
+                   "unreachable": [config["cluster_network"]]
+                   + list(config["job_network"].get("unreachable") or [])}
         mark = time.monotonic()
         # One publish starts the whole job: each node takes its own address and limits,
         # and the launcher's node starts mpirun once every peer's sshd is proven. That

@@ -146,6 +146,18 @@ def test_notebook_is_the_approved_image_by_digest_and_confined(hub, notebooks, n
     assert host["NetworkMode"] == "bridge"
 
 
+def test_a_notebook_binds_no_privileged_port(hub, notebooks):
+    bind = ("import errno, socket\n"
+            "for port in (700, 1024):\n"
+            "    s = socket.socket()\n"
+            "    try:\n"
+            "        s.bind(('0.0.0.0', port)); print(port, 'bound')\n"
+            "    except OSError as exc:\n"
+            "        print(port, errno.errorcode[exc.errno])\n")
+    code, out = hub.notebook_exec(ALICE, ["python3", "-c", bind])
+    assert code == 0 and out.split() == ["700", "EACCES", "1024", "bound"], out
+
+
 def test_bob_cannot_read_alices_data(hub, notebooks):
     code, _ = hub.notebook_exec(ALICE, ["sh", "-c", "echo alice-only > /data/secret.txt"])
     assert code == 0

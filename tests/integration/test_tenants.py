@@ -11,6 +11,8 @@ import json
 import time
 
 import pytest
+import yaml
+from tests.cluster.testcluster import HUB_ADDR, MASTER_ADDR, node_address
 
 pytestmark = pytest.mark.cluster
 
@@ -303,6 +305,72 @@ def test_another_users_job_cannot_squat_ports_or_reach_a_jobs_endpoints(cluster,
     assert code == 0 and again["state"] == "succeeded", again
     assert wait_for(cluster, a_job, ("running",))["state"] == "running"
     run(cluster, "mpi.cancel", job_id=a_job)
+
+
+def test_a_job_reaches_no_host_of_the_cluster_and_binds_no_privileged_port(cluster, victim):
+    # Every service of the master and the hub a job could attack (Salt's publisher and
+    # request server, salt-api, the registry, the hub's proxy and API), and on each node
+    # host a listener standing in for whatever a site runs there (the test nodes listen
+    # on no TCP port of their own). Each is shown open from a node host first, so a
+    # refusal proves something.
+    services = [(MASTER_ADDR, port) for port in (4505, 4506, 8000, 5000)]
+    services += [(HUB_ADDR, port) for port in (8000, 8081)]
+    listener = "dmpi-test-host-listener"
+    _, pillar = cluster.exec("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
+    image = yaml.safe_load(pillar)["mpi"]["images"]["mpi"]
+    for index, node in enumerate(cluster.nodes, start=1):
+        cluster.exec(node, ["docker", "rm", "-f", listener], check=False)
+        cluster.exec(node, ["docker", "run", "-d", "--name", listener, "--net=host",
+                            "--user", "65534:65534", image, "python3",
+                            "-m", "http.server", "--bind", node_address(index), "18999"])
+        services.append((node_address(index), 18999))
+    try:
+        _job_reaches_no_host(cluster, services)
+    finally:
+        for node in cluster.nodes:
+            cluster.exec(node, ["docker", "rm", "-f", listener], check=False)
+
+
+def _job_reaches_no_host(cluster, services):
+    for address, port in services:
+        deadline = time.monotonic() + 30  # a listener just started may not be up yet
+        while cluster.exec("node1", ["timeout", "5", "bash", "-c",
+                                     f"</dev/tcp/{address}/{port}"], check=False)[0] != 0:
+            assert time.monotonic() < deadline, \
+                f"{address}:{port} is not open from a node host: nothing to prove"
+            time.sleep(0.5)
+    probe = (
+        "import errno, json, os, socket\n"
+        "mine = sorted(set(os.environ['DMPI_ADDRESSES'].split(',')))\n"
+        f"targets = [(a, {SSHD_PORT}) for a in mine] + {services!r}\n"
+        "found = {}\n"
+        "for address, port in targets:\n"
+        "    try:\n"
+        "        socket.create_connection((address, port), timeout=5).close()\n"
+        "        found[f'{address}:{port}'] = 'open'\n"
+        "    except OSError as exc:\n"
+        "        found[f'{address}:{port}'] = errno.errorcode.get(exc.errno, str(exc))\n"
+        "s = socket.socket()\n"
+        "try:\n"
+        "    s.bind(('0.0.0.0', 700)); bound = 'bound'\n"
+        "except OSError as exc:\n"
+        "    bound = errno.errorcode.get(exc.errno, str(exc))\n"
+        "print(json.dumps({'found': found, 'port_700': bound}), flush=True)\n"
+    )
+    code, job = launch(cluster, ATTACKER, ["python3", "-c", probe], np=2,
+                       nodes="node1,node2", slots_per_node=1)
+    assert code == 0, job
+    output = cluster.read_shared(job["output"]["stdout"])
+    results = [json.loads(line) for line in output.splitlines()]
+    assert len(results) == 2, results
+    for result in results:
+        own = {k: v for k, v in result["found"].items()
+               if k.split(":")[0] in job["job_addresses"].values()}
+        assert set(own.values()) == {"open"} and len(own) == 2, result  # the job's own sshds
+        others = {k: v for k, v in result["found"].items() if k not in own}
+        # Refused at once by the job's own firewall, not left to time out.
+        assert set(others.values()) == {"ECONNREFUSED"}, result
+        assert result["port_700"] == "EACCES", result
 
 
 def _spares(cluster, node):

@@ -510,6 +510,15 @@ CASES = [
     ({"job_network": {"parent": "enp0s31f6-longer"}},
      "mpi:job_network:parent 'enp0s31f6-longer' is not an interface name (at most 15 "
      "letters, digits, '_', '.', '-'; '' for the one holding the node's cluster address)"),
+    ({"job_network": {"unreachable": "192.168.10.0/24"}},
+     "mpi:job_network:unreachable must be a list of IPv4 networks (CIDR), got "
+     "'192.168.10.0/24'"),
+    ({"job_network": {"unreachable": ["192.168.10.1/24"]}},
+     "mpi:job_network:unreachable entry '192.168.10.1/24' is not an IPv4 network in CIDR "
+     "form with no host bits set (192.168.10.1/24 has host bits set)"),
+    ({"job_network": {"unreachable": [24]}},
+     "mpi:job_network:unreachable entry 24 is not an IPv4 network in CIDR form with no "
+     "host bits set (not text)"),
     # images
     ({"images": ["mpi"]},
      "mpi:images must be a mapping of short names to image references pinned by digest, "
@@ -602,7 +611,7 @@ def test_validate_normalises_a_copy():
         "limits": {"cpus_per_slot": 2},
         "storage": {"path": "/srv//dockermpi/", "nfs": {"export": "/export/./mpi/"}},
         "job_root": "/var/lib/dockermpi/jobs/",
-        "job_network": {"parent": None},
+        "job_network": {"parent": None, "unreachable": ["192.168.10.0/255.255.255.0"]},
         "images": None,
         "docker": {"insecure_registries": None},
         "firewall": {"rules_file": "/etc/dockermpi/firewall.rules/"},
@@ -620,6 +629,7 @@ def test_validate_normalises_a_copy():
     assert config["storage"]["nfs"]["export"] == "/export/mpi"
     assert config["job_root"] == "/var/lib/dockermpi/jobs"
     assert config["images"] == {}
+    assert config["job_network"]["unreachable"] == ["192.168.10.0/24"]
     assert config["docker"]["insecure_registries"] == []
     assert config["firewall"]["rules_file"] == "/etc/dockermpi/firewall.rules"
     assert mpi_config.validate(config) == config

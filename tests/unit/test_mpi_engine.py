@@ -247,6 +247,17 @@ def test_a_queued_job_is_placed_started_and_running(world):
     assert f"mpi/job/{job_id}/running" in transport.events
 
 
+def test_a_job_may_connect_only_to_its_own_containers_on_the_cluster_network(world):
+    store, transport, clock, engine = world
+    config = dict(CONFIG, job_network=dict(CONFIG["job_network"],
+                                           unreachable=["192.168.10.0/24"]))
+    store.set_meta("site", {"config": config, "read": time.time()})
+    job_id = _started(store, clock, engine, np=4, spec=dict(_spec(), config=config))
+    allowed = transport.calls[0][2]["allowed_sources"]
+    assert allowed["peers"] == sorted(store.get(job_id)["job_addresses"].values())
+    assert allowed["unreachable"] == ["10.0.0.0/16", "192.168.10.0/24"]
+
+
 @pytest.mark.parametrize("placement, placements", [
     ("pack", [{"node1": 1, "node2": 1}, {"node1": 1, "node2": 1}]),
     ("spread", [{"node1": 1, "node2": 1}, {"node3": 1, "node1": 1}, {"node2": 1, "node3": 1}]),
