@@ -580,6 +580,20 @@ class _Checker:
         self.put(path, str(net))
         return net
 
+    def listing(self, *path, what):
+        """The list at ``path`` (``key:`` with every entry commented out is an empty
+        one), or None when it is missing or, after a problem, not a list."""
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        if value is None:
+            value = []
+            self.put(path, value)
+        if not isinstance(value, list):
+            self.problem(f"{_key(*path)} must be a list of {what}, got {_shown(value)}")
+            return None
+        return value
+
     # ----------------------------------------------------------------------- checks
 
     def check_ids(self, users, guest):
@@ -722,17 +736,8 @@ class _Checker:
             self.problem("mpi:docker:log_max_size must be a size such as 10m (a whole "
                          f"number, optionally with k, m or g), got {_shown(size)}")
         self.whole("docker", "log_max_file", minimum=1)
-        registries = docker.get("insecure_registries", _MISSING)
-        if registries is _MISSING:
-            return
-        if registries is None:  # `insecure_registries:` with every entry commented out
-            registries = []
-            self.put(("docker", "insecure_registries"), registries)
-        if not isinstance(registries, list):
-            self.problem("mpi:docker:insecure_registries must be a list of host:port "
-                         f"entries, got {_shown(registries)}")
-            return
-        for entry in registries:
+        registries = self.listing("docker", "insecure_registries", what="host:port entries")
+        for entry in registries or ():
             if not isinstance(entry, str) or not _REGISTRY_RE.match(entry):
                 self.problem(f"mpi:docker:insecure_registries entry {_shown(entry)} must be "
                              "host:port (or a CIDR), without a scheme or path")
@@ -748,7 +753,7 @@ class _Checker:
                        "'' for the one holding the node's cluster address)")
         self.whole("job_network", "standby", minimum=0, maximum=MAX_STANDBY_NAMESPACES,
                    note=" (network namespaces a node keeps made ahead of jobs)")
-        self.check_unreachable(job_network.get("unreachable", _MISSING))
+        self.check_unreachable()
         addresses = job_network.get("addresses", _MISSING)
         if addresses is _MISSING:
             return
@@ -774,15 +779,9 @@ class _Checker:
                          "mpi:cluster_network: the pool must leave room for the nodes "
                          "and the gateway")
 
-    def check_unreachable(self, networks):
-        if networks is _MISSING:
-            return
-        if networks is None:  # `unreachable:` with every entry commented out
-            networks = []
-            self.put(("job_network", "unreachable"), networks)
-        if not isinstance(networks, list):
-            self.problem("mpi:job_network:unreachable must be a list of IPv4 networks "
-                         f"(CIDR), got {_shown(networks)}")
+    def check_unreachable(self):
+        networks = self.listing("job_network", "unreachable", what="IPv4 networks (CIDR)")
+        if networks is None:
             return
         normal = []
         for entry in networks:
