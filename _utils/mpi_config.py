@@ -569,16 +569,21 @@ class _Checker:
         value = self.get(*path)
         if value is _MISSING:
             return None
+        net = self.parsed_network(value, f"{_key(*path)} {_shown(value)}")
+        if net is not None:
+            self.put(path, str(net))
+        return net
+
+    def parsed_network(self, value, shown):
+        """``value`` as an IPv4Network, or None after a problem naming it as ``shown``."""
         try:
             if not isinstance(value, str):
                 raise ValueError("not text")
-            net = ipaddress.IPv4Network(value, strict=True)
+            return ipaddress.IPv4Network(value, strict=True)
         except ValueError as exc:
-            self.problem(f"{_key(*path)} {_shown(value)} is not an IPv4 network in CIDR "
-                         f"form with no host bits set ({exc})")
+            self.problem(f"{shown} is not an IPv4 network in CIDR form with no host bits "
+                         f"set ({exc})")
             return None
-        self.put(path, str(net))
-        return net
 
     def listing(self, *path, what):
         """The list at ``path`` (``key:`` with every entry commented out is an empty
@@ -783,16 +788,10 @@ class _Checker:
         networks = self.listing("job_network", "unreachable", what="IPv4 networks (CIDR)")
         if networks is None:
             return
-        normal = []
-        for entry in networks:
-            try:
-                if not isinstance(entry, str):
-                    raise ValueError("not text")
-                normal.append(str(ipaddress.IPv4Network(entry, strict=True)))
-            except ValueError as exc:
-                self.problem(f"mpi:job_network:unreachable entry {_shown(entry)} is not an "
-                             f"IPv4 network in CIDR form with no host bits set ({exc})")
-        self.put(("job_network", "unreachable"), normal)
+        parsed = [self.parsed_network(entry,
+                                      f"mpi:job_network:unreachable entry {_shown(entry)}")
+                  for entry in networks]
+        self.put(("job_network", "unreachable"), [str(net) for net in parsed if net])
 
     def check_images(self):
         images = self.get("images")

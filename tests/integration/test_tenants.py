@@ -70,10 +70,10 @@ def victim_files(cluster):
     return sorted(listing.splitlines()), cluster.read_shared(SECRET)
 
 
-def node_reports(cluster, node, since=None, timeout=60):
-    """Whether the master hears from ``node`` after ``since`` (time.time(), default now):
-    waits for that report, bounded by ``timeout``, and says whether it came."""
-    since = time.time() if since is None else since
+def node_reports(cluster, node, timeout=60):
+    """Whether the master hears from ``node`` after this call: waits for that report,
+    bounded by ``timeout``, and says whether it came."""
+    since = time.time()
     deadline = time.monotonic() + timeout
     while True:
         _, nodes = run(cluster, "mpi.nodes")

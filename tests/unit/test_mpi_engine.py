@@ -463,12 +463,7 @@ def _seconds(engine, clock, seconds, heard=("node1", "node3")):
         for node in heard:
             engine.heartbeat(node, "d0")
         engine.tick()
-        _probes_done(engine)
-
-
-def _probes_done(engine):
-    """Let the host probes the last pass started finish (they run in threads)."""
-    _settle(engine)
+        _settle(engine)  # the host probes the pass started run in threads
 
 
 def test_a_silent_node_ends_its_jobs_after_the_node_timeout(world):
@@ -541,7 +536,7 @@ def test_a_silent_node_a_peer_cannot_reach_is_lost_even_if_its_host_answers(worl
         engine.node_report("node1", _running_report(clock, job_id, unreachable_peers=[node2]))
         engine.heartbeat("node3", "d0")
         engine.tick()
-        _probes_done(engine)
+        _settle(engine)  # the host probes the pass started run in threads
     record = store.get(job_id)
     assert record["state"] == "failed" and "node1 cannot reach" in record["reason"]
 
