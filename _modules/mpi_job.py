@@ -449,7 +449,7 @@ def job_firewall_rules(allowed_sources, sshd_port):
     else on the cluster network reaches a job's sshd or Open MPI ports. Out of it, the
     job opens connections to its own containers only among the networks in
     ``allowed_sources["unreachable"]`` (the cluster network and what the site adds):
-    never to the master's Salt ports, salt-api, the registry, the hub or a node's host.
+    never to the master's Salt ports or user API, the registry, the hub or a node's host.
     Those are refused at once (a reset or port-unreachable), not left to time out.
     """
     peers = [_check_ipv4(source, "peer address") for source in allowed_sources["peers"]]

@@ -20,7 +20,7 @@ when not.
 
 :depends: the ``mpi_master`` engine on the master; the ``mpi_job`` execution module and
     ``mpi_node`` engine on the nodes; the ``mpi_engine``, ``mpi_request``, ``mpi_rules``,
-    ``mpi_sched``, ``mpi_store`` and ``mpi_account`` utils modules
+    ``mpi_sched``, ``mpi_store``, ``mpi_account`` and ``mpi_caller`` utils modules
 """
 
 import datetime
@@ -82,14 +82,10 @@ def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env
 
 
 def _hub_identity():
-    """The JupyterHub user calling through salt-api (eauth ``jupyterhub``), or None for
-    an admin: root on the master (``salt-run``) or the job engine. Salt sets
-    ``__user__`` to the authenticated name; the eauth module never lets a hub user
-    authenticate under an admin's name (``mpi_config.is_admin_caller``)."""
-    caller = globals().get("__user__")
-    if caller is None or __utils__["mpi_config.is_admin_caller"](caller, __opts__.get("user")):
-        return None
-    return caller
+    """The JupyterHub user calling through DockerMPI's API (the ``mpi_api`` engine marks
+    the thread it calls in: ``mpi_caller``), or None for an admin: root on the master
+    (``salt-run``) or the job engine."""
+    return __utils__["mpi_caller.hub_user"]()
 
 
 def _acting_user(user):
@@ -405,7 +401,7 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     Run an MPI program across nodes in an approved image and wait for it to end.
 
     user
-        Whose job it is (admins only: a hub user calling through salt-api is always
+        Whose job it is (admins only: a hub user calling through the API is always
         themselves, and may not name anyone else). Only ``<storage>/users/<user>`` is
         mounted, at ``/data`` (also HOME); output goes to ``/data/mpi-jobs/<job id>/``.
     image
@@ -875,7 +871,7 @@ def usage(user=None, since=None, until=None):
     (ranks x elapsed), elapsed seconds, queue wait mean and max (of jobs that started),
     over the jobs that ended in the window; without ``until``, jobs queued or running
     now are counted too (``queued``, ``running``), using nothing yet. Admins see every
-    user; a hub user (through salt-api) sees only themselves.
+    user; a hub user (through the API) sees only themselves.
 
     user
         Only this user.
@@ -1046,7 +1042,7 @@ def restore(path):
 
 def whoami():
     """
-    Who is calling, as DockerMPI sees it. For a hub user (through salt-api): their hub
+    Who is calling, as DockerMPI sees it. For a hub user (through the API): their hub
     name, DockerMPI user name, uid and directory, made on first use; JupyterHub's
     spawner asks this before it starts the user's notebook as that uid. For an admin:
     ``{"admin": true, "caller": name}``.
@@ -1069,6 +1065,24 @@ def whoami():
     return {"user": identity, "account": user, "uid": uid, "gid": uid,
             "dir": posixpath.join(config["storage"]["path"], "users", user),
             "dir_in_job": DATA_MOUNT}
+
+
+def images():
+    """
+    The approved images jobs may run in (pillar ``mpi:images``), by short name, with
+    the reference each is pinned to.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.images
+    """
+    try:
+        found = _fresh_site(_store()).get("images") or {}
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
+    return {"images": [{"name": name, "reference": found[name]} for name in sorted(found)]}
 
 
 def add_user(user):

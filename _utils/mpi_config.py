@@ -33,7 +33,6 @@ __all__ = [
     "contract",
     "container_name",
     "is_job_id",
-    "is_admin_caller",
     "is_user",
     "user_for_identity",
     "merge",
@@ -140,6 +139,10 @@ _PINNED_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-
 #: Where the scheduler puts a job's ranks (``mpi:placement``; ``mpi_sched.PLACEMENTS``).
 PLACEMENTS = ("pack", "spread")
 
+#: Per-user limits of the user API (``mpi:api:limits``).
+API_LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes",
+              "wait_seconds")
+
 #: How users log in to the hub (``mpi:hub:authenticator``).
 HUB_AUTHENTICATORS = ("dummy", "github")
 
@@ -162,7 +165,7 @@ _KEYS = {
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries"),
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
-    "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_ca",
+    "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_service_url",
             "authenticator", "admin_users", "admin_token", "dummy", "github", "pip",
             "limits", "venv", "state_dir"),
     "hub:dummy": ("password", "allowed_users"),
@@ -170,8 +173,8 @@ _KEYS = {
                    "allowed_organizations"),
     "hub:pip": ("index_url", "find_links", "no_index"),
     "hub:limits": ("memory_mb", "pids", "cpus"),
-    "api": ("host", "port", "tls_dir", "subject_alt_names", "certificate_days",
-            "token_expire", "auth_dir", "service", "salt_pip", "cherrypy"),
+    "api": ("host", "port", "allowed_clients", "token_cache_seconds", "limits"),
+    "api:limits": API_LIMITS,
     "engine": ("probe_port", "silent_grace"),
 }
 #: Limits a site may leave out (defaults.yaml has them all but these).
@@ -242,24 +245,6 @@ def is_user(value):
         __utils__["mpi_config.is_user"]("alice")  # True
     """
     return isinstance(value, str) and bool(USER_RE.match(value))
-
-
-def is_admin_caller(name, master_user=None):
-    """
-    Whether Salt's name for a runner caller (``__user__``) is an admin's: ``root``, the
-    user the master runs as, ``sudo_<name>`` (``salt-run`` under sudo), or ``UNKNOWN``
-    (a RunnerClient called in a process on the master itself, which gives no user). The
-    eauth module refuses such names from the hub, so a hub user can never be taken for
-    one.
-
-    CLI Example:
-
-    .. code-block:: python
-
-        __utils__["mpi_config.is_admin_caller"]("root", "root")  # True
-    """
-    return isinstance(name, str) and (
-        name in ("root", "UNKNOWN", master_user or "root") or name.startswith("sudo_"))
 
 
 def user_for_identity(identity):
@@ -848,9 +833,9 @@ class _Checker:
         for key, schemes, required in (("bind_url", ("http", "https"), True),
                                        ("hub_bind_url", ("http",), True),
                                        ("hub_api_url", ("http", "https"), False),
-                                       ("api_url", ("https",), False)):
+                                       ("api_url", ("http", "https"), False),
+                                       ("api_service_url", ("http",), False)):
             self.url(("hub", key), schemes, required)
-        self.path("hub", "api_ca")
         self.path("hub", "venv")
         self.path("hub", "state_dir")
         kind = self.choice(HUB_AUTHENTICATORS, "hub", "authenticator")
@@ -926,7 +911,7 @@ class _Checker:
                    note=" (seconds; 0: a silent node's jobs fail after 5 s, as before)")
 
     def check_api(self):
-        """``mpi:api``: salt-api on the master (salt/dockermpi/api)."""
+        """``mpi:api``: DockerMPI's user API on the master (salt/dockermpi/api)."""
         api = self.mapping("api")
         if api is None:
             return
@@ -938,22 +923,18 @@ class _Checker:
             except ValueError:
                 self.problem(f"mpi:api:host must be an IP address to listen on, got {_shown(host)}")
         self.whole("api", "port", minimum=1, maximum=PORT_MAX)
-        self.whole("api", "certificate_days", minimum=31, maximum=3650)
-        self.whole("api", "token_expire", minimum=60)
-        for key in ("tls_dir", "auth_dir", "salt_pip"):
-            self.path("api", key)
-        self.text("api", "service", pattern=_PACKAGE_RE, what="a systemd service name")
-        names = self.get("api", "subject_alt_names")
-        if names is not _MISSING and not (
-                isinstance(names, list) and all(
-                    isinstance(n, str) and re.match(r"^(DNS|IP):[^\s,]+\Z", n) for n in names)):
-            self.problem("mpi:api:subject_alt_names must be a list like ['DNS:master.example.org', "
-                         f"'IP:10.0.0.2'], got {_shown(names)}")
-        package = self.get("api", "cherrypy")
-        if package is not _MISSING and not (
-                isinstance(package, str) and _PINNED_PACKAGE_RE.match(package)):
-            self.problem(f"mpi:api:cherrypy must be a pinned requirement name==version, got "
-                         f"{_shown(package)}")
+        self.whole("api", "token_cache_seconds", minimum=0, maximum=3600)
+        clients = self.listing("api", "allowed_clients", what="IP addresses or networks")
+        for client in clients or ():
+            try:
+                ipaddress.ip_network(client if isinstance(client, str) else "", strict=False)
+            except ValueError:
+                self.problem("mpi:api:allowed_clients must list IP addresses or networks, got "
+                             f"{_shown(client)}")
+        if "limits" in api and self.mapping("api", "limits") is not None:
+            self.keys("api:limits", self.get("api", "limits"))
+            for key in API_LIMITS:
+                self.whole("api", "limits", key, minimum=1)
 
     def url(self, path, schemes, required):
         """An absolute URL with one of ``schemes`` and a host; '' allowed unless required."""

@@ -95,7 +95,7 @@ class JobStore:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         self.path = path
         with self._connect() as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            version = found = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{path} has schema {version}; this code knows {SCHEMA_VERSION}")
             if version == 0:  # a new store: the current schema, nothing to migrate
@@ -103,7 +103,10 @@ class JobStore:
                 version = SCHEMA_VERSION
             for step in range(version, SCHEMA_VERSION):
                 conn.executescript(_MIGRATIONS[step])
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if found != SCHEMA_VERSION:
+                # A write: opening a current store (every API call does) stays a read,
+                # which never waits for the engine's writes.
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextlib.contextmanager
     def _connect(self):
