@@ -22,8 +22,14 @@ mpi:
   hub:
     image: notebook
     hub_api_url: http://10.251.1.5:8081/hub/api
-    api_url: https://10.251.1.2:8000
+    # Notebooks call DockerMPI's API through the hub's proxy; the proxy reaches it on
+    # the master.
+    api_url: http://10.251.1.5:8000/services/dockermpi
+    api_service_url: http://10.251.1.2:8001
     limits:
       memory_mb: 1024
       pids: 256
       cpus: 1.0
+  # Short enough that the tests see a revoked token refused soon.
+  api:
+    token_cache_seconds: 5

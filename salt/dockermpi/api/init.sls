@@ -1,68 +1,44 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 {#- The master's side of the notebook way in (role mpi-master, on the salt-master's own
-    minion): salt-api (rest_cherrypy) over TLS, the jupyterhub eauth module
-    (_auth/jupyterhub.py) that asks the hub whose token a caller holds, and the ACL
-    that lets hub users call only the user-facing mpi runner functions. The master
-    reads external_auth only at start, so it restarts when that configuration changes;
-    a transient systemd timer does it two seconds later, so this highstate still
-    returns its result to it. #}
-{%- set api = mpi.api %}
-{%- set names = api.subject_alt_names or
-      (["DNS:" ~ grains.fqdn] + (grains.ipv4 | reject("match", "^127\.") | map("regex_replace", "^", "IP:") | list)) %}
+    minion): the mpi_api engine, DockerMPI's user API, which the hub registers as its
+    service `dockermpi` and proxies at /services/dockermpi/. It accepts connections from
+    the hub host only (mpi:api:allowed_clients, by default the host of mpi:hub:hub_api_url).
+    salt-api is not part of DockerMPI: where it runs it is stopped and disabled, and the
+    files DockerMPI once gave it (its TLS key and certificate, the jupyterhub eauth
+    module) are removed, so no user reaches Salt. The master reads
+    engines only at start, so it restarts when this configuration changes; a transient
+    systemd timer does it two seconds later, so this highstate still returns its result
+    to it. #}
+{%- set api = mpi.api if mpi.api is mapping else {} %}
+{%- set hub = mpi.hub if mpi.hub is mapping else {} %}
+{%- set hub_api_url = hub.get("hub_api_url") if hub.get("hub_api_url") is string else "" %}
+{%- set netloc = hub_api_url.split("://", 1)[-1].split("/", 1)[0] %}
+{%- if netloc.startswith("[") %}
+{%-   set hub_host = netloc[1:].split("]", 1)[0] %}
+{%- else %}
+{%-   set hub_host = netloc.split(":", 1)[0] %}
+{%- endif %}
+{#- The engine refuses to start without clients or with a host name (it matches callers'
+    addresses), so the state says so first. #}
+{%- set allowed = api.get("allowed_clients") or ([hub_host] if hub_host else []) %}
+{%- set missing = [] %}
+{%- if not hub_api_url %}
+{%-   do missing.append("mpi:hub:hub_api_url is required on the master: the API asks the hub there whose token a caller holds") %}
+{%- elif not api.get("allowed_clients") and not hub_host | is_ip %}
+{%-   do missing.append("mpi:api:allowed_clients must list the hub host's addresses: mpi:hub:hub_api_url names it " ~ hub_host ~ ", not by an IP address") %}
+{%- endif %}
 
 include:
   - {{ tplroot }}.config
 
-mpi-api-cherrypy-installed:
-  pip.installed:
-    - name: {{ api.cherrypy | json }}
-    - bin_env: {{ api.salt_pip | json }}
-    - require:
-      - sls: {{ tplroot }}.config
-
-mpi-api-tls-key:
-  x509.private_key_managed:
-    - name: {{ (api.tls_dir ~ "/tls.key") | json }}
-    - algo: rsa
-    - keysize: 3072
-    - mode: '0600'
-    - makedirs: True
-    - require:
-      - sls: {{ tplroot }}.config
-
-{#- Self-signed (a site with its own CA puts its certificate and key at these paths and
-    keeps them: the state renews only what it made itself, 30 days before the end). #}
-mpi-api-tls-certificate:
-  x509.certificate_managed:
-    - name: {{ (api.tls_dir ~ "/tls.crt") | json }}
-    - signing_private_key: {{ (api.tls_dir ~ "/tls.key") | json }}
-    - CN: {{ grains.fqdn | json }}
-    - subjectAltName: {{ names | join(", ") | json }}
-    - basicConstraints: "critical, CA:true, pathlen:0"
-    - keyUsage: "critical, digitalSignature, keyEncipherment, keyCertSign"
-    - extendedKeyUsage: serverAuth
-    - days_valid: {{ api.certificate_days }}
-    - days_remaining: 30
-    - mode: '0644'
-    - require:
-      - sls: {{ tplroot }}.config
-      - x509: mpi-api-tls-key
-
-mpi-api-certificate-published:
-  mpi_api.certificate_published:
-    - name: dockermpi_api_certificate
-    - path: {{ (api.tls_dir ~ "/tls.crt") | json }}
-    - require:
-      - sls: {{ tplroot }}.config
-      - x509: mpi-api-tls-certificate
-
-mpi-api-eauth-module:
-  file.managed:
-    - name: {{ (api.auth_dir ~ "/jupyterhub.py") | json }}
-    - source: salt://_auth/jupyterhub.py
-    - mode: '0644'
-    - makedirs: True
+mpi-api-settings-complete:
+  test.configurable_test_state:
+    - name: mpi:api
+    - changes: False
+    - result: {{ not missing }}
+    - allow_test_mode_failure: True
+    - comment: {{ (("The mpi:api settings are incomplete; the API is not set up until they are:\n" ~ missing | join("\n")) if missing else "The mpi:api settings are complete") | json }}
     - require:
       - sls: {{ tplroot }}.config
 
@@ -72,26 +48,22 @@ mpi-api-master-config:
     - serializer: yaml
     - mode: '0600'
     - dataset:
-        rest_cherrypy:
-          host: {{ api.host | json }}
-          port: {{ api.port }}
-          ssl_crt: {{ (api.tls_dir ~ "/tls.crt") | json }}
-          ssl_key: {{ (api.tls_dir ~ "/tls.key") | json }}
-        # salt-api serves the runner client only: no local (minion), wheel or ssh
-        # calls, whoever asks.
-        netapi_enable_clients:
-          - runner
-        auth_dirs:
-          - {{ api.auth_dir | json }}
-        # A salt-api /login token outlives a revoked hub token by at most this long
-        # (the mpi client never logs in: it sends the hub token with every call).
-        token_expire: {{ api.token_expire }}
-        external_auth:
-          jupyterhub:
-            ^url: {{ mpi.hub.hub_api_url | json }}
-            '*':
-              - '@runner':
-                - '^mpi\.(whoami|submit|launch|wait|status|list|history|usage|logs|cancel)$'
+        engines:
+          - mpi_api:
+              hub_api_url: {{ hub_api_url | json }}
+              host: {{ api.get("host") | json }}
+              port: {{ api.get("port") | json }}
+              allowed_clients: {{ allowed | json }}
+              token_cache_seconds: {{ api.get("token_cache_seconds") | json }}
+              limits: {{ api.get("limits") | json }}
+    - require:
+      - sls: {{ tplroot }}.config
+      - test: mpi-api-settings-complete
+
+mpi-api-salt-api-stopped:
+  service.dead:
+    - name: salt-api
+    - enable: False
     - require:
       - sls: {{ tplroot }}.config
 
@@ -103,18 +75,16 @@ mpi-api-master-restart:
       - python_shell: False
     - onchanges:
       - file: mpi-api-master-config
-      - file: mpi-api-eauth-module
     - require:
       - sls: {{ tplroot }}.config
+      - test: mpi-api-settings-complete
 
-mpi-api-service-running:
-  service.running:
-    - name: {{ api.service | json }}
-    - enable: True
+{%- for leftover in ("/etc/dockermpi/api", "/var/lib/dockermpi/salt-auth") %}
+
+mpi-api-salt-api-leftover-{{ loop.index }}-absent:
+  file.absent:
+    - name: {{ leftover | json }}
     - require:
       - sls: {{ tplroot }}.config
-      - pip: mpi-api-cherrypy-installed
-      - x509: mpi-api-tls-certificate
-    - watch:
-      - file: mpi-api-master-config
-      - x509: mpi-api-tls-certificate
+      - service: mpi-api-salt-api-stopped
+{%- endfor %}

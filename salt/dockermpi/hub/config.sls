@@ -11,7 +11,7 @@
       "hub_bind_url": hub.hub_bind_url,
       "hub_api_url": hub.hub_api_url,
       "api_url": hub.api_url,
-      "api_ca": hub.api_ca,
+      "api_service_url": hub.api_service_url,
       "users_dir": mpi.storage.path ~ "/users",
       "state_dir": hub.state_dir,
       "proxy_command": "/usr/bin/configurable-http-proxy",

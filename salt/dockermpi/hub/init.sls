@@ -12,6 +12,6 @@ include:
   - dockermpi.images.absent
   - .proxy
   - .venv
-  - .apica
+  - .firewall
   - .config
   - .service

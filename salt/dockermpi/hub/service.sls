@@ -1,7 +1,8 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 {#- The hub as the systemd service dockermpi-hub, restarted when its configuration,
-    spawner, packages or the salt-api certificate change. Its state (sqlite database,
+    spawner or packages change; it starts notebooks only once the firewall keeps them
+    from the rest of the cluster network (.firewall). Its state (sqlite database,
     cookie secret, proxy pid) is in mpi:hub:state_dir. It runs as root: it drives the
     local Docker engine, which is root's anyway. #}
 {%- set hub = mpi.hub %}
@@ -13,7 +14,7 @@ include:
   - .image
   - .proxy
   - .venv
-  - .apica
+  - .firewall
   - .config
 
 mpi-hub-service-state-directory:
@@ -63,15 +64,14 @@ mpi-hub-service-running:
     - require:
       - sls: {{ tplroot }}.config
       - sls: {{ tplroot }}.hub.settings
-      - sls: {{ tplroot }}.hub.apica
       - service: mpi-docker-service-running
       - mpi_image: mpi-hub-image-present
       - pkg: mpi-hub-proxy-package-installed
       - file: mpi-hub-service-state-directory
+      - iptables: mpi-hub-firewall-notebooks-reach-only-the-hub
     - watch:
       - file: mpi-hub-service-unit-file
       - file: mpi-hub-config-settings-json
       - file: mpi-hub-config-jupyterhub-config
       - file: mpi-hub-config-spawner-module
       - pip: mpi-hub-venv-pip-installed
-      - sls: {{ tplroot }}.hub.apica

@@ -6,7 +6,7 @@
 {%- set hub = mpi.hub if mpi.hub is mapping else {} %}
 {%- set images = mpi.images if mpi.images is mapping else {} %}
 {%- set missing = [] %}
-{%- for key in ("hub_api_url", "api_url") if not hub.get(key) %}
+{%- for key in ("hub_api_url", "api_url", "api_service_url") if not hub.get(key) %}
 {%-   do missing.append("mpi:hub:" ~ key ~ " is required on the hub host") %}
 {%- endfor %}
 {%- if hub.get("image") not in images %}

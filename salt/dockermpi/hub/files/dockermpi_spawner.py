@@ -2,14 +2,15 @@
 DockerMPI's JupyterHub spawner: DockerSpawner on the hub host's own Docker engine (its
 unix socket), with identity and uid from the DockerMPI master.
 
-Before a user's notebook server starts, the spawner asks the master's salt-api who the
-user is (runner ``mpi.whoami`` through eauth ``jupyterhub``, with the server's own hub
-token as password, TLS verified against the master's certificate). The answer names the
+Before a user's notebook server starts, the spawner asks DockerMPI's API on the master
+who the user is (``GET /api/v1/whoami`` of the hub's service ``dockermpi``, with the
+server's own hub token, which carries the service's scope). The answer names the
 user's account (a name safe for Docker), uid, gid and directory on the shared storage,
 which the master has created and owns by that uid before it answers. The container then
 runs as ``uid:gid`` with that directory alone bind-mounted at ``/data`` (HOME and working
-directory), every capability dropped, no-new-privileges, memory, pids and CPU limits,
-and the master's certificate mounted read-only for the ``mpi`` client inside.
+directory), every capability dropped, no-new-privileges, memory, pids and CPU limits;
+``DOCKERMPI_API_URL`` tells the ``mpi`` client inside where the API is (through the
+hub's proxy).
 
 Installed by the dockermpi.hub state next to jupyterhub_config.py (on PYTHONPATH of the
 dockermpi-hub service).
@@ -17,7 +18,6 @@ dockermpi-hub service).
 :depends: jupyterhub, dockerspawner 14, tornado
 """
 
-import html
 import json
 import os.path
 import re
@@ -29,8 +29,6 @@ from traitlets import Float, Unicode
 
 #: Where the user's directory appears in the notebook (as in job containers).
 DATA_MOUNT = "/data"
-#: Where the master's certificate appears in the notebook.
-CA_MOUNT = "/etc/dockermpi/api-ca.pem"
 #: The answer of mpi.whoami: every key the spawner needs.
 WHOAMI_KEYS = ("user", "account", "uid", "gid", "dir", "dir_in_job")
 #: An account as the master hands it out (it names a container and a directory).
@@ -52,12 +50,12 @@ class WhoamiError(web.HTTPError):
 
 
 def _why(body):
-    """What an error answer of salt-api says, in one line: its JSON, or the <p> of the
-    HTML page CherryPy sends."""
+    """What an error answer of the API says, in one line (its JSON ``error``)."""
     text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
-    found = re.search(r"<p>(.*?)</p>", text, re.S)
-    if found:
-        text = html.unescape(found.group(1))
+    try:
+        text = str(json.loads(text).get("error") or text)
+    except (ValueError, AttributeError):
+        pass
     return " ".join(text.split())[:300]
 
 
@@ -85,15 +83,14 @@ def check_identity(found, user, users_dir):
 
 class DockerMPISpawner(DockerSpawner):
     """DockerSpawner that runs each notebook as the user's own uid from the master, with
-    only the user's directory mounted. Configure ``api_url``, ``api_ca``, ``users_dir``,
+    only the user's directory mounted. Configure ``api_url``, ``api_service_url``, ``users_dir``,
     ``image_name`` (besides DockerSpawner's ``image``, the approved reference by digest)."""
 
     api_url = Unicode(
-        help="The master's salt-api (https://host:port), as the hub and notebooks reach it."
+        help="DockerMPI's API as notebooks reach it (through the proxy): DOCKERMPI_API_URL."
     ).tag(config=True)
-    api_ca = Unicode(
-        help="The master's certificate (PEM) on the hub host: verifies salt-api's TLS and "
-        "is mounted read-only into every notebook."
+    api_service_url = Unicode(
+        help="DockerMPI's API as the hub reaches it on the master (the service's url)."
     ).tag(config=True)
     users_dir = Unicode(
         help="<storage path>/users on the hub host: where mpi.whoami's directories lie."
@@ -111,15 +108,12 @@ class DockerMPISpawner(DockerSpawner):
     async def whoami(self):
         """The master's mpi.whoami answer for this spawner's user (checked)."""
         user = self.user.name
-        lowstate = [{"client": "runner", "fun": "mpi.whoami", "eauth": "jupyterhub",
-                     "username": user, "password": self.api_token}]
         request = HTTPRequest(
-            self.api_url.rstrip("/") + "/run", method="POST", body=json.dumps(lowstate),
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-            ca_certs=self.api_ca, validate_cert=True,
+            self.api_service_url.rstrip("/") + "/services/dockermpi/api/v1/whoami",
+            headers={"Authorization": f"token {self.api_token}", "Accept": "application/json"},
             connect_timeout=self.whoami_timeout, request_timeout=self.whoami_timeout,
         )
-        where = f"the DockerMPI master ({self.api_url})"
+        where = f"DockerMPI's API ({self.api_service_url})"
         try:
             response = await AsyncHTTPClient().fetch(request)
         except HTTPClientError as exc:
@@ -130,8 +124,8 @@ class DockerMPISpawner(DockerSpawner):
             raise WhoamiError(f"{where} could not be asked mpi.whoami for {user}: "
                               f"{type(exc).__name__}: {exc}") from exc
         try:
-            found = json.loads(response.body)["return"][0]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            found = json.loads(response.body)
+        except ValueError as exc:
             raise WhoamiError(f"{where} answered mpi.whoami for {user} with "
                               f"{response.body[:300]!r}") from exc
         if isinstance(found, dict) and found.get("error") and "uid" not in found:
@@ -156,14 +150,12 @@ class DockerMPISpawner(DockerSpawner):
         self.mounts = [
             {"type": "bind", "source": identity["dir"], "target": DATA_MOUNT,
              "read_only": False},
-            {"type": "bind", "source": self.api_ca, "target": CA_MOUNT, "read_only": True},
         ]
         self.notebook_dir = DATA_MOUNT
         self.environment = {
             **self.environment,
             "HOME": DATA_MOUNT,
             "DOCKERMPI_API_URL": self.api_url,
-            "DOCKERMPI_API_CA": CA_MOUNT,
             "DOCKERMPI_IMAGE": self.image_name,
             "DOCKERMPI_ACCOUNT": identity["account"],
         }

@@ -47,15 +47,27 @@ else:
     else:
         c.Authenticator.allow_all = True
 
-# --- the admin service (the test suite, site tooling) -------------------------------------
+# --- DockerMPI's user API, and the admin service (the test suite, site tooling) ---------
+# The API runs on the master (the mpi_api engine); the proxy serves it to notebooks at
+# /services/dockermpi/. It accepts a token only with the scope below, which users and
+# their servers' tokens get here; a token the hub gives another server for a visiting
+# user (OAuth) carries no such scope.
+DOCKERMPI_SCOPE = "access:services!service=dockermpi"
+c.JupyterHub.services = [{"name": "dockermpi", "url": settings["api_service_url"],
+                          "display": False}]
+c.JupyterHub.load_roles = [
+    {"name": "user", "scopes": ["self", DOCKERMPI_SCOPE]},
+    {"name": "server", "scopes": ["users:activity!user", "access:servers!server",
+                                  DOCKERMPI_SCOPE]},
+]
 if settings["admin_token"]:
-    c.JupyterHub.services = [{"name": "dockermpi-admin", "api_token": settings["admin_token"]}]
-    c.JupyterHub.load_roles = [{
+    c.JupyterHub.services.append({"name": "dockermpi-admin", "api_token": settings["admin_token"]})
+    c.JupyterHub.load_roles.append({
         "name": "dockermpi-admin",
         "description": "DockerMPI's admin service: users, their tokens and servers",
         "scopes": ["admin:users", "admin:servers", "tokens", "read:hub", "list:users"],
         "services": ["dockermpi-admin"],
-    }]
+    })
 
 # --- notebooks: the approved image by digest, the user's uid from the master -------------
 c.JupyterHub.spawner_class = DockerMPISpawner
@@ -64,7 +76,7 @@ c.DockerMPISpawner.image_name = settings["image"]
 c.DockerMPISpawner.allowed_images = {}
 c.DockerMPISpawner.pull_policy = "never"  # the state pulled it by digest
 c.DockerMPISpawner.api_url = settings["api_url"]
-c.DockerMPISpawner.api_ca = settings["api_ca"]
+c.DockerMPISpawner.api_service_url = settings["api_service_url"]
 c.DockerMPISpawner.users_dir = settings["users_dir"]
 c.DockerMPISpawner.use_internal_ip = True
 c.DockerMPISpawner.network_name = "bridge"
