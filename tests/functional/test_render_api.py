@@ -1,50 +1,153 @@
-"""The master's API states (dockermpi.api, role mpi-master) as highstate renders them."""
+"""The master's API states (dockermpi.api, role mpi-master) as highstate renders them: the
+``mpi_api`` engine's configuration from pillar ``mpi:api``, salt-api stopped, the master
+restarted only when the configuration changes, and clear failures when the master lacks
+what the engine needs (``salt-call --local``, as tests/functional/test_render.py)."""
 
 import pytest
+import yaml
 
-from tests.functional.test_render import PRESHARED_PILLAR, _args, _highstate, _minion
+from tests.functional.test_render import (
+    PRESHARED_PILLAR, REPO, _args, _dry_run, _highstate, _minion)
 
-HUB_API = "http://hub.test:8081/hub/api"
-USER_FUNCTIONS = "^mpi\\.(whoami|submit|launch|wait|status|list|history|usage|logs|cancel)$"
+HUB_API = "http://172.30.0.5:8081/hub/api"
+DEFAULT_API = yaml.safe_load((REPO / "salt/dockermpi/defaults.yaml").read_text())["mpi"]["api"]
+CONFIG = "/etc/salt/master.d/dockermpi-api.conf"
+
+
+def _pillar(hub_api_url=HUB_API, **api):
+    return dict(PRESHARED_PILLAR, hub={"hub_api_url": hub_api_url}, api=api)
+
+
+def _engine(high):
+    """The one engine the API configuration file starts, and its settings."""
+    config = _args(high, "mpi-api-master-config", "file.serialize")
+    assert (config["name"], config["serializer"], config["mode"]) == (CONFIG, "yaml", "0600")
+    (engine,) = config["dataset"]["engines"]
+    ((name, settings),) = engine.items()
+    assert name == "mpi_api"
+    return config["dataset"], settings
 
 
 @pytest.fixture(scope="module")
 def api_high(tmp_path_factory):
-    pillar = dict(PRESHARED_PILLAR, hub={"hub_api_url": HUB_API},
-                  api={"subject_alt_names": ["DNS:master.test", "IP:172.30.0.2"]})
-    return _highstate(_minion(tmp_path_factory.mktemp("api"), ["mpi-master"], pillar))
+    return _highstate(_minion(tmp_path_factory.mktemp("api"), ["mpi-master"], _pillar()))
 
 
-def test_hub_tokens_reach_only_the_user_functions_of_the_mpi_runner(api_high):
-    config = _args(api_high, "mpi-api-master-config", "file.serialize")["dataset"]
-    assert config["external_auth"] == {
-        "jupyterhub": {"^url": HUB_API, "*": [{"@runner": [USER_FUNCTIONS]}]}}
-    assert config["auth_dirs"] == ["/var/lib/dockermpi/salt-auth"]
-    assert config["netapi_enable_clients"] == ["runner"]
-    assert config["rest_cherrypy"]["ssl_crt"] == "/etc/dockermpi/api/tls.crt"
-    assert "disable_ssl" not in config["rest_cherrypy"]
+def test_the_engine_gets_the_defaults_and_only_the_hub_host_as_client(api_high):
+    dataset, settings = _engine(api_high)
+    assert list(dataset) == ["engines"]  # nothing of salt-api: no rest_cherrypy, eauth
+    assert settings == {
+        "hub_api_url": HUB_API,
+        "host": "0.0.0.0",
+        "port": 8001,
+        "allowed_clients": ["172.30.0.5"],
+        "token_cache_seconds": 30,
+        "limits": DEFAULT_API["limits"],
+    }
+    assert DEFAULT_API["limits"] == {"requests_per_second": 20, "burst": 40, "streams": 4,
+                                     "body_bytes": 1048576, "log_bytes": 1048576,
+                                     "wait_seconds": 60}
 
 
-def test_the_certificate_names_come_from_pillar_and_is_published(api_high):
-    cert = _args(api_high, "mpi-api-tls-certificate", "x509.certificate_managed")
-    assert cert["subjectAltName"] == "DNS:master.test, IP:172.30.0.2"
-    published = _args(api_high, "mpi-api-certificate-published",
-                      "mpi_api.certificate_published")
-    assert published["path"] == cert["name"]
+def test_the_engine_settings_come_from_pillar(tmp_path):
+    pillar = _pillar(host="10.0.0.2", port=9443, token_cache_seconds=0,
+                     allowed_clients=["10.0.0.5", "10.0.1.0/24"],
+                     limits={"streams": 1, "wait_seconds": 5})
+    _, settings = _engine(_highstate(_minion(tmp_path, ["mpi-master"], pillar)))
+    assert settings == {
+        "hub_api_url": HUB_API,
+        "host": "10.0.0.2",
+        "port": 9443,
+        "allowed_clients": ["10.0.0.5", "10.0.1.0/24"],
+        "token_cache_seconds": 0,
+        # a limit left out keeps its default
+        "limits": dict(DEFAULT_API["limits"], streams=1, wait_seconds=5),
+    }
+
+
+def test_a_hub_reached_over_ipv6_is_the_client_by_its_address(tmp_path):
+    pillar = _pillar(hub_api_url="https://[fd00:30::5]:8081/hub/api")
+    _, settings = _engine(_highstate(_minion(tmp_path, ["mpi-master"], pillar)))
+    assert settings["allowed_clients"] == ["fd00:30::5"]
+
+
+def test_salt_api_is_stopped_and_nothing_of_it_is_set_up(api_high):
+    stopped = _args(api_high, "mpi-api-salt-api-stopped", "service.dead")
+    assert (stopped["name"], stopped["enable"]) == ("salt-api", False)
+    functions = {f"{mod}.{fun}" for sid, body in api_high.items()
+                 for mod, items in body.items() if not mod.startswith("__")
+                 for fun in items if isinstance(fun, str)}
+    assert functions == {"mpi_config.valid", "test.configurable_test_state",
+                         "file.serialize", "service.dead", "module.run", "file.absent"}
+    # What salt-api was once given (TLS key and certificate, the eauth module) goes too.
+    gone = sorted(_args(api_high, sid, "file.absent")["name"] for sid in api_high
+                  if sid.startswith("mpi-api-salt-api-leftover-"))
+    assert gone == ["/etc/dockermpi/api", "/var/lib/dockermpi/salt-auth"]
+    assert not [sid for sid in api_high if "running" in sid or "tls" in sid]
 
 
 def test_the_master_restarts_only_when_its_api_configuration_changes(api_high):
     restart = _args(api_high, "mpi-api-master-restart", "module.run")
-    assert restart["onchanges"] == [{"file": "mpi-api-master-config"},
-                                    {"file": "mpi-api-eauth-module"}]
+    assert restart["onchanges"] == [{"file": "mpi-api-master-config"}]
+    # later, by a transient timer, so the highstate still returns to the master; no shell
+    assert restart["cmd.run_all"] == [
+        {"cmd": ["systemd-run", "--on-active=2", "--timer-property=AccuracySec=100ms",
+                 "systemctl", "restart", "salt-master"]},
+        {"python_shell": False}]
 
 
 def test_every_api_state_requires_the_settings_check(api_high):
-    for sid, body in api_high.items():
-        if sid.startswith("__") or sid == "mpi-config-settings-valid":
-            continue
-        for items in body.values():
-            if isinstance(items, list):
-                requires = next((i["require"] for i in items
-                                 if isinstance(i, dict) and "require" in i), [])
-                assert {"sls": "dockermpi.config"} in requires, sid
+    api_ids = [sid for sid, body in api_high.items() if body["__sls__"] == "dockermpi.api"]
+    assert len(api_ids) == 6
+    for sid in api_ids:
+        assert sid.startswith("mpi-api-"), sid
+        args = [a for key, value in api_high[sid].items() if not key.startswith("__")
+                for a in value if isinstance(a, dict)]
+        requires = [r for a in args for r in a.get("require", [])]
+        assert {"sls": "dockermpi.config"} in requires, sid
+        if sid in ("mpi-api-master-config", "mpi-api-master-restart"):
+            assert {"test": "mpi-api-settings-complete"} in requires, sid
+
+
+def test_complete_settings_pass_their_check(api_high):
+    check = _args(api_high, "mpi-api-settings-complete", "test.configurable_test_state")
+    assert (check["result"], check["changes"]) == (True, False)
+    assert check["comment"] == "The mpi:api settings are complete"
+
+
+def _refused(tmp_path, pillar):
+    """The settings check's return, after checking that the engine's configuration (and
+    so the master's restart) is not touched while it fails; salt-api is still stopped."""
+    code, ret = _dry_run(_minion(tmp_path, ["mpi-master"], pillar))
+    assert code != 0
+    by_id = {r["__id__"]: r for r in ret.values()}
+    for sid in ("mpi-api-master-config", "mpi-api-master-restart"):
+        assert by_id[sid]["result"] is False and by_id[sid]["changes"] == {}, by_id[sid]
+        assert by_id[sid]["comment"].startswith("One or more requisite failed"), by_id[sid]
+    assert by_id["mpi-api-salt-api-stopped"]["result"] is not False
+    check = by_id["mpi-api-settings-complete"]
+    assert check["result"] is False and check["changes"] == {}
+    return check["comment"].splitlines()
+
+
+def test_without_the_hub_api_url_the_master_gets_no_api(tmp_path):
+    assert _refused(tmp_path, _pillar(hub_api_url="")) == [
+        "The mpi:api settings are incomplete; the API is not set up until they are:",
+        "mpi:hub:hub_api_url is required on the master: the API asks the hub there whose "
+        "token a caller holds",
+    ]
+
+
+def test_a_hub_named_by_host_name_needs_its_addresses_listed(tmp_path):
+    assert _refused(tmp_path, _pillar(hub_api_url="http://hub.test:8081/hub/api")) == [
+        "The mpi:api settings are incomplete; the API is not set up until they are:",
+        "mpi:api:allowed_clients must list the hub host's addresses: mpi:hub:hub_api_url "
+        "names it hub.test, not by an IP address",
+    ]
+
+
+def test_a_hub_named_by_host_name_with_its_addresses_listed_is_fine(tmp_path):
+    pillar = _pillar(hub_api_url="http://hub.test:8081/hub/api", allowed_clients=["172.30.0.5"])
+    _, settings = _engine(_highstate(_minion(tmp_path, ["mpi-master"], pillar)))
+    assert (settings["hub_api_url"], settings["allowed_clients"]) == (
+        "http://hub.test:8081/hub/api", ["172.30.0.5"])

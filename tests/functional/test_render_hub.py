@@ -2,13 +2,19 @@
 Render the hub host's states (grain role mpi-hub -> dockermpi.hub) with ``salt-call
 --local``, as tests/functional/test_render.py does for the nodes, and check what a hub
 would be given: JupyterHub from pinned packages in its own virtualenv, settings from
-pillar, the notebook image by digest, Docker on its unix socket only, no job network, and
-clear failures when the hub's own settings or the master's certificate are missing.
+pillar, the notebook image by digest, Docker on its unix socket only, no job network,
+notebooks kept from the cluster network, and clear failures when the hub's own settings
+are missing.
 """
+
+import json
+import runpy
+import sys
+import types
 
 import pytest
 
-from tests.functional.test_render import _args, _dry_run, _highstate, _minion
+from tests.functional.test_render import REPO, _args, _dry_run, _highstate, _minion
 
 NOTEBOOK = "registry.test:5000/dockermpi/notebook@sha256:" + "ab" * 32
 MPI = "registry.test:5000/dockermpi/mpi@sha256:" + "cd" * 32
@@ -19,7 +25,8 @@ HUB_PILLAR = {
     "images": {"notebook": NOTEBOOK, "mpi": MPI},
     "hub": {
         "hub_api_url": "http://172.30.0.5:8081/hub/api",
-        "api_url": "https://172.30.0.2:8000",
+        "api_url": "http://172.30.0.5:8000/services/dockermpi",
+        "api_service_url": "http://172.30.0.2:8001",
         "admin_token": "t" * 32,
         "dummy": {"password": "secret", "allowed_users": ["alice", "bob"]},
         "pip": {"find_links": "/var/cache/wheels", "no_index": True},
@@ -91,8 +98,9 @@ def test_settings_json_from_pillar_is_private(hub_high):
     assert (data["image"], data["image_reference"]) == ("notebook", NOTEBOOK)
     assert data["users_dir"] == "/srv/shared/users"
     assert data["hub_api_url"] == "http://172.30.0.5:8081/hub/api"
-    assert data["api_url"] == "https://172.30.0.2:8000"
-    assert data["api_ca"] == "/etc/dockermpi/api-ca.pem"
+    assert data["api_url"] == "http://172.30.0.5:8000/services/dockermpi"
+    assert data["api_service_url"] == "http://172.30.0.2:8001"
+    assert "api_ca" not in data
     assert data["admin_token"] == "t" * 32
     assert data["authenticator"] == "dummy"
     assert data["dummy"] == {"password": "secret", "allowed_users": ["alice", "bob"]}
@@ -116,9 +124,10 @@ def test_service_runs_jupyterhub_and_restarts_on_every_change(hub_high):
         {"file": "mpi-hub-config-jupyterhub-config"},
         {"file": "mpi-hub-config-spawner-module"},
         {"pip": "mpi-hub-venv-pip-installed"},
-        {"sls": "dockermpi.hub.apica"},
     ]
     assert {"mpi_image": "mpi-hub-image-present"} in service["require"]
+    # no notebook starts before the firewall keeps notebooks from the cluster network
+    assert {"iptables": "mpi-hub-firewall-notebooks-reach-only-the-hub"} in service["require"]
     state_dir = _args(hub_high, "mpi-hub-service-state-directory", "file.directory")
     assert (state_dir["name"], state_dir["mode"]) == ("/var/lib/dockermpi-hub", "0700")
 
@@ -134,18 +143,85 @@ def test_github_login_adds_the_pinned_oauthenticator(tmp_path):
     assert data["github"]["allowed_organizations"] == ["lab"]
 
 
-def test_without_the_masters_certificate_the_hub_fails_saying_so(hub_high):
-    # salt-call --local has no mine: the state that would write the CA fails clearly
-    ca = _args(hub_high, "mpi-hub-apica-certificate", "test.configurable_test_state")
-    assert ca["result"] is False and ca["allow_test_mode_failure"] is True
-    assert ca["comment"].startswith(
-        "No salt-api certificate in the Salt mine (function dockermpi_api_certificate of "
-        "a minion with grain roles:mpi-master")
-    assert "apply highstate to the master host first" in ca["comment"]
+class _Config:
+    """JupyterHub's ``get_config()`` as far as jupyterhub_config.py uses it: a section
+    per class name, each an object taking attributes."""
+
+    def __init__(self):
+        self.sections = {}
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.sections.setdefault(name, types.SimpleNamespace())
+
+
+def _hub_config(tmp_path, monkeypatch, settings):
+    """What jupyterhub_config.py configures, given ``settings`` as its settings.json."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(settings))
+    monkeypatch.setenv("DOCKERMPI_HUB_SETTINGS", str(path))
+    spawner = types.ModuleType("dockermpi_spawner")
+    spawner.DockerMPISpawner = type("DockerMPISpawner", (), {})
+    monkeypatch.setitem(sys.modules, "dockermpi_spawner", spawner)
+    config = _Config()
+    runpy.run_path(str(REPO / "salt/dockermpi/hub/files/jupyterhub_config.py"),
+                   init_globals={"get_config": lambda: config})
+    return config.sections
+
+
+SCOPE = "access:services!service=dockermpi"
+
+
+def test_the_hub_registers_the_api_and_gives_users_servers_its_scope(
+        hub_high, tmp_path, monkeypatch):
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    hub = _hub_config(tmp_path, monkeypatch, settings)["JupyterHub"]
+    assert hub.services == [
+        {"name": "dockermpi", "url": "http://172.30.0.2:8001", "display": False},
+        {"name": "dockermpi-admin", "api_token": "t" * 32}]
+    roles = {role["name"]: role for role in hub.load_roles}
+    assert set(roles) == {"user", "server", "dockermpi-admin"}
+    # a user's own tokens and their server's token may call the API...
+    assert roles["user"]["scopes"] == ["self", SCOPE]
+    assert roles["server"]["scopes"] == ["users:activity!user", "access:servers!server", SCOPE]
+    # ...the admin service manages the hub, and is no caller of the API
+    assert SCOPE not in roles["dockermpi-admin"]["scopes"]
+    assert roles["dockermpi-admin"]["services"] == ["dockermpi-admin"]
+
+
+def test_without_an_admin_token_the_api_is_the_only_service(hub_high, tmp_path, monkeypatch):
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    hub = _hub_config(tmp_path, monkeypatch, dict(settings, admin_token=""))["JupyterHub"]
+    assert [s["name"] for s in hub.services] == ["dockermpi"]
+    assert [r["name"] for r in hub.load_roles] == ["user", "server"]
+
+
+def test_notebooks_are_told_the_proxys_url_and_the_spawner_the_masters(
+        hub_high, tmp_path, monkeypatch):
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    spawner = _hub_config(tmp_path, monkeypatch, settings)["DockerMPISpawner"]
+    assert spawner.api_url == "http://172.30.0.5:8000/services/dockermpi"
+    assert spawner.api_service_url == "http://172.30.0.2:8001"
+    assert not hasattr(spawner, "api_ca")
+
+
+def test_notebooks_reach_no_other_host_of_the_cluster_network(hub_high):
+    rule = _args(hub_high, "mpi-hub-firewall-notebooks-reach-only-the-hub", "iptables.insert")
+    assert (rule["table"], rule["chain"], rule["position"]) == ("filter", "DOCKER-USER", 1)
+    assert (rule["in-interface"], rule["destination"]) == ("docker0", "172.30.0.0/16")
+    assert (rule["match"], rule["ctstate"], rule["jump"]) == ("conntrack", "NEW", "REJECT")
+    assert rule["save"] is False
+
+
+def test_nothing_of_salt_api_is_left_on_the_hub(hub_high):
+    # no certificate from the Salt mine: notebooks reach the API through the hub's proxy
+    assert not [sid for sid in hub_high if "apica" in sid or "certificate" in sid]
+    assert "dockermpi.hub.apica" not in {body["__sls__"] for body in hub_high.values()}
 
 
 def test_missing_hub_settings_fail_before_anything_changes(tmp_path):
-    pillar = _pillar(hub_api_url="", api_url="", image="jupyter")
+    pillar = _pillar(hub_api_url="", api_url="", api_service_url="", image="jupyter")
     code, ret = _dry_run(_minion(tmp_path, ["mpi-hub"], pillar))
     assert code != 0
     by_id = {r["__id__"]: r for r in ret.values()}
@@ -155,6 +231,7 @@ def test_missing_hub_settings_fail_before_anything_changes(tmp_path):
         "The mpi:hub settings are incomplete; the hub is not set up until they are:",
         "mpi:hub:hub_api_url is required on the hub host",
         "mpi:hub:api_url is required on the hub host",
+        "mpi:hub:api_service_url is required on the hub host",
         "mpi:hub:image jupyter is not an approved image (mpi:images has: mpi, notebook)",
     ]
     hub_states = {sid: r for sid, r in by_id.items()

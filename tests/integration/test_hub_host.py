@@ -17,7 +17,6 @@ pytestmark = pytest.mark.cluster
 ALICE = "hub-alice"
 #: A hub name that is no safe Docker or directory name: the master maps it.
 BOB = "Bob.Smith@example.org"
-CA_MOUNT = "/etc/dockermpi/api-ca.pem"
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +113,12 @@ def test_notebook_mounts_only_the_users_directory(hub, notebooks, name):
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", account)
     assert container == f"{NOTEBOOK_PREFIX}-{account}"
     mounts = sorted((m["Type"], m["Source"], m["Destination"], m["RW"]) for m in found["Mounts"])
-    assert mounts == [
-        ("bind", "/etc/dockermpi/api-ca.pem", CA_MOUNT, False),
-        ("bind", f"/srv/dockermpi/users/{account}", "/data", True),
-    ]
+    assert mounts == [("bind", f"/srv/dockermpi/users/{account}", "/data", True)]
     assert found["Config"]["WorkingDir"] == "/data"
     env = _env(found)
     assert env["HOME"] == "/data"
-    assert env["DOCKERMPI_API_URL"] == "https://10.251.1.2:8000"
-    assert env["DOCKERMPI_API_CA"] == CA_MOUNT
+    assert env["DOCKERMPI_API_URL"] == "http://10.251.1.5:8000/services/dockermpi"
+    assert "DOCKERMPI_API_CA" not in env
     assert env["DOCKERMPI_IMAGE"] == "notebook"
 
 

@@ -309,11 +309,11 @@ def test_another_users_job_cannot_squat_ports_or_reach_a_jobs_endpoints(cluster,
 
 def test_a_job_reaches_no_host_of_the_cluster_and_binds_no_privileged_port(cluster, victim):
     # Every service of the master and the hub a job could attack (Salt's publisher and
-    # request server, salt-api, the registry, the hub's proxy and API), and on each node
+    # request server, DockerMPI's API, the registry, the hub's proxy and API), and on each node
     # host a listener standing in for whatever a site runs there (the test nodes listen
     # on no TCP port of their own). Each is shown open from a node host first, so a
     # refusal proves something.
-    services = [(MASTER_ADDR, port) for port in (4505, 4506, 8000, 5000)]
+    services = [(MASTER_ADDR, port) for port in (4505, 4506, 8001, 5000)]
     services += [(HUB_ADDR, port) for port in (8000, 8081)]
     listener = "dmpi-test-host-listener"
     _, pillar = cluster.exec("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])

@@ -1,4 +1,5 @@
-"""Hub identities as DockerMPI users: name mapping, admin names, binding in the store."""
+"""Hub identities as DockerMPI users: name mapping and binding in the store. (Who is a hub
+user at all is the API engine's mark on the calling thread: test_mpi_caller.py.)"""
 
 import pytest
 from hypothesis import given, settings
@@ -38,13 +39,6 @@ def test_every_hub_name_maps_to_a_valid_user_name(name):
 def test_no_identity_is_refused(bad):
     with pytest.raises(ValueError):
         mpi_config.user_for_identity(bad)
-
-
-@pytest.mark.parametrize("name, admin", [
-    ("root", True), ("salt", True), ("sudo_alice", True), ("UNKNOWN", True),
-    ("alice", False), ("Root", False), ("", False), (None, False)])
-def test_admin_names(name, admin):
-    assert mpi_config.is_admin_caller(name, "salt") is admin
 
 
 def test_a_user_name_stays_bound_to_the_hub_identity_that_took_it(tmp_path):

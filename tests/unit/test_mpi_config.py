@@ -723,14 +723,29 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
     [
         ({"imagee": "notebook"},
          "mpi:hub:imagee is not a DockerMPI setting (the keys of mpi:hub are: image, "
-         "bind_url, hub_bind_url, hub_api_url, api_url, api_ca, authenticator, "
+         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, authenticator, "
+         "admin_users, admin_token, dummy, github, pip, limits, venv, state_dir)"),
+        # salt-api's certificate is gone with salt-api
+        ({"api_ca": "/etc/dockermpi/api-ca.pem"},
+         "mpi:hub:api_ca is not a DockerMPI setting (the keys of mpi:hub are: image, "
+         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, authenticator, "
          "admin_users, admin_token, dummy, github, pip, limits, venv, state_dir)"),
         ({"image": "note book"},
          "mpi:hub:image 'note book' is not an approved image's short name (a key of "
          "mpi:images)"),
-        ({"api_url": "http://10.0.0.2:8000"},
-         "mpi:hub:api_url must be a URL https://host[:port][/path], got "
-         "'http://10.0.0.2:8000'"),
+        ({"api_url": "ftp://10.0.0.5:8000/services/dockermpi"},
+         "mpi:hub:api_url must be a URL http://host[:port][/path] or "
+         "https://host[:port][/path], got 'ftp://10.0.0.5:8000/services/dockermpi'"),
+        ({"api_url": "10.0.0.5:8000/services/dockermpi"},
+         "mpi:hub:api_url must be a URL http://host[:port][/path] or "
+         "https://host[:port][/path], got '10.0.0.5:8000/services/dockermpi'"),
+        # the hub's proxy reaches the API over plain http, on the cluster network
+        ({"api_service_url": "https://10.0.0.2:8001"},
+         "mpi:hub:api_service_url must be a URL http://host[:port][/path], got "
+         "'https://10.0.0.2:8001'"),
+        ({"api_service_url": "10.0.0.2:8001"},
+         "mpi:hub:api_service_url must be a URL http://host[:port][/path], got "
+         "'10.0.0.2:8001'"),
         ({"hub_api_url": "10.0.0.5:8081"},
          "mpi:hub:hub_api_url must be a URL http://host[:port][/path] or "
          "https://host[:port][/path], got '10.0.0.5:8081'"),
@@ -757,6 +772,21 @@ def test_hub_checks_name_the_key_and_the_problem(hub, expected):
     assert _problems(hub=hub) == [expected]
 
 
+@pytest.mark.parametrize("hub", [
+    # notebooks reach the API through the hub's proxy, served over http or https
+    {"api_url": "http://10.0.0.5:8000/services/dockermpi"},
+    {"api_url": "https://hub.example.org/services/dockermpi"},
+    {"api_url": "https://[fd00::5]:8443/services/dockermpi"},
+    {"api_service_url": "http://10.0.0.2:8001"},
+    {"api_service_url": "http://master.example.org:8001"},
+    {"api_url": "", "api_service_url": ""},  # hosts other than the hub need neither
+])
+def test_hub_api_urls_accepted(hub):
+    assert _problems(hub=hub) == []
+    config = mpi_config.validate(_site(hub=hub))
+    assert {key: config["hub"][key] for key in hub} == hub
+
+
 def test_hub_github_needs_its_oauth_client():
     assert _problems(hub={"authenticator": "github"}) == [
         "mpi:hub:github:client_id is required when mpi:hub:authenticator is github",
@@ -775,3 +805,102 @@ def test_hub_settings_normalised():
     assert config["hub"]["limits"]["cpus"] == 2.0
     assert config["hub"]["admin_users"] == []
     assert config["hub"]["venv"] == "/opt/hub"
+
+
+# --------------------------------------------------------------------------- mpi:api
+
+
+API_KEYS = "host, port, allowed_clients, token_cache_seconds, limits"
+API_LIMIT_KEYS = "requests_per_second, burst, streams, body_bytes, log_bytes, wait_seconds"
+
+
+def test_api_defaults_and_shipped_api_pillars_are_valid():
+    assert DEFAULTS["api"]["port"] == 8001
+    assert DEFAULTS["api"]["allowed_clients"] == []  # the hub host, found by the state
+    assert set(DEFAULTS["api"]["limits"]) == set(mpi_config.API_LIMITS)
+    assert _problems(api=TESTCLUSTER["api"]) == []
+    assert _problems(api=EXAMPLE["api"]) == []
+
+
+@pytest.mark.parametrize("api", [
+    {"host": "127.0.0.1"},
+    {"host": "::"},
+    {"port": 1},
+    {"port": 65535},
+    {"allowed_clients": ["10.0.0.5"]},
+    {"allowed_clients": ["10.0.0.0/24", "fd00::5", "fd00:1::/64"]},
+    {"token_cache_seconds": 0},  # ask the hub on every call
+    {"token_cache_seconds": 3600},
+    {"limits": {"requests_per_second": 1, "burst": 1, "streams": 1, "body_bytes": 1,
+                "log_bytes": 1, "wait_seconds": 1}},
+    {"limits": {"body_bytes": 64 << 20, "wait_seconds": 3600}},
+])
+def test_api_settings_accepted(api):
+    assert _problems(api=api) == []
+    config = mpi_config.validate(_site(api=api))
+    for key, value in api.items():
+        if isinstance(value, dict):
+            assert config["api"][key] == dict(DEFAULTS["api"][key], **value)
+        else:
+            assert config["api"][key] == value
+
+
+def test_api_allowed_clients_left_empty_is_an_empty_list():
+    # `allowed_clients:` with every entry commented out
+    assert mpi_config.validate(_site(api={"allowed_clients": None}))["api"][
+        "allowed_clients"] == []
+
+
+API_CASES = [
+    # structure
+    ({"tls_dir": "/etc/dockermpi/api"},
+     f"mpi:api:tls_dir is not a DockerMPI setting (the keys of mpi:api are: {API_KEYS})"),
+    ({"cherrypy": "cherrypy==18.10.0"},
+     f"mpi:api:cherrypy is not a DockerMPI setting (the keys of mpi:api are: {API_KEYS})"),
+    ({"limits": {"bursts": 80}},
+     "mpi:api:limits:bursts is not a DockerMPI setting (the keys of mpi:api:limits are: "
+     f"{API_LIMIT_KEYS})"),
+    ({"limits": "fast"}, "mpi:api:limits must be a mapping, got 'fast'"),
+    # where it listens
+    ({"host": "master.example.org"},
+     "mpi:api:host must be an IP address to listen on, got 'master.example.org'"),
+    ({"host": "10.0.0.0/24"},
+     "mpi:api:host must be an IP address to listen on, got '10.0.0.0/24'"),
+    ({"port": 0}, "mpi:api:port must be a whole number from 1 to 65535, got 0"),
+    ({"port": 65536}, "mpi:api:port must be a whole number from 1 to 65535, got 65536"),
+    ({"port": "8001"}, "mpi:api:port must be a whole number from 1 to 65535, got '8001'"),
+    # who may connect
+    ({"allowed_clients": "10.0.0.5"},
+     "mpi:api:allowed_clients must be a list of IP addresses or networks, got '10.0.0.5'"),
+    ({"allowed_clients": ["hub.example.org"]},
+     "mpi:api:allowed_clients must list IP addresses or networks, got 'hub.example.org'"),
+    ({"allowed_clients": ["10.0.0.5", "10.0.0.0/33"]},
+     "mpi:api:allowed_clients must list IP addresses or networks, got '10.0.0.0/33'"),
+    ({"allowed_clients": [167772165]},
+     "mpi:api:allowed_clients must list IP addresses or networks, got 167772165"),
+    # how long the hub's word about a token holds
+    ({"token_cache_seconds": -1},
+     "mpi:api:token_cache_seconds must be a whole number from 0 to 3600, got -1"),
+    ({"token_cache_seconds": 3601},
+     "mpi:api:token_cache_seconds must be a whole number from 0 to 3600, got 3601"),
+    ({"token_cache_seconds": 0.5},
+     "mpi:api:token_cache_seconds must be a whole number from 0 to 3600, got 0.5"),
+] + [
+    # every per-user limit: 0 would stop every call, a fraction or text is no count
+    ({"limits": {key: bad}},
+     f"mpi:api:limits:{key} must be a whole number of at least 1, got {shown}")
+    for key in mpi_config.API_LIMITS
+    for bad, shown in ((0, "0"), (-1, "-1"), (1.5, "1.5"), ("1M", "'1M'"))
+]
+
+
+@pytest.mark.parametrize("api,message", API_CASES, ids=[m[:70] for _, m in API_CASES])
+def test_api_checks_name_the_key_and_the_problem(api, message):
+    assert _problems(api=api) == [message]
+    with pytest.raises(ConfigError) as caught:
+        mpi_config.validate(_site(api=api))
+    assert caught.value.problems == [message]
+
+
+def test_api_settings_that_are_not_a_mapping():
+    assert _problems(api="salt-api") == ["mpi:api must be a mapping, got 'salt-api'"]

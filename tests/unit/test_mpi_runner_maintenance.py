@@ -9,7 +9,7 @@ import pytest
 from tests.extension import load_extension
 
 rules = load_extension("_utils/mpi_rules.py", "mpi_rules_for_runner")
-config = load_extension("_utils/mpi_config.py", "mpi_config_for_runner")
+caller = load_extension("_utils/mpi_caller.py", "mpi_caller_for_runner")
 store_module = load_extension("_utils/mpi_store.py", "mpi_store_for_runner")
 runner = load_extension("_runners/mpi.py", "mpi_runner_maintenance")
 
@@ -32,11 +32,12 @@ def master(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "__utils__", {
         "mpi_store.open_store": lambda path: store,
         "mpi_rules.alive": rules.alive, "mpi_rules.node_problem": rules.node_problem,
-        "mpi_config.is_admin_caller": config.is_admin_caller,
+        "mpi_caller.hub_user": caller.hub_user,
     }, raising=False)
     monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path), "user": "root"},
                         raising=False)
     monkeypatch.setattr(runner, "__context__", {}, raising=False)
+    # Salt's name for the salt-run caller (drain records it)
     monkeypatch.setattr(runner, "__user__", "root", raising=False)
     monkeypatch.setattr(runner, "_mpi_nodes", lambda: ["node1", "node2", "node3"])
     monkeypatch.setattr(runner, "_drains_changed", lambda: fired.append("mpi/drains/changed"))
@@ -86,10 +87,10 @@ def test_drain_refuses_bad_arguments(master, args, words):
 
 @pytest.mark.parametrize("call", [lambda: runner.drain("node1", reason="mine now"),
                                   lambda: runner.resume("node1"), runner.nodes])
-def test_hub_users_cannot_drain_resume_or_see_nodes(master, monkeypatch, call):
+def test_hub_users_cannot_drain_resume_or_see_nodes(master, call):
     store, fired = master
     store.drain("node1", "maintenance")
-    monkeypatch.setattr(runner, "__user__", "alice")  # a hub user through salt-api
-    answer = call()
+    with caller.as_hub_user("alice"):  # as the API engine calls for a hub user
+        answer = call()
     assert answer["retcode"] == 1 and "for DockerMPI admins only" in answer["error"]
     assert store.drains()["node1"]["reason"] == "maintenance" and fired == []
