@@ -168,9 +168,8 @@ for line in sys.stdin:
 
 
 class RunnerSession:
-    """One long-lived ``salt.runner.RunnerClient`` in the master, the way an API server
-    (salt-api, the hub's service) calls the runner: no process start, no config or module
-    loading per call. One call at a time; open several sessions for parallel callers."""
+    """One long-lived ``salt.runner.RunnerClient`` in the master, the way a long-lived API
+    server calls the runner: no process start, no config or module loading per call. One call at a time; open several sessions for parallel callers."""
 
     def __init__(self, timeout=T_SALT):
         self.timeout = timeout

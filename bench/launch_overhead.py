@@ -30,17 +30,17 @@ plain
 
 api
     ``mpi.launch`` through one long-lived ``salt.runner.RunnerClient`` in the master
-    (the way an API server such as salt-api or the hub's service calls the runner): the
+    (the way a long-lived API server calls the runner): the
     client is made once, so a call pays no process start, no config and module loading.
 
-salt-api
-    ``mpi.launch`` the way users call it: from the user's own notebook container on the
-    hub host (started by the hub for the hub user ``--user``), a POST to salt-api's
-    ``/run`` over TLS with the notebook's hub token, which the master's eauth module
-    checks with the hub on every call (what ``mpi run`` does). Timed by Python inside
-    the notebook.
+user-api
+    a launch the way users make it: from the user's own notebook container on the hub
+    host (started by the hub for the hub user ``--user``), ``POST /jobs`` to DockerMPI's
+    user API through the hub's proxy with the notebook's hub token, then ``GET
+    /jobs/<id>/wait`` until it has ended (what ``mpi run`` does, less its output).
+    Timed by Python inside the notebook.
 
-overhead = launch - plain (medians), for salt-run, the in-master API and salt-api.
+overhead = launch - plain (medians), for salt-run, the in-master API and the user API.
 Aims: under 1 s at 3 nodes through the API, and less than 25 % growth from 1 to 3 nodes.
 
 Each timed launch starts once the previous job is ``closed`` (its clean-up done): the
@@ -344,30 +344,32 @@ class Baseline:
 PHASES = ("queued", "containers_up", "sshd_ready", "mpirun")
 
 
-#: One salt-api call from the notebook, timed there: argv[1] is the runner's kwarg (JSON).
-SALT_API_CALL = r"""
-import json, os, ssl, sys, time, urllib.error, urllib.request
-low = [{"client": "runner", "fun": "mpi.launch", "kwarg": json.loads(sys.argv[1]),
-        "eauth": "jupyterhub", "username": os.environ["JUPYTERHUB_USER"],
-        "password": os.environ["JUPYTERHUB_API_TOKEN"]}]
-context = ssl.create_default_context(cafile=os.environ["DOCKERMPI_API_CA"])
-request = urllib.request.Request(os.environ["DOCKERMPI_API_URL"] + "/run",
-                                 data=json.dumps(low).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          "Accept": "application/json"})
+#: One launch through DockerMPI's user API from the notebook, timed there: argv[1] is the
+#: job (JSON); submitted, then waited for (as ``mpi run`` does).
+USER_API_CALL = r"""
+import json, os, sys, time, urllib.error, urllib.request
+base = os.environ["DOCKERMPI_API_URL"] + "/api/v1"
+headers = {"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"],
+           "Content-Type": "application/json"}
+def call(method, path, body=None):
+    request = urllib.request.Request(base + path, method=method, headers=headers,
+                                     data=None if body is None else body.encode())
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 started = time.monotonic()
-try:
-    with urllib.request.urlopen(request, context=context, timeout=300) as answer:
-        status, body = answer.status, answer.read()
-except urllib.error.HTTPError as exc:
-    status, body = exc.code, exc.read()
-print(json.dumps({"seconds": time.monotonic() - started, "status": status,
-                  "body": body.decode(errors="replace")}))
+status, job = call("POST", "/jobs", sys.argv[1])
+while status == 201 or status == 200 and job.get("state") not in (
+        "succeeded", "failed", "cancelled", "timed_out"):
+    status, job = call("GET", f"/jobs/{job['job_id']}/wait?timeout=60")
+print(json.dumps({"seconds": time.monotonic() - started, "status": status, "job": job}))
 """
 
 
-class SaltApiLauncher:
-    """Times ``mpi.launch`` through salt-api from the hub user's own notebook."""
+class UserApiLauncher:
+    """Times a launch through DockerMPI's user API from the hub user's own notebook."""
 
     def __init__(self, user):
         sys.path.insert(0, str(REPO))
@@ -379,21 +381,21 @@ class SaltApiLauncher:
         self.cluster.start_notebook(user)
 
     def once(self, nodes):
-        kwarg = {"image": "mpi", "np": SLOTS_PER_NODE * len(nodes), "nodes": nodes_arg(nodes),
-                 "slots_per_node": SLOTS_PER_NODE, "walltime": WALLTIME, "cmd": PROGRAM}
+        body = {"image": "mpi", "np": SLOTS_PER_NODE * len(nodes), "nodes": nodes_arg(nodes),
+                "slots_per_node": SLOTS_PER_NODE, "walltime": WALLTIME, "cmd": PROGRAM}
         code, output = self.cluster.notebook_exec(
-            self.user, ["python3", "-c", SALT_API_CALL, json.dumps(kwarg)])
+            self.user, ["python3", "-c", USER_API_CALL, json.dumps(body)])
         try:
             timed = json.loads(output.strip().splitlines()[-1])
-            job = json.loads(timed["body"])["return"][0]
+            job = timed["job"]
         except (ValueError, IndexError, KeyError, TypeError):
-            raise BenchError(f"salt-api launch on {nodes} gave no record (exit {code}): "
+            raise BenchError(f"user API launch on {nodes} gave no record (exit {code}): "
                              f"{output[-2000:]}") from None
         job = job if isinstance(job, dict) else {}
         if job.get("job_id"):
             self.job_ids.append(job["job_id"])
         if timed["status"] != 200 or job.get("state") != "succeeded":
-            raise BenchError(f"salt-api launch on {nodes} did not succeed ({timed['status']}): "
+            raise BenchError(f"user API launch on {nodes} did not succeed ({timed['status']}): "
                              f"{json.dumps(job)[:3000]}")
         check_hostnames(node_exec(nodes[0], ["cat", job["output"]["stdout"]]).stdout, nodes)
         return timed["seconds"], job["timings"], job["job_id"]
@@ -439,7 +441,7 @@ def main(argv=None):
 
     jobs = Jobs(args.user)
     launcher = Launcher(args.user)
-    api = salt_api = None
+    api = user_api = None
     rows, failure, incomplete = [], None, []
 
     def idle(last):
@@ -449,16 +451,16 @@ def main(argv=None):
 
     try:
         api = ApiLauncher(args.user)
-        salt_api = SaltApiLauncher(args.user)
+        user_api = UserApiLauncher(args.user)
         for count in counts:
             nodes = NODES[:count]
-            launch_s, timings, api_s, salt_api_s, plain_s = [], [], [], [], []
+            launch_s, timings, api_s, user_api_s, plain_s = [], [], [], [], []
             # Launch sides first (no baseline job holds the slots), one warm-up not counted.
             launcher.once(nodes)
             api.once(nodes)
-            salt_api.once(nodes)
+            user_api.once(nodes)
             for i in range(args.repeat):
-                idle(salt_api.job_ids[-1])
+                idle(user_api.job_ids[-1])
                 seconds, t, job_id = launcher.once(nodes)
                 launch_s.append(seconds)
                 timings.append(t)
@@ -470,9 +472,9 @@ def main(argv=None):
                 api_s.append(seconds)
                 log(f"{count} node(s) api {i + 1}/{args.repeat}: {seconds:.2f}s {job_id} {t}")
                 idle(job_id)
-                seconds, t, job_id = salt_api.once(nodes)
-                salt_api_s.append(seconds)
-                log(f"{count} node(s) salt-api {i + 1}/{args.repeat}: {seconds:.2f}s {job_id}")
+                seconds, t, job_id = user_api.once(nodes)
+                user_api_s.append(seconds)
+                log(f"{count} node(s) user-api {i + 1}/{args.repeat}: {seconds:.2f}s {job_id}")
             baseline = Baseline(jobs, nodes)
             try:
                 baseline.start()
@@ -483,7 +485,7 @@ def main(argv=None):
             finally:
                 baseline.stop()
             rows.append({"nodes": count, "np": SLOTS_PER_NODE * count, "launch": launch_s,
-                         "api": api_s, "salt_api": salt_api_s, "timings": timings,
+                         "api": api_s, "user_api": user_api_s, "timings": timings,
                          "plain": plain_s})
     except (KeyboardInterrupt, Terminated) as exc:
         failure = f"interrupted ({type(exc).__name__})"
@@ -497,10 +499,10 @@ def main(argv=None):
         if api is not None:
             api.close()
             jobs.ids += api.job_ids
-        if salt_api is not None:
-            jobs.ids += salt_api.job_ids
+        if user_api is not None:
+            jobs.ids += user_api.job_ids
             try:
-                salt_api.close()
+                user_api.close()
             except Exception as exc:  # pylint: disable=broad-except
                 failure = (failure or "") + f"\nstopping the notebook: {exc}"
         jobs.ids += launcher.job_ids
@@ -511,20 +513,20 @@ def main(argv=None):
 
     if rows:
         print(f"salt-run: wall time of `salt-run mpi.launch` inside {MASTER}; api: mpi.launch "
-              f"through one long-lived RunnerClient in {MASTER}; salt-api: from the user's "
-              f"notebook with the hub token; plain: mpirun in a running "
+              f"through one long-lived RunnerClient in {MASTER}; user-api: from the user's "
+              f"notebook through the hub's proxy with the hub token; plain: mpirun in a running "
               f"job's launcher container; program {shlex.join(PROGRAM)}, {SLOTS_PER_NODE} "
               f"ranks/node, {args.repeat} runs each after 1 warm-up (seconds, medians)")
-        header = ["nodes", "np", "salt-run", "api", "salt-api", "plain", "overhead salt-run",
-                  "overhead api", "overhead salt-api"]
+        header = ["nodes", "np", "salt-run", "api", "user-api", "plain", "overhead salt-run",
+                  "overhead api", "overhead user-api"]
         body = []
         for r in rows:
             r["over_med"] = median(r["launch"]) - median(r["plain"])
             r["over_api"] = median(r["api"]) - median(r["plain"])
-            r["over_salt_api"] = median(r["salt_api"]) - median(r["plain"])
+            r["over_user_api"] = median(r["user_api"]) - median(r["plain"])
             body.append([r["nodes"], r["np"], median(r["launch"]), median(r["api"]),
-                         median(r["salt_api"]), median(r["plain"]), r["over_med"],
-                         r["over_api"], r["over_salt_api"]])
+                         median(r["user_api"]), median(r["plain"]), r["over_med"],
+                         r["over_api"], r["over_user_api"]])
         print(table(header, body))
         print()
         print("the job's own timings in the salt-run launches, medians (s; the clean-up "
@@ -545,7 +547,7 @@ def main(argv=None):
         print()
         if 3 in by_nodes:
             for key, label in (("over_med", "salt-run"), ("over_api", "api"),
-                               ("over_salt_api", "salt-api")):
+                               ("over_user_api", "user-api")):
                 print(f"launch_overhead_{label.replace('-', '_')}_3_nodes_s "
                       f"{by_nodes[3][key]:.2f}")
             aim = "MEETS" if by_nodes[3]["over_api"] < 1 else "MISSES"

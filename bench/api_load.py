@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""How does DockerMPI's user API hold up under a class of users?
+
+For each user count (``--users 20,50,100``), that many hub users, each with a real token
+of their own from the test cluster's hub, call the API the way notebooks do (through the
+hub's proxy at http://10.251.1.5:8000/services/dockermpi): most poll their jobs (``GET
+/jobs``, ``GET /jobs/<id>`` of a job of their own, alternately, ``--rate`` calls a second
+each), ``--followers`` of them
+follow a running job of their own that prints a line a second (``GET /events?job=``),
+and one more user launches 2-node jobs one after the other (``POST /jobs``, then ``GET
+/jobs/<id>/wait``) for the whole run. Before the load, the launching user's jobs are
+timed on the idle cluster.
+
+Prints, per user count: calls a second, p50/p95/p99 of status and list calls, errors
+(any answer but 200, 429 included), the API process's CPU (cores, from /proc on the
+master), and the launch time (submit to the end, median) under load against idle, with
+their ratio. The load generator runs on this machine too, sharing its cores.
+
+``--short`` (what CI runs): 10 users, 8 seconds, one follower, one launch each way.
+Exits non-zero when a call failed or a launched job did not succeed.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+import urllib.parse
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import tornado.httpclient  # noqa: E402  (a dependency of Salt, in .venv)
+
+from bench.dmpi_bench import MASTER, fmt, log, run, table  # noqa: E402
+from tests.cluster.testcluster import HUB_ADDR, HUB_API_URL, hub_admin_token  # noqa: E402
+
+API = f"http://{HUB_ADDR}:8000/services/dockermpi/api/v1"
+API_PORT = 8001
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+USER_PREFIX = "apiload-"
+
+
+class Hub:
+    """The test hub's admin API, as the admin service calls it."""
+
+    def __init__(self, http):
+        self.http = http
+        self.admin = hub_admin_token()
+
+    async def call(self, method, path, body=None):
+        answer = await self.http.fetch(
+            HUB_API_URL + path, method=method, raise_error=False,
+            headers={"Authorization": f"token {self.admin}"},
+            body=None if body is None else json.dumps(body),
+            allow_nonstandard_methods=True)
+        if answer.code >= 400 and answer.code != 409:
+            raise RuntimeError(f"hub {method} {path}: {answer.code} {answer.body[:200]!r}")
+        return json.loads(answer.body) if answer.body else None
+
+    async def token(self, name):
+        quoted = urllib.parse.quote(name, safe="")
+        await self.call("POST", f"/users/{quoted}")  # 409 when it exists
+        found = await self.call("POST", f"/users/{quoted}/tokens", {"note": "api_load"})
+        return found["token"]
+
+    async def remove(self, name):
+        await self.call("DELETE", f"/users/{urllib.parse.quote(name, safe='')}")
+
+
+class User:
+    """One hub user calling the API with their own token."""
+
+    def __init__(self, http, name, token):
+        self.http = http
+        self.name = name
+        self.token = token
+
+    async def call(self, method, path, body=None, timeout=90):
+        """(status, answer, seconds)."""
+        started = time.perf_counter()
+        answer = await self.http.fetch(
+            API + path, method=method, raise_error=False, request_timeout=timeout,
+            headers={"Authorization": f"token {self.token}",
+                     "Content-Type": "application/json"},
+            body=("" if method == "POST" else None) if body is None else json.dumps(body))
+        seconds = time.perf_counter() - started
+        try:
+            found = json.loads(answer.body) if answer.body else None
+        except ValueError:
+            found = answer.body[:200]
+        return answer.code, found, seconds
+
+    async def submit(self, cmd, np=1, nodes=None):
+        status, job, _ = await self.call("POST", "/jobs", {
+            "image": "mpi", "np": np, "cmd": cmd, "nodes": nodes, "walltime": "10m"})
+        if status != 201:
+            raise RuntimeError(f"{self.name}: submit answered {status}: {job}")
+        return job["job_id"]
+
+    async def wait(self, job_id):
+        while True:
+            status, job, _ = await self.call("GET", f"/jobs/{job_id}/wait?timeout=60")
+            if status != 200:
+                raise RuntimeError(f"{self.name}: wait answered {status}: {job}")
+            if job["state"] in FINAL:
+                return job
+
+
+def api_cpu_seconds():
+    """CPU seconds the API's process has used (its listening socket names it)."""
+    script = (f"pid=$(ss -ltnpH 'sport = :{API_PORT}' | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'"
+              " | head -1); cut -d' ' -f14,15 /proc/$pid/stat; getconf CLK_TCK")
+    out = run(["docker", "exec", MASTER, "sh", "-c", script], timeout=30).stdout.split()
+    return (int(out[0]) + int(out[1])) / int(out[2])
+
+
+async def launch_times(user, count):
+    """Seconds from submit to the end of ``count`` 2-node jobs, one after the other."""
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        job = await user.wait(await user.submit(["hostname"], np=2, nodes=2))
+        if job["state"] != "succeeded":
+            raise RuntimeError(f"a launched job ended {job['state']}: {job.get('reason')}")
+        times.append(time.perf_counter() - started)
+    return times
+
+
+async def poll(user, job_id, until, rate, latencies, errors):
+    """Call status and list alternately, ``rate`` calls a second (a notebook panel or an
+    open ``mpi list`` loop), until ``until``."""
+    paths = ["/jobs", f"/jobs/{job_id}"]
+    turn, next_call = 0, time.monotonic()
+    while next_call < until:
+        path = paths[turn % 2]
+        status, found, seconds = await user.call("GET", path)
+        turn += 1
+        if status == 200:
+            latencies.append(seconds)
+        else:
+            errors.append(f"{user.name} {path}: {status} {str(found)[:120]}")
+        next_call += 1 / rate
+        await asyncio.sleep(max(0.0, next_call - time.monotonic()))
+
+
+async def follow(user, job_id, until, errors):
+    """Follow a job's event stream until ``until``; how many output events came."""
+    seen = {"output": 0}
+
+    def on_chunk(chunk):
+        seen["output"] += chunk.count(b"event: output")
+
+    try:
+        answer = await user.http.fetch(
+            f"{API}/events?job={job_id}", raise_error=False, streaming_callback=on_chunk,
+            headers={"Authorization": f"token {user.token}"},
+            request_timeout=max(1, until - time.monotonic()))
+        if answer.code not in (200, 599):
+            errors.append(f"{user.name} events: {answer.code}")
+    except tornado.httpclient.HTTPClientError as exc:
+        if exc.code != 599:  # 599: the timeout that ends the follow
+            errors.append(f"{user.name} events: {exc}")
+    return seen["output"]
+
+
+async def one_round(users, launcher, own, seconds, followers, launches, rate):
+    """One measured run with ``users`` calling; its figures."""
+    # The followers follow a job of their own that prints a line a second.
+    ticker = ["/bin/sh", "-c", f"for i in $(seq {int(seconds) + 60}); do echo $i; sleep 1; done"]
+    ticking = {u.name: await u.submit(ticker) for u in users[:followers]}
+    idle = await launch_times(launcher, launches)
+    latencies, errors = [], []
+    cpu_before, started = api_cpu_seconds(), time.monotonic()
+    until = started + seconds
+    loaded = asyncio.ensure_future(launch_times(launcher, launches))
+    outputs = await asyncio.gather(
+        *(follow(u, ticking[u.name], until, errors) for u in users[:followers]),
+        *(poll(u, own[u.name], until, rate, latencies, errors) for u in users[followers:]))
+    under_load = await loaded
+    wall = time.monotonic() - started
+    cpu = (api_cpu_seconds() - cpu_before) / wall
+    for user in users[:followers]:
+        await user.call("POST", f"/jobs/{ticking[user.name]}/cancel")
+    ms = sorted(x * 1000 for x in latencies) or [float("nan")]
+
+    def pct(p):
+        return ms[min(len(ms) - 1, int(p / 100 * len(ms)))]
+
+    return {"users": len(users), "calls_per_s": len(latencies) / wall, "p50": pct(50),
+            "p95": pct(95), "p99": pct(99), "errors": errors, "cpu": cpu,
+            "idle": statistics.median(idle), "loaded": statistics.median(under_load),
+            "outputs": sum(outputs[:followers])}
+
+
+async def main(args):
+    tornado.httpclient.AsyncHTTPClient.configure(None, max_clients=400)
+    http = tornado.httpclient.AsyncHTTPClient()
+    hub = Hub(http)
+    names = [f"{USER_PREFIX}{i:03d}" for i in range(max(args.users) + 1)]
+    tokens = await asyncio.gather(*(hub.token(n) for n in names))
+    launcher, *users = [User(http, n, t) for n, t in zip(names, tokens)]
+    rows, failed = [], []
+    try:
+        # Every polling user has an ended job of their own whose status they poll.
+        log(f"{len(users)} users each run one short job to poll")
+        own = {u.name: await u.submit(["true"]) for u in users}
+        for user in users:
+            await user.wait(own[user.name])
+        for count in args.users:
+            log(f"{count} users for {args.seconds:g} s ({args.followers} following a job)")
+            found = await one_round(users[:count], launcher, own, args.seconds,
+                                    args.followers, args.launches, args.rate)
+            failed += found["errors"]
+            rows.append([count, fmt(found["calls_per_s"], 1), fmt(found["p50"], 1),
+                         fmt(found["p95"], 1), fmt(found["p99"], 1), len(found["errors"]),
+                         fmt(found["cpu"]), fmt(found["idle"]), fmt(found["loaded"]),
+                         fmt(found["loaded"] / found["idle"]), found["outputs"]])
+            print(f"api_load_{count}_users_calls_per_s {found['calls_per_s']:.1f}")
+            print(f"api_load_{count}_users_p95_ms {found['p95']:.1f}")
+            print(f"api_load_{count}_users_launch_ratio {found['loaded'] / found['idle']:.2f}")
+    finally:
+        for name in names:
+            await hub.remove(name)
+    print(table(["users", "calls/s", "p50 ms", "p95 ms", "p99 ms", "errors", "API cores",
+                 "launch idle s", "launch loaded s", "ratio", "output events"], rows))
+    for problem in failed[:20]:
+        print("error:", problem)
+    return 1 if failed else 0
+
+
+def parse():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", default="20,50,100",
+                        type=lambda t: [int(x) for x in t.split(",")])
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--followers", type=int, default=5)
+    parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=5,
+                        help="calls a second of each polling user (the site's limit is 20)")
+    parser.add_argument("--short", action="store_true",
+                        help="what CI runs: 10 users, 8 s, 1 follower, 1 launch each way")
+    args = parser.parse_args()
+    if args.short:
+        args.users, args.seconds, args.followers, args.launches = [10], 8, 1, 1
+    if os.geteuid() != 0:
+        parser.error("run as root (it drives the test cluster's containers)")
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse())))
