@@ -22,8 +22,8 @@ examples:
   mpi list; mpi status JOB; mpi logs -f JOB; mpi cancel JOB; mpi history --since 2026-12-01
 
 Output is for people; --json gives the API's answer as JSON. Configured by
-DOCKERMPI_API_URL, DOCKERMPI_API_CA, DOCKERMPI_IMAGE, JUPYTERHUB_USER and
-JUPYTERHUB_API_TOKEN, which the hub sets in your server."""
+DOCKERMPI_API_URL, DOCKERMPI_API_CA, DOCKERMPI_IMAGE and JUPYTERHUB_API_TOKEN, which
+the hub sets in your server."""
 
 
 def export_pair(text):

@@ -1,33 +1,42 @@
 """
-Talk to the DockerMPI master's salt-api (rest_cherrypy) as the JupyterHub user.
+Talk to DockerMPI's user API (v1, REST and server-sent events) as the JupyterHub user.
 
-Every call is one ``POST {url}/run`` of a runner low chunk that carries the user's
-JupyterHub name and API token (eauth ``jupyterhub``): no salt-api session is kept, so a
-token the hub revokes stops working at once. The master takes the user's identity from
-the token; the client never sends a ``user``.
+The API is the hub service ``dockermpi``, reached through the hub's proxy at
+``DOCKERMPI_API_URL``. Every request carries ``Authorization: token
+<JUPYTERHUB_API_TOKEN>`` and nothing else about the caller: the API asks the hub who the
+token belongs to, so a token the hub revokes stops working at once and the client never
+sends a user. Errors come back as ``{"error": "<one line>", "status": <code>}``; a 429
+is waited out (its Retry-After, at most 30 s) and retried, up to 5 times in a row.
+
+Following a job (``follow``, ``run``) reads the event stream ``GET /api/v1/events?job=ID``:
+state changes, the job's output as it grows and, once the job has ended and all its
+output was sent, its final record. A stream that breaks is reopened; the new one sends
+the output again from the start, and what was already written is skipped by byte offset.
+Only the standard library is used: the notebook image has no requests or sseclient.
 """
 
+import http.client
 import json
 import os
-import re
 import shlex
 import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from html import unescape
 
 from dockermpi.render import outcome_line
 
 FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
-ACTIVE_STATES = ("starting", "running")
 STREAMS = ("stdout", "stderr")
 
-# salt-api gives up on a runner call after the master's rest_timeout (300 s by
-# default, answering 504), so long waits are made of shorter calls.
-WAIT_CALL_SECONDS = 60
-HTTP_TIMEOUT = 30  # seconds on top of how long the runner itself may take
+API = "/api/v1"
+HTTP_TIMEOUT = 30  # seconds for an answer, on top of how long a wait may take
+WAIT_CALL_SECONDS = 60  # the API's longest wait per call; longer waits are several calls
+RATE_LIMIT_RETRIES = 5  # 429s in a row waited out before giving up
+RETRY_AFTER_CAP = 30  # seconds: a longer Retry-After is not waited out in full at once
+STREAM_RETRIES = 5  # failed reopenings of an event stream in a row before giving up
 
 TOKEN_REFUSED = (
     "the DockerMPI API refused your JupyterHub token (expired, revoked, or your user was "
@@ -40,70 +49,82 @@ class DockerMPIError(Exception):
 
 
 class APIUnreachableError(DockerMPIError):
-    """The salt-api could not be reached (refused, timed out, TLS failure)."""
+    """The API could not be reached (refused, timed out, TLS failure, broken stream)."""
 
 
 class TokenRefusedError(DockerMPIError):
-    """salt-api refused the user's JupyterHub token (or its ACL refused the call)."""
+    """The API refused the user's JupyterHub token (HTTP 401 or 403)."""
 
 
 class APIError(DockerMPIError):
-    """salt-api or the runner failed: an HTTP error, an exception in the runner."""
+    """The API failed: an HTTP error other than a refusal, rate limited for too long,
+    an answer that is not what the API promises."""
+
+
+class RateLimitedError(APIError):
+    """The API's rate limit refused the call more times in a row than are waited out."""
 
 
 class JobError(DockerMPIError):
-    """The master refused the request: a rejected job, an unknown job id, ... The
-    master's answer is in ``result``."""
+    """The master refused the request (HTTP 400 or 404): a rejected job, a bad argument,
+    an unknown job id, ... The API's answer is in ``result``."""
 
     def __init__(self, message, result=None):
         super().__init__(message)
         self.result = result
 
 
-def salt_api_result(fun, body):
-    """The runner's result from a salt-api ``/run`` answer ``{"return": [result]}``,
-    raising the error it stands for when the runner failed or refused."""
-    try:
-        result = body["return"][0]
-    except (KeyError, IndexError, TypeError):
-        raise APIError(f"{fun}: unexpected answer from the DockerMPI API: {body!r:.300}") from None
-    if isinstance(result, str):
-        # The runner raised: RunnerClient returns the traceback as text.
-        if result.startswith("Exception occurred in runner "):
-            last_line = result.strip().splitlines()[-1]
-            raise APIError(f"{fun} failed on the master: {last_line}")
-        if result.startswith("\nPassed invalid arguments: "):
-            raise APIError(f"{fun} refused its arguments: {result.strip().splitlines()[0]}")
-    if isinstance(result, dict) and ("error" in result or result.get("state") == "rejected"):
-        error = result.get("error") or f"{fun} was rejected"
-        raise JobError(str(error), result)
-    return result
+def pause(seconds):
+    """Sleep; one place for the client's waits (tests replace it)."""
+    time.sleep(seconds)
 
 
-def http_error_message(error):
-    """What an HTTP error page of salt-api says: cherrypy puts the message in <p>."""
+def retry_after_seconds(value):
+    """A 429's ``Retry-After`` (integer seconds) as how long to wait, capped."""
     try:
-        text = error.read().decode("utf-8", "replace")
-    except OSError:
-        text = ""
+        seconds = int(value)
+    except (TypeError, ValueError):
+        seconds = 1  # absent or an HTTP date: wait a little rather than hammer the API
+    return min(max(seconds, 0), RETRY_AFTER_CAP)
+
+
+def error_body(error):
+    """The JSON error body ``{"error": ..., "status": ...}`` of an HTTP error, or None
+    when it has none (an HTML page of the hub or its proxy, say)."""
     try:
-        body = json.loads(text)
-        detail = body.get("return") if isinstance(body, dict) else None
-    except ValueError:
-        found = re.search(r"<p>(.*?)</p>", text, re.S)
-        detail = unescape(found.group(1)).strip() if found else None
-    return f"HTTP {error.code} {error.reason}" + (f": {detail}" if detail else "")
+        body = json.loads(error.read().decode("utf-8", "replace"))
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    return body if isinstance(body, dict) and isinstance(body.get("error"), str) else None
+
+
+def one_line(text, limit=300):
+    """``text`` on one line, at most ``limit`` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def query_string(params):
+    """``?a=1&b=x`` of the parameters that are set (None left out, so the API's defaults
+    apply); a list of states becomes the comma-separated list the API takes."""
+    pairs = [(name, ",".join(value) if isinstance(value, (list, tuple)) else value)
+             for name, value in params.items() if value is not None]
+    return "?" + urllib.parse.urlencode(pairs) if pairs else ""
 
 
 class Client:
     """A DockerMPI client for one JupyterHub user.
 
     Every argument defaults to the environment of a JupyterHub single-user server:
-    ``DOCKERMPI_API_URL`` (``https://master:8000``), ``DOCKERMPI_API_CA`` (a PEM file of
-    the CA or certificate that signs the API's TLS certificate; system CAs when unset),
-    ``DOCKERMPI_IMAGE`` (the approved image jobs run in by default),
-    ``JUPYTERHUB_USER`` and ``JUPYTERHUB_API_TOKEN``.
+    ``DOCKERMPI_API_URL`` (``http://<hub>:8000/services/dockermpi``, http or https),
+    ``DOCKERMPI_API_CA`` (a PEM file of the CA or certificate that signs the API's TLS
+    certificate; system CAs when unset), ``DOCKERMPI_IMAGE`` (the approved image jobs
+    run in by default) and ``JUPYTERHUB_API_TOKEN``. ``user`` (``JUPYTERHUB_USER``) is
+    only for show: the API takes who you are from the token.
     """
+
+    stream_idle_timeout = 45  # seconds without a byte before a stream counts as broken:
+    # the API sends a keepalive every 15 s
 
     def __init__(self, url=None, user=None, token=None, ca_file=None, image=None):
         env = os.environ
@@ -113,65 +134,113 @@ class Client:
         self.ca_file = ca_file or env.get("DOCKERMPI_API_CA") or None
         self.image = image or env.get("DOCKERMPI_IMAGE") or None
         missing = [name for name, value in (("DOCKERMPI_API_URL", self.url),
-                                            ("JUPYTERHUB_USER", self.user),
                                             ("JUPYTERHUB_API_TOKEN", self.token)) if not value]
         if missing:
             raise DockerMPIError(
                 f"DockerMPI is not configured here: {', '.join(missing)} not set (the hub "
                 "sets them in the servers it starts; outside one, set them yourself)"
             )
-
-    log_chunk = 65536  # bytes of output per mpi.logs call while following a job
+        self._tls = None
 
     def __repr__(self):
         return f"Client(url={self.url!r}, user={self.user!r})"
 
     # --- transport -----------------------------------------------------------------
-    def call(self, fun, http_timeout=HTTP_TIMEOUT, **kwarg):
-        """Run the runner function ``mpi.<fun>`` with ``kwarg`` (None values left out,
-        so the master's defaults apply) and return its result."""
-        fun = f"mpi.{fun}"
-        low = {
-            "client": "runner",
-            "fun": fun,
-            "eauth": "jupyterhub",
-            "username": self.user,
-            "password": self.token,
-            "kwarg": {k: v for k, v in kwarg.items() if v is not None},
-        }
-        request = urllib.request.Request(
-            self.url + "/run",
-            data=json.dumps([low]).encode(),
-            headers={"Accept": "application/json", "Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            context = ssl.create_default_context(cafile=self.ca_file)
-            with urllib.request.urlopen(request, timeout=http_timeout, context=context) as answer:
-                text = answer.read()
-        except urllib.error.HTTPError as error:
-            if error.code in (401, 403):
-                raise TokenRefusedError(TOKEN_REFUSED) from None
-            raise APIError(f"{fun}: the DockerMPI API answered {http_error_message(error)}") \
-                from None
-        except urllib.error.URLError as error:
-            raise APIUnreachableError(self._unreachable(error.reason)) from None
-        except (OSError, ValueError) as error:  # timeouts while reading, a bad CA file
-            raise APIUnreachableError(self._unreachable(error)) from None
-        try:
-            body = json.loads(text)
-        except ValueError:
-            raise APIError(f"{fun}: the DockerMPI API answered something else than JSON: "
-                           f"{text[:200]!r}") from None
-        return salt_api_result(fun, body)
+    def _tls_context(self):
+        if self._tls is None:
+            try:
+                self._tls = ssl.create_default_context(cafile=self.ca_file)
+            except (OSError, ValueError) as error:  # a missing or unreadable CA file
+                raise APIUnreachableError(
+                    f"cannot use DOCKERMPI_API_CA {self.ca_file}: {error}") from None
+        return self._tls
 
     def _unreachable(self, reason):
         return f"cannot reach the DockerMPI API at {self.url}: {reason or 'no reason given'}"
 
-    # --- the runner's functions --------------------------------------------------------
+    def open(self, method, path, params=None, body=None, timeout=HTTP_TIMEOUT,
+             accept="application/json"):
+        """The API's open answer to ``method path`` (a 2xx): HTTP errors raised as what
+        they stand for, 429s waited out and retried."""
+        what = f"{method} {API}{path}"
+        headers = {"Authorization": f"token {self.token}", "Accept": accept}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        elif method == "POST":
+            data = b""
+        context = self._tls_context() if self.url.startswith("https:") else None
+        for attempt in range(RATE_LIMIT_RETRIES + 1):
+            request = urllib.request.Request(self.url + API + path + query_string(params or {}),
+                                             data=data, headers=headers, method=method)
+            try:
+                return urllib.request.urlopen(request, timeout=timeout, context=context)
+            except urllib.error.HTTPError as error:
+                with error:
+                    if error.code != 429:
+                        raise self._http_error(what, error) from None
+                    if attempt == RATE_LIMIT_RETRIES:
+                        raise RateLimitedError(
+                            f"{what}: the DockerMPI API's rate limit refused "
+                            f"{RATE_LIMIT_RETRIES + 1} requests in a row (HTTP 429); try "
+                            "again later, or make fewer calls") from None
+                    wait = retry_after_seconds(error.headers.get("Retry-After"))
+                pause(wait)
+            except urllib.error.URLError as error:
+                raise APIUnreachableError(self._unreachable(error.reason)) from None
+            except (OSError, http.client.HTTPException) as error:  # a timeout, a reset
+                raise APIUnreachableError(self._unreachable(error)) from None
+
+    @staticmethod
+    def _http_error(what, error):
+        """The exception an HTTP error answer stands for."""
+        body = error_body(error)
+        said = one_line(body["error"]) if body else None
+        if error.code in (401, 403):
+            return TokenRefusedError(TOKEN_REFUSED + (f" (the API said: {said})" if said else ""))
+        if error.code in (400, 404) and body:
+            return JobError(said, body)
+        # Without the API's JSON error the answer is the hub's or its proxy's: a 404 of a
+        # DOCKERMPI_API_URL that names no service, say.
+        return APIError(f"{what}: the DockerMPI API answered HTTP {error.code} {error.reason}"
+                        + (f": {said}" if said else ""))
+
+    def call(self, method, path, params=None, body=None, timeout=HTTP_TIMEOUT):
+        """The API's JSON answer to ``method path``."""
+        what = f"{method} {API}{path}"
+        answer = self.open(method, path, params=params, body=body, timeout=timeout)
+        try:
+            with answer:
+                text = answer.read()
+        except (OSError, http.client.HTTPException) as error:
+            raise APIUnreachableError(self._unreachable(error)) from None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise APIError(f"{what}: the DockerMPI API answered something else than JSON: "
+                           f"{text[:200]!r}") from None
+
+    def _field(self, path, answer, name):
+        """``answer[name]`` of an answer that must have it."""
+        if not isinstance(answer, dict) or name not in answer:
+            raise APIError(f"GET {API}{path}: unexpected answer from the DockerMPI API "
+                           f"(no {name!r}): {answer!r:.200}")
+        return answer[name]
+
+    @staticmethod
+    def _job_path(job_id, action=""):
+        return f"/jobs/{urllib.parse.quote(str(job_id), safe='')}" + (f"/{action}" if action
+                                                                    else "")
+
+    # --- the API's calls ---------------------------------------------------------------
     def whoami(self):
         """Who the master takes you for: user, account, uid, gid, dir, dir_in_job."""
-        return self.call("whoami")
+        return self.call("GET", "/whoami")
+
+    def images(self):
+        """The names of the approved images jobs may run in."""
+        return self._field("/images", self.call("GET", "/images"), "images")
 
     def submit(self, cmd, np=1, image=None, name=None, nodes=None, slots_per_node=None,
                walltime=None, env=None, workdir=None):
@@ -200,41 +269,53 @@ class Client:
         image = image or self.image
         if not image:
             raise DockerMPIError("no image given and DOCKERMPI_IMAGE is not set")
-        return self.call("submit", image=image, np=np, cmd=list(cmd), name=name, nodes=nodes,
-                         slots_per_node=slots_per_node, walltime=walltime, env=env,
-                         workdir=workdir)
+        job = {"image": image, "np": np, "cmd": list(cmd), "name": name, "nodes": nodes,
+               "slots_per_node": slots_per_node, "walltime": walltime, "env": env,
+               "workdir": workdir}
+        # Unset fields stay out of the body: the master's defaults apply.
+        return self.call("POST", "/jobs", body={k: v for k, v in job.items() if v is not None})
 
     def status(self, job_id):
         """The job's record."""
-        return self.call("status", job_id=job_id)
+        return self.call("GET", self._job_path(job_id))
 
     def list(self, state=None):
-        """Queued and running jobs (or those in ``state``), oldest first."""
-        return self.call("list", state=state)
+        """Queued and running jobs (or those in ``state``: one, comma-separated ones or a
+        list), oldest first."""
+        return self._field("/jobs", self.call("GET", "/jobs", {"state": state}), "jobs")
 
     def history(self, since=None, until=None, state=None):
         """Your ended jobs; ``since``/``until`` in epoch seconds."""
-        return self.call("history", since=since, until=until, state=state)
+        answer = self.call("GET", "/history", {"since": since, "until": until, "state": state})
+        return self._field("/history", answer, "jobs")
+
+    def usage(self, since=None, until=None):
+        """Your usage between ``since`` and ``until`` (epoch seconds), as the master
+        counts it."""
+        return self.call("GET", "/usage", {"since": since, "until": until})
 
     def logs(self, job_id, stream="stdout", offset=None, tail=None):
         """The job's output: the last ``tail`` bytes as text, or with ``offset`` at most
         ``tail`` bytes from there as ``{"data": text, "offset": where to read next}``."""
-        return self.call("logs", job_id=job_id, stream=stream, offset=offset, tail=tail)
+        path = self._job_path(job_id, "logs")
+        answer = self.call("GET", path, {"stream": stream, "tail": tail, "offset": offset})
+        return answer if offset is not None else self._field(path, answer, "data")
 
     def cancel(self, job_id):
         """Cancel a job (queued or running) and return its record."""
-        return self.call("cancel", http_timeout=HTTP_TIMEOUT * 2, job_id=job_id)
+        return self.call("POST", self._job_path(job_id, "cancel"), timeout=HTTP_TIMEOUT * 2)
 
     def wait(self, job_id, timeout=None):
-        """Wait until the job has ended (at most ``timeout`` seconds) and return its
-        record; its ``state`` is still queued or running when the time ran out."""
+        """Wait until the job has ended (at most ``timeout`` seconds, None for as long as
+        it takes) and return its record; its ``state`` is still queued or running when
+        the time ran out."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             chunk = WAIT_CALL_SECONDS
             if deadline is not None:
                 chunk = max(0, min(chunk, deadline - time.monotonic()))
-            record = self.call("wait", http_timeout=chunk + HTTP_TIMEOUT, job_id=job_id,
-                               timeout=chunk)
+            record = self.call("GET", self._job_path(job_id, "wait"), {"timeout": chunk},
+                               timeout=chunk + HTTP_TIMEOUT)
             if record.get("state") in FINAL_STATES:
                 return record
             if deadline is not None and time.monotonic() >= deadline:
@@ -265,48 +346,121 @@ class Client:
                progress=None):
         """Print the job's state changes (to ``progress``, default ``err``) and its
         ``streams`` as they grow (stdout to ``out``, stderr to ``err``), until the job has
-        ended; return the final record."""
-        out = out or sys.stdout
-        err = err or sys.stderr
-        progress = progress or err
-        sinks = {"stdout": out, "stderr": err}
-        offsets = dict.fromkeys(streams, 0)
-        shown_state = None
-        record = first or self.status(job_id)
-        while True:
-            state = record.get("state")
-            if state != shown_state:
-                shown_state = state
-                why = record.get("waiting_for") or record.get("reason")
-                print(f"mpi: job {job_id} {state}" + (f" ({why})" if why else ""),
-                      file=progress, flush=True)
-            ended = state in FINAL_STATES
-            if ended or state in ACTIVE_STATES:
-                for stream in streams:
-                    offsets[stream] = self._copy_output(job_id, stream, offsets[stream],
-                                                        sinks[stream], progress, ended)
-            if ended:
-                return record
-            time.sleep(poll)
-            record = self.status(job_id)
+        ended; return the final record.
 
-    def _copy_output(self, job_id, stream, offset, sink, progress, ended):
-        """Copy the job's new output from ``offset`` on to ``sink``; the next offset."""
+        Reads the job's event stream; when it breaks (a reset, ``stream_idle_timeout``
+        seconds without a byte, closed before the job's end), it is reopened after
+        ``poll`` seconds; after STREAM_RETRIES reopenings in a row that bring no event,
+        the last failure is raised. ``first`` is a record of the job already at hand
+        (``run`` passes the submit's), shown at once.
+        """
+        follower = _Follower(job_id, {"stdout": out or sys.stdout, "stderr": err or sys.stderr},
+                             streams, progress or err or sys.stderr)
+        if first:
+            follower.show_state(first)
+        failures = 0
         while True:
             try:
-                chunk = self.logs(job_id, stream=stream, offset=offset, tail=self.log_chunk)
-            except JobError as error:
-                # Before the first rank writes, there may be no output file yet.
-                if ended:
-                    print(f"mpi: cannot read the job's {stream}: {error}", file=progress,
-                          flush=True)
-                return offset
-            data, next_offset = chunk.get("data") or "", chunk.get("offset", offset)
+                with self.open("GET", "/events", {"job": job_id},
+                               timeout=self.stream_idle_timeout,
+                               accept="text/event-stream") as stream:
+                    kind = stream.headers.get_content_type()
+                    if kind != "text/event-stream":
+                        raise APIError(f"GET {API}/events: the DockerMPI API answered {kind}, "
+                                       "not an event stream")
+                    for event, data in sse_events(stream):
+                        failures = 0
+                        final = follower.take(event, data)
+                        if final is not None:
+                            return final
+                broken = APIUnreachableError("the API closed it before the job's end")
+            except RateLimitedError:
+                raise  # already waited out for a while: more tries would only add to it
+            except (APIUnreachableError, APIError) as error:
+                broken = error
+            except (OSError, http.client.HTTPException) as error:  # a reset, an idle timeout
+                broken = APIUnreachableError(one_line(f"{type(error).__name__}: {error}"))
+            failures += 1
+            if failures > STREAM_RETRIES:
+                raise type(broken)(f"cannot follow job {job_id}: its event stream failed "
+                                   f"{failures} times in a row: {broken}")
+            pause(poll)
+
+
+def sse_events(lines):
+    """The (event, data) pairs of a server-sent event stream read from ``lines`` (an
+    open HTTP answer), as the stream sends them. Comments (``: keepalive``) and fields
+    other than ``event`` and ``data`` are skipped; an event cut off by the stream's end
+    is dropped, not given half."""
+    event, data = "message", []
+    for raw in lines:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
             if data:
-                sink.write(data)
-                sink.flush()
-            # A short chunk means we caught up; the master keeps back up to 3 bytes of a
-            # character cut at the chunk's end.
-            if next_offset - offset < self.log_chunk - 3:
-                return next_offset
-            offset = next_offset
+                yield event, "\n".join(data)
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+
+
+class _Follower:
+    """What ``Client.follow`` has shown of one job: the last state printed and, per
+    stream, how many bytes of output were written, so that the output a reopened stream
+    sends again from offset 0 is written once."""
+
+    def __init__(self, job_id, sinks, streams, progress):
+        self.job_id = job_id
+        self.sinks = sinks
+        self.streams = streams
+        self.progress = progress
+        self.written = dict.fromkeys(STREAMS, 0)
+        self.shown_state = None
+
+    def show_state(self, record):
+        state = record.get("state")
+        if state != self.shown_state:
+            self.shown_state = state
+            why = record.get("waiting_for") or record.get("reason")
+            print(f"mpi: job {self.job_id} {state}" + (f" ({why})" if why else ""),
+                  file=self.progress, flush=True)
+
+    def take(self, event, data):
+        """Act on one event; the final record once the job's ``end`` came."""
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            raise APIError(f"the event stream of job {self.job_id} sent {event} data that is "
+                           f"not JSON: {data[:200]!r}") from None
+        if not isinstance(payload, dict) or payload.get("job_id", self.job_id) != self.job_id:
+            return None
+        if event == "state":
+            self.show_state(payload)
+        elif event == "output":
+            self.write_output(payload)
+        elif event == "end":
+            self.show_state(payload)  # in case the stream's last state event was missed
+            return payload
+        return None
+
+    def write_output(self, event):
+        stream = event.get("stream")
+        if stream not in self.streams:
+            return
+        data = (event.get("data") or "").encode("utf-8")
+        end = int(event.get("offset", self.written[stream] + len(data)))
+        start = end - len(data)
+        # Bytes below what was written came before, on a stream that broke since.
+        new = data[max(0, self.written[stream] - start):]
+        if not new:
+            return
+        sink = self.sinks[stream]
+        sink.write(new.decode("utf-8", "replace"))
+        sink.flush()
+        self.written[stream] = end
