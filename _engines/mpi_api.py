@@ -384,7 +384,7 @@ def _openapi():
             "/history": {"get": op("your ended jobs", params=[
                 query("since", epoch, "from"), query("until", epoch, "to"),
                 query("state", {"type": "string"}, "states, comma-separated")])},
-            "/usage": {"get": op("your slot-hours", params=[
+            "/usage": {"get": op("your core-hours", params=[
                 query("since", epoch, "from"), query("until", epoch, "to")])},
             "/events": {"get": op(
                 "server-sent events of your jobs: state (a job record), and with job= that "
