@@ -285,9 +285,10 @@ def test_another_users_job_cannot_squat_ports_or_reach_a_jobs_endpoints(cluster,
     a_job = submit(cluster, ATTACKER, ["python3", "-c", squat_and_scan], np=2,
                    nodes="node1,node2", slots_per_node=1)
     a = wait_for(cluster, a_job, ("running",))
+    # Both ranks print one line when their scan is done, each in its own time.
     deadline = time.monotonic() + 60
-    while not cluster.read_shared(a["output"]["stdout"]).strip():
-        assert time.monotonic() < deadline, "the scan did not finish"
+    while len(cluster.read_shared(a["output"]["stdout"]).splitlines()) < 2:
+        assert time.monotonic() < deadline, "the scans of both ranks did not finish"
         time.sleep(1)
     results = [json.loads(line) for line in cluster.read_shared(a["output"]["stdout"]).splitlines()]
     # A really holds the ports: all but its own sshd's and, beside the launcher, the
