@@ -32,6 +32,7 @@ submission).
 """
 
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -91,6 +92,12 @@ class SaltTransport:
             raise _CallFailed(self.utils["mpi_engine.failed_calls_message"](fun, errors),
                               list(results))
         return results
+
+    def seal_for(self, minion, value):
+        """``value`` (JSON) sealed to the minion's accepted Salt key: what a publish
+        carries of users' secrets is then ciphertext in the job cache and on the bus."""
+        return self.utils["mpi_seal.seal"](
+            os.path.join(self.opts["pki_dir"], "minions", minion), json.dumps(value).encode())
 
     def call_async(self, minions, fun, **kwargs):
         self._client().cmd_async(list(minions), fun, tgt_type="list", kwarg=kwargs)

@@ -2,16 +2,18 @@
 Run the containers of DockerMPI jobs on this node.
 
 The ``mpi`` runner on the master decides everything about a job (placement, the user's
-uid, the job's addresses, keys, limits, the mpirun command line) and calls these
-functions on the chosen nodes. This module only acts on the local Docker engine and
+uid, the job's addresses, limits, the mpirun command line) and calls these
+functions on the chosen nodes. The job's ssh keys are the one thing made here: each
+node keeps a job CA (its public key travels in :func:`health`) and certifies the keys it
+makes for its own part of a job, so no private key ever leaves the node. This module only acts on the local Docker engine and
 local disk:
 
 - :func:`start_worker` writes the job's secrets to node-local disk (readable only by the
   job's uid), starts the job's worker container in a network namespace of its own (an
   address on the job network, a firewall that admits only the job's own peers) and
-  waits until its sshd answers with the job's host key. The namespace is one made
-  ahead (a standby) when the node has one: making it is the slowest step of a start.
-- :func:`start_launcher` starts the container that runs ``mpirun`` on the first node, in
+  waits until its sshd answers with the job's host certificate. The namespace is one
+  made ahead (a standby) when the node has one: making it is the slowest step of a
+  start. On the job's first node it then starts the container that runs ``mpirun``, in
   the worker's network namespace.
 - :func:`cleanup` writes the status file, then removes every container and secret of a
   job. It is idempotent. It then makes the network namespaces the node keeps ready for
@@ -22,7 +24,8 @@ local disk:
   nodes); the ``mpi_jobs`` beacon fires it as an event every interval. It never raises
   on anything a job wrote.
 - :func:`health` is the node's fitness for new jobs: the Docker engine answering, the
-  shared storage mounted and writable, the image digests present; the ``mpi_node``
+  shared storage mounted and writable, the image digests present, the job CA's public
+  key; the ``mpi_node``
   engine adds it to its reports now and then.
 - :func:`read_output` returns the tail of a job's standard output or error.
 - :func:`ensure_user_dir`, :func:`migrate_user_dir` and :func:`user_dirs` give a
@@ -80,10 +83,6 @@ RUN_DIR = "/run/dockermpi"
 DATA_MOUNT = "/data"
 JOBS_SUBDIR = "mpi-jobs"
 SECRET_FILES = {
-    "id_ed25519",
-    "ssh_host_key",
-    "authorized_keys",
-    "known_hosts",
     "sshd_config",
     "hostfile",
     "passwd",
@@ -102,6 +101,14 @@ HEALTH_DIR = ".dockermpi-health"  # under the storage path: the storage states m
 HEALTH_IMAGES_MAX = 500  # image digests a health report carries at most
 _NODE_ID_RE = re.compile(r"[^A-Za-z0-9_.-]")
 SECRET_FILE_MAX = 1 << 20  # bytes; the job's own files are small
+# The node's job CA: it certifies the ssh keys this node makes for jobs (root only).
+JOB_CA_KEY = "/var/lib/dockermpi/job-ca/ca"
+# Certificates are valid a little before they are made (clocks of nodes differ) and a
+# little past the job's walltime (the clean-up after it).
+CERT_CLOCK_SKEW = 300
+CERT_GRACE = 600
+_JOB_CA_LOCK = threading.Lock()
+_CA_LINE_RE = re.compile(r"^ssh-ed25519 [A-Za-z0-9+/]+=*( \S+)?\Z")
 # What a job container is given when the runner names no limits (a worker that only
 # holds the job's network namespace and sshd, on the launcher's node).
 SMALL_LIMITS = {"memory": 256 << 20, "pids": 64, "nano_cpus": 500_000_000, "tmp_size": 64 << 20}
@@ -363,12 +370,15 @@ def user_dirs(storage_path):
 # ------------------------------------------------------------------------- secrets
 
 
-def _write_secrets(directory, files, uid, gid):
+def _write_secrets(directory, files, uid, gid, keys):
+    """The job's files (from the master) and its keys (made here) in a directory only
+    the job's uid reads."""
     unknown = set(files) - SECRET_FILES
     if unknown:
         raise SaltInvocationError(f"unexpected job files: {sorted(unknown)}")
     if any(not isinstance(t, str) or len(t) > SECRET_FILE_MAX for t in files.values()):
         raise SaltInvocationError("job files must be text of at most 1 MiB each")
+    files = dict(files, **keys)
     os.makedirs(os.path.dirname(directory), mode=0o711, exist_ok=True)
     os.mkdir(directory, 0o700)
     os.chown(directory, uid, gid)
@@ -671,34 +681,32 @@ def _keep_standby(image, count):
     return {"made": made, "removed": removed, "ready": running + len(made)}
 
 
-def _host_key_blob(known_hosts):
-    words = known_hosts.split()
-    if len(words) < 3:
-        raise SaltInvocationError("known_hosts must name the job's host key")
-    return words[2]
-
-
-def _answering_with_host_key(pid, addresses, port, blob):
-    """Which of the sshds at addresses:port, seen from the job's own namespace, prove
-    they hold the job's host key (a banner alone proves nothing)."""
-    _, out, _ = _run(_netns(pid) + ["ssh-keyscan", "-T", "1", "-t", "ed25519", "-p",
-                                    str(int(port))] + list(addresses), timeout=5)
+def _answering_with_job_certificate(pid, expected, port):
+    """Which of the sshds at the addresses of ``expected`` (``{address: CA public
+    line}``), seen from the job's own namespace, present a host certificate of that
+    address's node CA naming that address (a banner alone proves nothing)."""
+    _, out, _ = _run(_netns(pid) + ["ssh-keyscan", "-c", "-T", "1", "-p", str(int(port))]
+                     + sorted(expected), timeout=5)
     proven = set()
     for line in out.splitlines():
-        words = line.split()
-        if len(words) >= 3 and words[2] == blob:
-            host = words[0].split(",")[0]
-            # With a port other than 22, ssh-keyscan names the host "[address]:port".
-            proven.add(host[1:].split("]")[0] if host.startswith("[") else host)
-    return proven & set(addresses)
+        try:
+            cert = __utils__["mpi_launch.read_ssh_certificate"](line)
+        except ValueError:
+            continue
+        if cert["kind"] != "host":
+            continue
+        proven.update(a for a in cert["principals"]
+                      if a in expected and expected[a].split()[:2] == cert["ca"].split())
+    return proven
 
 
-def _wait_for_sshd(job_id, container, pid, addresses, port, blob, deadline):
-    """Wait until every address answers with the job's host key; raise when the worker
-    exits or time runs out."""
-    waiting = set(addresses)
+def _wait_for_sshd(job_id, container, pid, expected, port, deadline):
+    """Wait until every address of ``expected`` answers with its host certificate; raise
+    when the worker exits or time runs out."""
+    waiting = set(expected)
     while waiting:
-        waiting -= _answering_with_host_key(pid, sorted(waiting), port, blob)
+        waiting -= _answering_with_job_certificate(
+            pid, {a: expected[a] for a in waiting}, port)
         if not waiting:
             return
         container.reload()
@@ -708,16 +716,91 @@ def _wait_for_sshd(job_id, container, pid, addresses, port, blob, deadline):
         if time.monotonic() > deadline:
             raise CommandExecutionError(
                 f"the sshd of job {job_id} at {', '.join(sorted(waiting))} did not answer "
-                f"with the job's host key on port {port} in time")
+                f"with the job's host certificate on port {port} in time")
         time.sleep(0.05)
 
 
-def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network, addresses,
-                 allowed_sources, sshd_port, files, limits=None, ready_timeout=30,
-                 launcher=None):
+def _job_ca():
+    """This node's job CA: ``(private text, public line)``, made on first use."""
+    with _JOB_CA_LOCK:
+        try:
+            with open(JOB_CA_KEY) as handle:
+                private = handle.read()
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(JOB_CA_KEY), mode=0o700, exist_ok=True)
+            private, _ = __utils__["mpi_launch.generate_ed25519_keypair"]("dockermpi-job-ca")
+            partial = f"{JOB_CA_KEY}.{os.getpid()}"
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(private)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, JOB_CA_KEY)
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        key = serialization.load_ssh_private_key(private.encode("ascii"), password=None)
+    except ValueError as exc:
+        raise CommandExecutionError(f"the job CA key {JOB_CA_KEY} is unreadable: {exc}") from exc
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode("ascii")
+    return private, public
+
+
+def job_ca():
     """
-    Write a job's secrets, start its worker container and wait until its sshd answers
-    with the job's host key.
+    The public key of this node's job CA, which certifies the ssh keys this node makes
+    for jobs (made on first use; the private key stays in ``/var/lib/dockermpi/job-ca``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_job.job_ca
+    """
+    try:
+        return _job_ca()[1]
+    except OSError as exc:
+        raise CommandExecutionError(f"cannot make the job CA {JOB_CA_KEY}: {exc}") from exc
+
+
+def _job_keys(job_id, job_cas, launcher_node, addresses, sshd_port, valid_seconds):
+    """The ssh keys of this node's part of a job, made and certified here with the
+    node's job CA (:func:`mpi_launch.job_keys <_utils.mpi_launch.job_keys>`)."""
+    if not isinstance(job_cas, dict) or set(addresses) - set(job_cas) or not all(
+            isinstance(job_cas[n], str) and _CA_LINE_RE.match(job_cas[n]) for n in addresses):
+        raise SaltInvocationError(
+            "job_cas must give every node of the job its job CA's ed25519 public key")
+    try:
+        valid_seconds = int(valid_seconds)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"valid_seconds must be seconds, got {valid_seconds!r}") from None
+    if valid_seconds <= 0:
+        raise SaltInvocationError("valid_seconds must be positive")
+    try:
+        ca_private, ca_public = _job_ca()
+    except OSError as exc:
+        raise CommandExecutionError(f"cannot make the job CA {JOB_CA_KEY}: {exc}") from exc
+    if str(job_cas[__opts__["id"]]).split()[:2] != ca_public.split()[:2]:
+        raise CommandExecutionError(
+            f"the master holds another job CA for {__opts__['id']} than the node's own "
+            f"({JOB_CA_KEY} changed); the node's next health report brings the new one")
+    now = int(time.time())
+    try:
+        return __utils__["mpi_launch.job_keys"](
+            ca_private, job_id, __opts__["id"], addresses, job_cas, launcher_node, sshd_port,
+            now - CERT_CLOCK_SKEW, now + valid_seconds + CERT_GRACE)
+    except ValueError as exc:
+        raise SaltInvocationError(f"cannot make the keys of job {job_id}: {exc}") from exc
+
+
+def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network, addresses,
+                 allowed_sources, sshd_port, files, launcher, job_cas, valid_seconds,
+                 limits=None, ready_timeout=30):
+    """
+    Make a job's keys, write its files, start its worker container and wait until its
+    sshd answers with the job's host certificate; on the job's first node, start the
+    launcher.
 
     job_id
         The job id the runner gave.
@@ -744,18 +827,27 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     sshd_port
         The port sshd listens on inside the job's namespace.
     files
-        ``{name: text}``: id_ed25519, ssh_host_key, authorized_keys, known_hosts,
-        sshd_config, passwd, group, program and hostfile.
+        ``{name: text}``: sshd_config, passwd, group, program and hostfile (no keys: the
+        node makes those).
+    launcher
+        ``{"node": id, "argv": [...], "environment": {...}, "limits": {...},
+        "status": {...}}``: the node with that id makes the job's user key and, once
+        its own sshd and every other address in ``addresses`` answer with their host
+        certificates, starts the container that runs mpirun (``argv``, the launcher
+        command; ``environment``, set there and forwarded to the ranks, sealed to this
+        node's Salt key by the master (:mod:`mpi_seal <_utils.mpi_seal>`); ``status``,
+        written as ``status.json`` just before it starts) before it returns. Every
+        other node's sshd trusts the user certificates of that node's job CA.
+    job_cas
+        ``{node id: job CA public line}`` of every node of the job (:func:`job_ca`).
+    valid_seconds
+        How long the job may run: its certificates expire that long (and a grace for
+        the clean-up) after they are made.
     limits
         ``{node id: {"memory": bytes, "pids": n, "nano_cpus": n, "tmp_size": bytes}}``;
         a node not named gets small limits (a worker that runs no ranks).
     ready_timeout
         Seconds to wait for sshd.
-    launcher
-        Optional ``{"node": id, "argv": [...], "environment": {...}, "limits": {...},
-        "status": {...}}``: the node with that id, once its own sshd and every other
-        address in ``addresses`` answer with the job's host key, starts the launcher
-        (:func:`start_launcher`) before it returns.
 
     Returns ``{"container": name, "sshd_ready_seconds": float, "namespace": "standby"
     or "own", "phases": {...}}``, and on the launcher's node also ``launcher`` (its
@@ -771,7 +863,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         salt node1 mpi_job.start_worker <job_id> <image> alice 100000 100000 \\
             /srv/dockermpi /var/lib/dockermpi/jobs dmpi-jobs '{node1: 10.0.1.130}' \\
             '{peers: [10.0.1.130], hosts: [10.0.0.11], unreachable: [10.0.0.0/16]}' \\
-            2222 '{...}'
+            2222 '{...}' '{node: node1, argv: [...]}' '{node1: ssh-ed25519 AAAA...}' 3600
     """
     _check_job_id(job_id)
     _check_user(user)
@@ -785,13 +877,15 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     if not isinstance(allowed_sources, dict):
         raise SaltInvocationError(
             "allowed_sources must be {peers: [...], hosts: [...], unreachable: [...]}")
-    blob = _host_key_blob(files.get("known_hosts", ""))
-    starts_launcher = bool(launcher) and launcher.get("node") == __opts__["id"]
+    if not isinstance(launcher, dict) or launcher.get("node") not in addresses:
+        raise SaltInvocationError("launcher must name one of the job's nodes")
+    starts_launcher = launcher["node"] == __opts__["id"]
     started = time.monotonic()
+    keys = _job_keys(job_id, job_cas, launcher["node"], addresses, sshd_port, valid_seconds)
     _require_user_dir(storage_path, user, uid)
     users_root = _users_root(storage_path)
     secret_dir = _secret_dir(job_root, job_id)
-    _write_secrets(secret_dir, files, uid, gid)
+    _write_secrets(secret_dir, files, uid, gid, keys)
     options = _container_options(job_id, "worker", user, uid, gid,
                                  os.path.join(users_root, user), secret_dir, limits)
     client = _client()
@@ -831,7 +925,8 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         phases["firewall"] = time.monotonic() - started
     deadline = time.monotonic() + ready_timeout
     if not starts_launcher:
-        _wait_for_sshd(job_id, container, pid, [address], sshd_port, blob, deadline)
+        _wait_for_sshd(job_id, container, pid, {address: job_cas[__opts__["id"]]},
+                       sshd_port, deadline)
         phases["sshd"] = time.monotonic() - started
         return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
                 "namespace": namespace, "phases": phases}
@@ -844,50 +939,14 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
                                user, uid, gid, storage_path, job_root, launcher["argv"],
                                launcher.get("environment"), launcher.get("limits"),
                                launcher.get("status"), netns)
-        _wait_for_sshd(job_id, container, pid, sorted(set(addresses.values())), sshd_port,
-                       blob, deadline)
+        _wait_for_sshd(job_id, container, pid,
+                       {addresses[n]: job_cas[n] for n in addresses}, sshd_port, deadline)
         launcher_container = prepared.result()
     phases["sshd"] = time.monotonic() - started
     _start_launcher(job_id, launcher_container)
     phases["launcher"] = time.monotonic() - started
     return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
             "launcher": launcher_container.name, "namespace": namespace, "phases": phases}
-
-
-def start_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
-                   environment=None, status=None, limits=None):
-    """
-    Start the container that runs ``mpirun`` for a job (on the job's first node), in the
-    network namespace of the job's worker there. The ranks of this node run in it.
-
-    job_id, image, user, uid, gid, storage_path, job_root, limits
-        As for :func:`start_worker`, which must have run on this node first.
-    argv
-        The launcher command (a list; no shell parses it).
-    environment
-        ``{name: value}`` set in the launcher, forwarded to the ranks with ``-x``.
-    status
-        Optional status record, written as ``status.json`` just before the launcher
-        starts.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt node1 mpi_job.start_launcher <job_id> <image> alice 100000 100000 \\
-            /srv/dockermpi /var/lib/dockermpi/jobs '[mpirun, ...]'
-    """
-    netns = NETNS_NAME.format(job_id=job_id)
-    try:
-        _client().containers.get(netns)
-    except docker.errors.NotFound:
-        netns = f"dmpi-{job_id}-worker"
-    except docker.errors.APIError as exc:
-        raise CommandExecutionError(f"cannot start the launcher of job {job_id}: {exc}") from exc
-    container = _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
-                                 environment, limits, status, netns)
-    _start_launcher(job_id, container)
-    return {"container": container.name}
 
 
 def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
@@ -907,7 +966,8 @@ def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv
     _userfs("makedirs", uid, gid, root=users_root, parts=[user, JOBS_SUBDIR, job_id])
     options = _container_options(job_id, "launcher", user, uid, gid,
                                  os.path.join(users_root, user), secret_dir, limits)
-    options["environment"] = dict(environment or {}, **options["environment"])
+    options["environment"] = dict(_opened_environment(environment),
+                                  **options["environment"])
     options.pop("detach")
     try:
         container = _client().containers.create(
@@ -917,6 +977,23 @@ def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv
     if status is not None:
         write_status(job_id, storage_path, user, uid, gid, status)
     return container
+
+
+def _opened_environment(environment):
+    """The job's environment the master sealed to this node (users' values travel
+    sealed, so the master's job cache holds no secret of theirs)."""
+    if environment is None:
+        return {}
+    try:
+        opened = json.loads(__utils__["mpi_seal.unseal"](
+            os.path.join(__opts__["pki_dir"], "minion.pem"), environment))
+    except (OSError, ValueError) as exc:
+        raise SaltInvocationError(f"the job's environment is not sealed to this node: {exc}") \
+            from exc
+    if not isinstance(opened, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in opened.items()):
+        raise SaltInvocationError("the job's environment must be names and text values")
+    return opened
 
 
 def _start_launcher(job_id, container):
@@ -1087,7 +1164,7 @@ def _whole_characters(data):
 
 
 def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_bytes=TAIL_BYTES,
-                offset=None):
+                offset=None, seal=False):
     """
     Return the tail of a job's standard output or standard error (text); with
     ``offset``, ``{"data": text, "offset": where to read next}`` from that byte on (at
@@ -1103,6 +1180,10 @@ def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_byte
         ``stdout`` or ``stderr``.
     tail_bytes
         At most this many bytes from the end of the file (default 64 KiB).
+    seal
+        Return the answer sealed to the master's key (:mod:`mpi_seal
+        <_utils.mpi_seal>`), so the user's output is not in the master's job cache or
+        on its event bus; the ``mpi`` runner opens it.
 
     CLI Example:
 
@@ -1128,11 +1209,19 @@ def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_byte
     try:
         data = _read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes, offset)
         if offset is None:
-            return data.decode(errors="replace")
-        data = _whole_characters(data)
-        return {"data": data.decode(errors="replace"), "offset": offset + len(data)}
+            answer = data.decode(errors="replace")
+        else:
+            data = _whole_characters(data)
+            answer = {"data": data.decode(errors="replace"), "offset": offset + len(data)}
     except CommandExecutionError as exc:
         raise CommandExecutionError(f"cannot read the {stream} of job {job_id}: {exc}") from exc
+    if not seal:
+        return answer
+    try:
+        return __utils__["mpi_seal.seal"](os.path.join(__opts__["pki_dir"], "minion_master.pub"),
+                                          json.dumps(answer).encode())
+    except OSError as exc:
+        raise CommandExecutionError(f"cannot seal the output to the master's key: {exc}") from exc
 
 
 # --------------------------------------------------------------------------- report
@@ -1486,7 +1575,8 @@ def health(storage_path, engine_timeout=5):
         Seconds the Docker engine has to answer.
 
     Returns ``{"docker": "ok" or why not, "storage": "ok" or why not ("not mounted:
-    ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...]}``:
+    ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...],
+    "job_ca": "ok" or why not, "job_ca_public": the job CA's public line}``:
     the storage is a mount point (or holds ``users/``) and a probe file can be written
     and removed in its ``.dockermpi-health`` directory (at its root before highstate
     made that); ``images`` are the digest references of every
@@ -1514,5 +1604,10 @@ def health(storage_path, engine_timeout=5):
     node_id = _NODE_ID_RE.sub("_", str(__opts__.get("id") or "node"))[:64]
     storage = _storage_health(str(storage_path), f".dockermpi-health-{node_id}",
                               STORAGE_CHECK_TIMEOUT)
-    return {"docker": docker_state, "storage": storage,
-            "images": sorted(set(images))[:HEALTH_IMAGES_MAX]}
+    health = {"docker": docker_state, "storage": storage,
+              "images": sorted(set(images))[:HEALTH_IMAGES_MAX], "job_ca": "ok"}
+    try:
+        health["job_ca_public"] = _job_ca()[1]
+    except (OSError, CommandExecutionError) as exc:
+        health["job_ca"] = f"cannot make the job CA {JOB_CA_KEY}: {exc}"[:300]
+    return health

@@ -36,6 +36,7 @@ import salt.cache
 import salt.client
 import salt.fileclient
 import salt.utils.event
+import salt.utils.json
 import salt.utils.minions
 import salt.utils.yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -641,13 +642,25 @@ def logs(job_id, stream="stdout", tail=65536, offset=None):
         if not readers:
             raise CommandExecutionError("no MPI node is reporting; cannot read shared storage")
         config = record["spec"]["config"]
-        text = _call(_client(), readers[:1], "mpi_job.read_output", timeout=15, job_id=job_id,
-                     storage_path=config["storage"]["path"], user=record["user"],
-                     uid=record["uid"], gid=record["uid"], stream=stream,
-                     tail_bytes=_tail_bytes(tail), offset=_offset(offset))[readers[0]]
+        sealed = _call(_client(), readers[:1], "mpi_job.read_output", timeout=15,
+                       job_id=job_id, storage_path=config["storage"]["path"],
+                       user=record["user"], uid=record["uid"], gid=record["uid"],
+                       stream=stream, tail_bytes=_tail_bytes(tail), offset=_offset(offset),
+                       seal=True)[readers[0]]
+        return _opened_output(sealed, readers[0])
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _failed_call(str(exc))
-    return text
+
+
+def _opened_output(sealed, node):
+    """What a node read of a job's output, sealed to the master's key (so the job cache
+    and the event bus hold only ciphertext of users' output)."""
+    try:
+        return salt.utils.json.loads(__utils__["mpi_seal.unseal"](
+            os.path.join(__opts__["pki_dir"], "master.pem"), sealed))
+    except (OSError, ValueError) as exc:
+        raise CommandExecutionError(f"{node} answered with output the master cannot open: "
+                                    f"{exc}") from exc
 
 
 def _offset(offset):
@@ -717,6 +730,7 @@ def nodes():
             "engine": info["report"].get("engine") if info else None,
             "health": None if not isinstance(health, dict) else {
                 "docker": health.get("docker"), "storage": health.get("storage"),
+                "job_ca": health.get("job_ca"),
                 "images": sorted(approved[r] for r in health.get("images") or []
                                  if r in approved)},
             "drained": None if drain is None else dict(

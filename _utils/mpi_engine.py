@@ -860,8 +860,10 @@ class JobEngine:
             network=config["job_network"]["name"], addresses=job_addresses,
             allowed_sources=allowed, sshd_port=sshd_port, files=files,
             limits={n: node_limits(config, placement[n]) for n in nodes if n != launcher_node},
-            launcher={"node": launcher_node, "argv": argv, "environment": environment,
+            launcher={"node": launcher_node, "argv": argv,
+                      "environment": self.transport.seal_for(launcher_node, environment),
                       "status": view, "limits": node_limits(config, placement[launcher_node])},
+            job_cas=self._job_cas(nodes), valid_seconds=record["walltime"],
             **common)
         if not workers[launcher_node].get("launcher"):
             raise StartError(f"{launcher_node} did not start the launcher")
@@ -872,19 +874,22 @@ class JobEngine:
         timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
         return started, timings
 
+    def _job_cas(self, nodes):
+        """The job CA public key each node last reported (its keys are made there)."""
+        with self.lock:
+            cas = {n: ((self.nodes.get(n) or {}).get("health") or {}).get("job_ca_public")
+                   for n in nodes}
+        missing = sorted(n for n, ca in cas.items() if not ca)
+        if missing:
+            raise StartError(f"{', '.join(missing)} reported no job CA")
+        return cas
+
     def _job_files(self, config, record, job_addresses):
         launch = self.lib
-        user_private, user_public = launch["mpi_launch.generate_ed25519_keypair"]("dockermpi-job")
-        host_private, host_public = launch["mpi_launch.generate_ed25519_keypair"](
-            "dockermpi-host")
         account = account_name(record["user"], ACCOUNT_RE)
         uid = record["uid"]
         sshd_port = job_ports(config)[0]
         return {
-            "id_ed25519": user_private,
-            "authorized_keys": launch["mpi_launch.authorized_keys_text"](user_public),
-            "ssh_host_key": host_private,
-            "known_hosts": launch["mpi_launch.known_hosts_text"](host_public),
             "sshd_config": launch["mpi_launch.sshd_config_text"](sshd_port, account),
             "passwd": launch["mpi_launch.passwd_text"](account, uid, uid, home=DATA_MOUNT),
             "group": launch["mpi_launch.group_text"](account, uid),

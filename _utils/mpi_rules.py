@@ -307,7 +307,8 @@ def node_problem(seen, drain=None):
     """
     Why a reporting node may take no new job whatever its image, or None: drained by
     an admin, or unhealthy by its own health evidence (``seen["health"]``: the Docker
-    engine answering, shared storage mounted and writable). A node that never sent
+    engine answering, shared storage mounted and writable, a job CA to certify the
+    job's keys with). A node that never sent
     health evidence is not known to be healthy, so it takes nothing yet.
     """
     if drain:
@@ -319,6 +320,8 @@ def node_problem(seen, drain=None):
         return f"unhealthy: Docker engine not answering ({str(health.get('docker'))[:200]})"
     if health.get("storage") != "ok":
         return f"unhealthy: storage {str(health.get('storage'))[:200]}"
+    if health.get("job_ca") != "ok" or not isinstance(health.get("job_ca_public"), str):
+        return f"unhealthy: {str(health.get('job_ca') or 'no job CA reported')[:200]}"
     return None
 
 

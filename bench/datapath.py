@@ -217,24 +217,24 @@ class HostNetwork:
                                            run_dir=self.run_dir)
 
     def files(self, node):
-        user_private, user_public = self.keys["user"]
-        host_private, host_public = self.keys["host"]
-        return {
-            "id_ed25519": user_private,
-            "authorized_keys": mpi_launch.authorized_keys_text(user_public),
-            "ssh_host_key": host_private,
-            "known_hosts": mpi_launch.known_hosts_text(host_public),
+        """The job's files and keys as the nodes make them (one throwaway CA here)."""
+        ca_private, ca_public = self.ca
+        addresses = {n: ADDRESSES[n] for n in PAIR}
+        now = int(time.time())
+        keys = mpi_launch.job_keys(ca_private, "bench-datapath", node, addresses,
+                                   {n: ca_public for n in PAIR}, PAIR[0], SSH_PORT,
+                                   now - 300, now + 3600)
+        return dict(keys, **{
             "sshd_config": mpi_launch.sshd_config_text(SSH_PORT, HOST_ACCOUNT, self.run_dir,
                                                        listen_address=ADDRESSES[node]),
             "passwd": mpi_launch.passwd_text(HOST_ACCOUNT, HOST_UID, HOST_UID),
             "group": mpi_launch.group_text(HOST_ACCOUNT, HOST_UID),
             "program": mpi_launch.program_script_text(program(self.args)),
             "hostfile": mpi_launch.hostfile_text([(ADDRESSES[n], 1) for n in PAIR]),
-        }
+        })
 
     def start(self):
-        self.keys = {"user": mpi_launch.generate_ed25519_keypair("dmpi-bench"),
-                     "host": mpi_launch.generate_ed25519_keypair("dmpi-bench-host")}
+        self.ca = mpi_launch.generate_ed25519_keypair("dmpi-bench-ca")
         for node in PAIR:
             put_files(node, self.directory, self.files(node))
             mounts = [f"type=bind,src={self.directory},dst={self.run_dir},readonly",

@@ -98,6 +98,9 @@ class InstantTransport:
     def call_async(self, minions, fun, **kwargs):
         pass
 
+    def seal_for(self, minion, value):
+        return value
+
     def fire(self, tag, data):
         msgpack.packb(data, use_bin_type=True)  # what putting it on the bus costs at least
 
@@ -138,7 +141,8 @@ def build(nodes, running, queued, seed=1):
     store.set_meta("site", {"config": CONFIG, "read": now})
     names = [f"node{i:05d}" for i in range(nodes)]
     # Every node healthy and holding the jobs' image (what mpi_job.health sends).
-    health = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "0" * 64]}
+    health = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "0" * 64],
+              "job_ca": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
     reports = {n: {"engine": "ok", "jobs": {}, "time": now, "digest": "0", "health": health}
                for n in names}
     records = []

@@ -263,6 +263,76 @@ def test_a_users_events_and_answers_carry_nothing_of_another_users_job(cluster, 
         assert "secretive" not in json.dumps(answer), answer
 
 
+#: Everything on the master's event bus, one line per event (tag, then the data as
+#: JSON), into argv[1] until argv[1] + ".stop" exists; "open" once it listens.
+_BUS_LISTENER = r"""
+import json, os, sys, salt.config, salt.utils.event
+opts = salt.config.master_config("/etc/salt/master")
+out = sys.argv[1]
+with salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=True) as bus, \
+        open(out, "w") as seen:
+    seen.write("open\n")
+    seen.flush()
+    while not os.path.exists(out + ".stop"):
+        event = bus.get_event(wait=1, full=True)
+        if event:
+            seen.write(event["tag"] + " " + json.dumps(event["data"], default=repr) + "\n")
+            seen.flush()
+"""
+
+#: The master's job cache (what Salt keeps of every publish and return) written since
+#: argv[1] (Unix time), as one JSON document.
+_JOB_CACHE_SINCE = r"""
+import json, os, sys, salt.payload
+since = float(sys.argv[1])
+kept = []
+for folder, _, names in os.walk("/var/cache/salt/master/jobs"):
+    for path in (os.path.join(folder, n) for n in names if n.endswith(".p")):
+        if os.path.getmtime(path) >= since:
+            with open(path, "rb") as handle:
+                kept.append(salt.payload.load(handle))
+print(json.dumps(kept, default=repr))
+"""
+
+
+def test_no_private_key_nor_a_users_secret_or_output_passes_through_salt(cluster, notebooks):
+    """Job keys are made on the nodes and only public keys travel; the user's
+    environment travels sealed to the launcher's node, the output sealed to the master.
+    A listener on the master's bus during a job over two nodes, and the master's job
+    cache after it, see the publishes and returns, never a private key or the secret."""
+    secret = "s3cr3t-" + "k3y" * 8
+    bus_log = f"/tmp/dmpi-bus-{time.monotonic_ns()}.log"
+    since = float(cluster.exec("master", ["date", "+%s"])[1]) - 1
+    cluster.exec("master", ["sh", "-c", f"setsid /opt/saltstack/salt/bin/python3 -c "
+                            f"'{_BUS_LISTENER}' {bus_log} >/dev/null 2>&1 &"])
+
+    def seen():
+        return cluster.exec("master", ["cat", bus_log], check=False)[1]
+
+    try:
+        until(lambda: seen().startswith("open"), "the bus listener to open")
+        code, job = mpi_json(cluster, BOB, "submit", "-n", "4", "-N", "2", "--export",
+                             f"SECRET_TOKEN={secret}", "/bin/sh", "-c", 'echo "$SECRET_TOKEN"')
+        assert code == 0, job
+        code, ended = mpi_json(cluster, BOB, "wait", job["job_id"])
+        assert code == 0 and ended["state"] == "succeeded" and len(ended["placement"]) == 2, ended
+        code, tail = mpi(cluster, BOB, "logs", job["job_id"])
+        assert code == 0 and tail.count(secret) == 4, tail
+        bus = until(lambda: (t := seen()) and "mpi_job.cleanup" in t and t,
+                    "the job's clean-up publish on the bus")
+    finally:
+        cluster.exec("master", ["touch", f"{bus_log}.stop"])
+    # The listener saw the job start and its output read: what it says is the whole story.
+    assert "mpi_job.start_worker" in bus and "mpi_job.read_output" in bus
+    assert "job_cas" in bus and '"sealed": "rsa-oaep-sha256+aes-256-gcm"' in bus
+    assert "PRIVATE KEY" not in bus
+    assert secret not in bus
+    code, cache = cluster.exec("master", ["/opt/saltstack/salt/bin/python3", "-c",
+                                          _JOB_CACHE_SINCE, str(since)])
+    assert code == 0 and "mpi_job.start_worker" in cache, cache[:500]
+    assert "PRIVATE KEY" not in cache and secret not in cache
+
+
 def test_a_user_cannot_submit_as_another(cluster, notebooks):
     for user in (BOB, "root", mpi_config.user_for_identity(BOB)):
         status, answer = api(cluster, ANN, "POST", "/jobs",

@@ -39,7 +39,8 @@ CONFIG = {
 NODES = ["node1", "node2", "node3"]
 IMAGE_REF = "r@sha256:" + "0" * 64
 # A healthy node holding the jobs' image (mpi_job.health).
-HEALTH = {"docker": "ok", "storage": "ok", "images": [IMAGE_REF]}
+HEALTH = {"docker": "ok", "storage": "ok", "images": [IMAGE_REF], "job_ca": "ok",
+          "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 # Bound of every wait on the engine's background work: generous, since the unit tests
 # share two cores with the test cluster's build; a wait ends as soon as its condition holds.
 SETTLE_TIMEOUT = 60
@@ -64,6 +65,9 @@ class Transport:
 
     def call_async(self, minions, fun, **kwargs):
         self.calls.append((fun, list(minions), kwargs))
+
+    def seal_for(self, minion, value):
+        return {"sealed_for": minion, "value": value}
 
     def fire(self, tag, data):
         self.events.append(tag)
@@ -245,6 +249,35 @@ def test_a_queued_job_is_placed_started_and_running(world):
                                                        "10.0.1.131", "10.0.1.132"}
     assert f"mpi/job/{job_id}/starting" in transport.events
     assert f"mpi/job/{job_id}/running" in transport.events
+
+
+def test_the_start_carries_no_private_key_and_seals_the_users_environment(world):
+    """One publish starts the job: it names each node's job CA (public keys only; the
+    nodes make the job's keys) and seals the environment to the launcher's node."""
+    store, transport, clock, engine = world
+    job_id = _started(store, clock, engine, np=4,
+                      spec=dict(_spec(), env={"SECRET_TOKEN": "s3cr3t-value"}))
+    kwargs = transport.calls[0][2]
+    assert kwargs["job_cas"] == {n: HEALTH["job_ca_public"] for n in ("node1", "node2")}
+    assert kwargs["valid_seconds"] == store.get(job_id)["walltime"]
+    assert "PRIVATE KEY" not in repr(kwargs)
+    sealed = kwargs["launcher"]["environment"]
+    assert sealed["sealed_for"] == "node1" and sealed["value"]["SECRET_TOKEN"] == "s3cr3t-value"
+    plain = {k: v for k, v in kwargs.items() if k != "launcher"}
+    assert "s3cr3t-value" not in repr(plain)
+    assert "s3cr3t-value" not in repr(dict(kwargs["launcher"], environment=None))
+
+
+def test_a_node_that_reported_no_job_ca_takes_no_job(world):
+    store, transport, clock, engine = world
+    for node in NODES:
+        engine.node_report(node, {"engine": "ok", "time": clock.now, "jobs": {}, "digest": "x",
+                                  "health": dict(HEALTH, job_ca="cannot make the job CA")})
+    job_id = _submit(store, clock, np=1)
+    engine.job_requested(job_id)
+    _settle(engine)
+    assert store.get(job_id)["state"] == "queued"
+    assert "mpi_job.start_worker" not in transport.funs()
 
 
 def test_a_job_may_connect_only_to_its_own_containers_on_the_cluster_network(world):

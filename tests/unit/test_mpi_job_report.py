@@ -7,7 +7,9 @@ engine that is down and job containers with given labels, states and exit codes;
 real engine is exercised on the cluster.
 """
 
+import json
 import os
+import stat
 import pathlib
 import shutil
 import socket
@@ -18,6 +20,7 @@ from unittest.mock import MagicMock, patch
 
 import docker.errors
 import pytest
+import salt.crypt
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
 
@@ -28,6 +31,7 @@ STDERR_DATA = REPO / "tests" / "unit" / "data" / "mpirun"
 mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module")
 mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch_util_for_report")
 mpi_userfs = load_extension("_utils/mpi_userfs.py", "mpi_userfs_util_for_report")
+mpi_seal = load_extension("_utils/mpi_seal.py", "mpi_seal_util_for_report")
 
 JOB = "20261130-120000-abcdef"
 OTHER_JOB = "20261130-120001-012345"
@@ -41,7 +45,10 @@ def configure_loader_modules():
     return {
         mpi_job: {
             "__utils__": {"mpi_launch.parse_mpirun_failure": mpi_launch.parse_mpirun_failure,
-                          "mpi_userfs.run_confined": mpi_userfs.run_confined},
+                          "mpi_launch.generate_ed25519_keypair":
+                              mpi_launch.generate_ed25519_keypair,
+                          "mpi_userfs.run_confined": mpi_userfs.run_confined,
+                          "mpi_seal.seal": mpi_seal.seal},
             "__opts__": {"id": "node1"},
         }
     }
@@ -452,6 +459,23 @@ def test_read_output_returns_the_tail(storage):
     assert mpi_job.read_output(JOB, str(storage), USER, UID, UID).startswith("head\n")
 
 
+def test_read_output_sealed_is_for_the_masters_key_alone(storage, tmp_path, monkeypatch):
+    """The runner asks for output sealed: what Salt keeps of the return (the master's
+    job cache, the event bus) is then ciphertext."""
+    _write(storage / "users" / USER / "mpi-jobs" / JOB / "stdout", "SECRET_TOKEN=s3cr3t\n")
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    salt.crypt.write_keys(str(pki), "minion_master", 2048)  # the master's key pair
+    monkeypatch.setitem(mpi_job.__opts__, "pki_dir", str(pki))
+    sealed = mpi_job.read_output(JOB, str(storage), USER, UID, UID, seal=True)
+    assert "s3cr3t" not in json.dumps(sealed)
+    opened = mpi_seal.unseal(str(pki / "minion_master.pem"), sealed)
+    assert json.loads(opened) == "SECRET_TOKEN=s3cr3t\n"
+    followed = mpi_job.read_output(JOB, str(storage), USER, UID, UID, offset=0, seal=True)
+    assert json.loads(mpi_seal.unseal(str(pki / "minion_master.pem"), followed)) == \
+        {"data": "SECRET_TOKEN=s3cr3t\n", "offset": 20}
+
+
 def test_read_output_reads_stderr(storage):
     _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", "oops\n")
     assert mpi_job.read_output(JOB, str(storage), USER, UID, UID, stream="stderr") == "oops\n"
@@ -519,11 +543,34 @@ def _images_engine(*digests):
     return patch.object(mpi_job.docker, "from_env", return_value=client)
 
 
-def test_a_healthy_node_reports_docker_storage_and_image_digests(storage):
+@pytest.fixture(autouse=True)
+def job_ca_path(tmp_path, monkeypatch):
+    path = tmp_path / "job-ca" / "ca"
+    monkeypatch.setattr(mpi_job, "JOB_CA_KEY", str(path))
+    return path
+
+
+def test_a_healthy_node_reports_docker_storage_and_image_digests(storage, job_ca_path):
     with _images_engine(REF, "mpi:local"):
         found = mpi_job.health(str(storage))
-    assert found == {"docker": "ok", "storage": "ok", "images": [REF]}
+    public = found.pop("job_ca_public")
+    assert found == {"docker": "ok", "storage": "ok", "images": [REF], "job_ca": "ok"}
     assert sorted(os.listdir(storage)) == ["users"]  # the probe file is gone again
+    # The job CA is made once, root's alone, and the same key is reported after.
+    assert public.startswith("ssh-ed25519 ")
+    assert stat.S_IMODE(job_ca_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(job_ca_path.parent.stat().st_mode) == 0o700
+    with _images_engine(REF):
+        assert mpi_job.health(str(storage))["job_ca_public"] == public
+
+
+def test_health_says_when_no_job_ca_can_be_made(storage, job_ca_path):
+    job_ca_path.parent.mkdir(mode=0o500)  # read-only even for its owner (tests may be root)
+    with patch.object(mpi_job.os, "replace", side_effect=PermissionError(13, "Permission denied")):
+        with _images_engine(REF):
+            found = mpi_job.health(str(storage))
+    assert found["job_ca"].startswith(f"cannot make the job CA {job_ca_path}")
+    assert "job_ca_public" not in found
 
 
 def test_health_says_when_docker_does_not_answer(storage):
@@ -589,7 +636,8 @@ def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, 
     monkeypatch.setattr(mpi_job.os, "open", recording_open)
     with _images_engine():
         assert mpi_job.health(str(storage))["storage"] == "ok"
-    assert written == [str(storage / ".dockermpi-health" / ".dockermpi-health-node1")]
+    assert [w for w in written if w.startswith(str(storage))] == \
+        [str(storage / ".dockermpi-health" / ".dockermpi-health-node1")]
     assert os.listdir(storage / ".dockermpi-health") == []
 
 

@@ -13,15 +13,19 @@ from salt.exceptions import CommandExecutionError
 from tests.extension import load_extension
 
 mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module_for_start")
+mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
 
 JOB = "20261130-120000-abcdef"
 ADDRESS = "10.251.1.130"
-FILES = {"known_hosts": "[10.251.1.130]:20000 ssh-ed25519 AAAAC3Nza host"}
+LAUNCHER_ADDRESS = "10.251.1.131"
+FILES = {"sshd_config": "Port 20000\n"}
 
 
 @pytest.fixture
 def configure_loader_modules():
-    return {mpi_job: {"__opts__": {"id": "node1"}}}
+    return {mpi_job: {"__opts__": {"id": "node1"},
+                      "__utils__": {f"mpi_launch.{name}": getattr(mpi_launch, name)
+                                    for name in mpi_launch.__all__}}}
 
 
 class Steps(list):
@@ -47,6 +51,7 @@ def steps(monkeypatch, tmp_path):
     monkeypatch.setattr(mpi_job, "_client", lambda: client)
     monkeypatch.setattr(mpi_job, "_require_user_dir", lambda *args: None)
     monkeypatch.setattr(mpi_job, "_write_secrets", lambda *args: None)
+    monkeypatch.setattr(mpi_job, "JOB_CA_KEY", str(tmp_path / "job-ca" / "ca"))
     monkeypatch.setattr(mpi_job, "_take_standby", lambda *args: holder)
     monkeypatch.setattr(mpi_job, "_close_namespace",
                         lambda job_id, pid, *args: done.append(("firewall", pid)))
@@ -59,10 +64,14 @@ def steps(monkeypatch, tmp_path):
 
 
 def _start(steps):
+    """node1's part of a two-node job whose launcher is on node2."""
+    _, launcher_ca = mpi_launch.generate_ed25519_keypair("node2-ca")
     return mpi_job.start_worker(
         JOB, "registry:5000/mpi@sha256:" + "0" * 64, "alice", 23456, 23456, steps.storage,
-        steps.storage, "dmpi-jobs", {"node1": ADDRESS},
-        {"peers": [ADDRESS], "hosts": ["10.251.0.11"]}, 20000, FILES)
+        steps.storage, "dmpi-jobs", {"node1": ADDRESS, "node2": LAUNCHER_ADDRESS},
+        {"peers": [ADDRESS, LAUNCHER_ADDRESS], "hosts": ["10.251.0.11"]}, 20000, FILES,
+        launcher={"node": "node2", "argv": ["mpirun"]},
+        job_cas={"node1": mpi_job.job_ca(), "node2": launcher_ca}, valid_seconds=60)
 
 
 def test_a_standby_namespace_is_sealed_before_the_worker_starts_in_it(steps):
@@ -84,3 +93,60 @@ def test_a_namespace_that_cannot_leave_the_standby_network_starts_no_worker(step
     with pytest.raises(CommandExecutionError, match="off the standby network"):
         _start(steps)
     assert ("start",) not in steps and not any(step[0] == "firewall" for step in steps)
+
+
+def test_a_node_refuses_to_certify_with_a_ca_the_master_does_not_hold(steps):
+    """A node whose job CA changed since its last health report starts nothing: the
+    other nodes would not trust what it certifies."""
+    _, stale = mpi_launch.generate_ed25519_keypair("old-ca")
+    mpi_job.job_ca()
+    with pytest.raises(CommandExecutionError, match="another job CA for node1"):
+        mpi_job.start_worker(
+            JOB, "registry:5000/mpi@sha256:" + "0" * 64, "alice", 23456, 23456, steps.storage,
+            steps.storage, "dmpi-jobs", {"node1": ADDRESS}, {"peers": [ADDRESS], "hosts": []},
+            20000, FILES, launcher={"node": "node1", "argv": ["mpirun"]},
+            job_cas={"node1": stale}, valid_seconds=60)
+    assert not steps
+
+
+@pytest.mark.parametrize("job_cas, launcher, words", [
+    ({}, {"node": "node1"}, "job_cas must give every node"),
+    ({"node1": "ssh-rsa AAAAB3Nza"}, {"node": "node1"}, "job_cas must give every node"),
+    ({"node1": "ssh-ed25519 AAAA\nssh-ed25519 BBBB"}, {"node": "node1"}, "job_cas must give"),
+    (None, {"node": "node9"}, "launcher must name one of the job's nodes"),
+    (None, None, "launcher must name one of the job's nodes"),
+])
+def test_start_worker_refuses_bad_keys_input(steps, job_cas, launcher, words):
+    if job_cas is None:
+        job_cas = {"node1": mpi_job.job_ca()}
+    with pytest.raises(Exception, match=words):
+        mpi_job.start_worker(
+            JOB, "registry:5000/mpi@sha256:" + "0" * 64, "alice", 23456, 23456, steps.storage,
+            steps.storage, "dmpi-jobs", {"node1": ADDRESS}, {"peers": [ADDRESS], "hosts": []},
+            20000, FILES, launcher=launcher, job_cas=job_cas, valid_seconds=60)
+    assert not steps
+
+
+def test_readiness_counts_only_certificates_of_the_right_ca_for_the_right_address(
+        monkeypatch):
+    """What ssh-keyscan -c prints is trusted per address: a certificate of another
+    node's CA, or of this CA for another address, proves nothing."""
+    ca1_private, ca1 = mpi_launch.generate_ed25519_keypair("ca1")
+    ca2_private, ca2 = mpi_launch.generate_ed25519_keypair("ca2")
+    _, host = mpi_launch.generate_ed25519_keypair("host")
+
+    def cert(ca_private, address, kind="host"):
+        return mpi_launch.sign_ssh_certificate(ca_private, host, kind, "id", [address], 1, 2)
+
+    printed = "\n".join([
+        cert(ca1_private, "10.0.0.1"),           # right: node1's CA for node1's address
+        cert(ca1_private, "10.0.0.2"),           # node1's CA vouching for node2's address
+        cert(ca2_private, "10.0.0.3", "user"),   # a user certificate
+        "# 10.0.0.3:20000 SSH-2.0-OpenSSH_9.2p1",
+        "garbage",
+    ])
+    monkeypatch.setattr(mpi_job, "_run", lambda argv, timeout: (0, printed, ""))
+    monkeypatch.setattr(mpi_job, "_netns", lambda pid: [])
+    proven = mpi_job._answering_with_job_certificate(
+        1, {"10.0.0.1": ca1, "10.0.0.2": ca2, "10.0.0.3": ca2}, 20000)
+    assert proven == {"10.0.0.1"}

@@ -203,7 +203,8 @@ def test_failures_is_configurable(report_fn, clock):
 
 # ---------------------------------------------------------------------------- health
 
-HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64]}
+HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64],
+           "job_ca": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 
 
 def _health_reporter(report_fn, clock, results):

@@ -242,7 +242,8 @@ def test_probes_start_before_silence_is_judged_and_not_every_pass():
 
 # ------------------------------------------------------------------- eligibility
 
-HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64]}
+HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64],
+           "job_ca": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 
 
 @pytest.mark.parametrize("seen, drain, problem", [
@@ -254,6 +255,10 @@ HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64]}
     ({"health": dict(HEALTHY, storage="not writable: read-only")}, None,
      "unhealthy: storage not writable: read-only"),
     ({"health": dict(HEALTHY, storage="not mounted")}, None, "unhealthy: storage not mounted"),
+    ({"health": {k: v for k, v in HEALTHY.items() if not k.startswith("job_ca")}}, None,
+     "unhealthy: no job CA reported"),
+    ({"health": dict(HEALTHY, job_ca="cannot make the job CA /x: [Errno 28] No space")},
+     None, "unhealthy: cannot make the job CA /x: [Errno 28] No space"),
 ])
 def test_node_problems(seen, drain, problem):
     assert rules.node_problem(seen, drain) == problem

@@ -1,0 +1,60 @@
+"""
+Unit tests of ``_utils/mpi_seal.py``: values sealed to one Salt key pair, made by Salt
+itself (``salt.crypt.write_keys``), open with that pair's private key only.
+"""
+
+import json
+
+import pytest
+import salt.crypt
+
+from tests.extension import load_extension
+
+mpi_seal = load_extension("_utils/mpi_seal.py", "mpi_seal")
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """Two Salt key pairs, as a master and a minion keep theirs."""
+    made = {}
+    for name in ("minion", "other"):
+        folder = tmp_path / name
+        folder.mkdir()
+        salt.crypt.write_keys(str(folder), name, 2048)
+        made[name] = (str(folder / f"{name}.pem"), str(folder / f"{name}.pub"))
+    return made
+
+
+def test_a_sealed_value_opens_with_the_recipients_key_only(keys):
+    private, public = keys["minion"]
+    secret = json.dumps({"SECRET_TOKEN": "s3cr3t-value"}).encode()
+    sealed = mpi_seal.seal(public, secret)
+    assert mpi_seal.is_sealed(sealed)
+    assert "s3cr3t" not in json.dumps(sealed)
+    assert mpi_seal.unseal(private, sealed) == secret
+    with pytest.raises(ValueError, match="cannot open"):
+        mpi_seal.unseal(keys["other"][0], sealed)
+
+
+def test_each_seal_is_fresh(keys):
+    _, public = keys["minion"]
+    assert mpi_seal.seal(public, b"same")["data"] != mpi_seal.seal(public, b"same")["data"]
+
+
+@pytest.mark.parametrize("change", [
+    lambda s: dict(s, data=s["data"][:-4] + ("AAAA" if not s["data"].endswith("AAAA") else "BBBB")),
+    lambda s: dict(s, nonce="AAAAAAAAAAAAAAAA"),
+    lambda s: dict(s, key="!!"),
+    lambda s: {k: v for k, v in s.items() if k != "key"},
+    lambda s: dict(s, sealed="plain"),
+    lambda s: "text",
+])
+def test_a_changed_or_forged_value_is_refused(keys, change):
+    private, public = keys["minion"]
+    with pytest.raises(ValueError):
+        mpi_seal.unseal(private, change(mpi_seal.seal(public, b"output")))
+
+
+def test_only_bytes_are_sealed(keys):
+    with pytest.raises(TypeError):
+        mpi_seal.seal(keys["minion"][1], "text")
