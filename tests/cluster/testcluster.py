@@ -50,7 +50,8 @@ CLUSTER_NET = ("dmpi-cluster", "10.251.1.0/24", "10.251.1.1")
 SITE_NET = ("dmpi-site", "10.251.2.0/24", "10.251.2.1")
 MASTER = "dmpi-master"
 MASTER_ADDR = "10.251.1.2"
-REGISTRY = f"{MASTER_ADDR}:5000"
+REGISTRY = f"{MASTER_ADDR}:5000"  # read-only: what nodes pull from
+REGISTRY_PUSH_PORT = 5001  # the same storage, writable from this machine alone
 MINION_REPAIR_AFTER = 45  # seconds; minions answer within 20 s of a (re)start here
 REGISTRY_HOST_PORT = int(os.environ.get("DMPI_REGISTRY_PORT", "15000"))
 SHARED_VOLUME = "dmpi-shared"
@@ -625,23 +626,37 @@ class TestCluster:
             mounts[str(REPO / folder)] = {"bind": f"/srv/salt-ext/{folder}", "mode": "ro"}
         _, created = self.start_host(
             MASTER, "master", image, MASTER_ADDR, mounts,
-            ports={"5000/tcp": ("127.0.0.1", REGISTRY_HOST_PORT)},
+            ports={f"{REGISTRY_PUSH_PORT}/tcp": ("127.0.0.1", REGISTRY_HOST_PORT)},
         )
         self.wait_for_systemd("master")
         if created:
             self.put_file("master", "/etc/salt/master.d/cluster.conf",
                           (FILES / "master.conf").read_bytes())
-            self.put_file("master", "/etc/docker/registry/config.yml",
-                          (FILES / "registry.yml").read_bytes())
+            self.put_registry("master", CLUSTER_NET[1], CLUSTER_NET[2])
             self.exec("master", ["mkdir", "-p", "/srv/pillar-local"])
-            self.exec("master", ["chown", "docker-registry:", "/var/lib/docker-registry"])
-            self.exec("master", ["systemctl", "enable", "--now", "salt-master",
-                                 "docker-registry"])
+            self.exec("master", ["systemctl", "enable", "--now", "salt-master"])
             # The master host's own minion: highstate provisions its side (the user API).
             minion = {"id": "master", "master": MASTER_ADDR, "grains": MASTER_ROLE_GRAINS}
             self.put_file("master", "/etc/salt/minion.d/cluster.conf",
                           yaml.safe_dump(minion).encode())
             self.exec("master", ["systemctl", "enable", "--now", "salt-minion"])
+
+    def put_registry(self, host, cluster_network, push_from):
+        """The registry on ``host``: read-only on port 5000 for the cluster, writable on
+        REGISTRY_PUSH_PORT for ``push_from`` (the address this machine's pushes come
+        from) alone."""
+        self.put_file(host, "/etc/docker/registry/config.yml",
+                      (FILES / "registry.yml").read_bytes())
+        self.put_file(host, "/etc/docker/registry/push.yml",
+                      (FILES / "registry-push.yml").read_bytes())
+        self.put_file(host, "/etc/systemd/system/dockermpi-registry-push.service",
+                      (FILES / "dockermpi-registry-push.service").read_bytes())
+        self.put_file(host, "/etc/default/dockermpi-registry-push",
+                      f"CLUSTER_NETWORK={cluster_network}\nPUSH_FROM={push_from}\n".encode())
+        self.exec(host, ["chown", "docker-registry:", "/var/lib/docker-registry"])
+        self.exec(host, ["systemctl", "daemon-reload"])
+        self.exec(host, ["systemctl", "enable", "--now", "docker-registry",
+                         "dockermpi-registry-push"])
 
     def up_hub(self, image):
         """The hub host: a minion with role mpi-hub, its own engine, the shared storage,

@@ -212,3 +212,58 @@ def test_retention_removes_old_records_and_job_dirs_and_nothing_else(cluster):
         assert cluster.read_shared(f"{users}/{victim}/keep.txt") == "precious\n"
     finally:
         run(cluster, "mpi.cancel", job_id=running)
+
+
+#: From a node host: what the registry answers to a push, a delete and a pull, and
+#: whether its writable port takes a connection. argv: the registry host, the MPI
+#: image's repository and digest.
+_REGISTRY_WRITES = r"""
+import json, socket, sys, urllib.error, urllib.request
+host, repository, digest = sys.argv[1:4]
+
+def status(method, path):
+    request = urllib.request.Request(f"http://{host}:5000/v2/{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+try:
+    socket.create_connection((host, 5001), timeout=5).close()
+    push_port = "open"
+except OSError as exc:
+    push_port = type(exc).__name__
+print(json.dumps({
+    "pull": status("HEAD", f"{repository}/manifests/{digest}"),
+    "push": status("POST", f"{repository}/blobs/uploads/"),
+    "overwrite": status("PUT", f"{repository}/manifests/latest"),
+    "delete": status("DELETE", f"{repository}/manifests/{digest}"),
+    "push_port": push_port,
+}))
+"""
+
+
+def test_the_registry_is_read_only_for_the_cluster_network(cluster):
+    """A node host (root there) pulls approved images, and can neither push, overwrite
+    nor delete one; the registry's writable port refuses it. This machine still pushes
+    (the retired-image test above does)."""
+    from tests.cluster.testcluster import MASTER_ADDR
+
+    _, pillar = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    reference = yaml.safe_load(pillar)["mpi"]["images"]["mpi"]
+    repository, digest = reference.split("/", 1)[1].split("@")
+    code, out = cluster.exec("node1", ["/opt/saltstack/salt/bin/python3", "-c",
+                                       _REGISTRY_WRITES, MASTER_ADDR, repository, digest],
+                             stdout_only=True)
+    assert code == 0, out
+    answers = json.loads(out)
+    assert answers["pull"] == 200, answers
+    # Distribution's read-only mode and its disabled delete answer 405 Method Not Allowed.
+    assert answers["push"] == answers["overwrite"] == answers["delete"] == 405, answers
+    # Refused by the firewall: the writable side itself runs and answers on the master.
+    assert answers["push_port"] == "ConnectionRefusedError", answers
+    code, out = cluster.exec("master", ["/opt/saltstack/salt/bin/python3", "-c",
+                                        "import socket; socket.create_connection(('127.0.0.1',"
+                                        " 5001), timeout=5).close()"])
+    assert code == 0, out

@@ -15,17 +15,26 @@ install -m 0640 /tmp/dockermpi-storage.sls /srv/pillar/dockermpi_storage.sls
 rm -rf /tmp/dockermpi-pillar /tmp/dockermpi-storage.sls
 
 # The registry images are approved from (Debian's docker-registry, plain HTTP on the
-# cluster network; the nodes trust it through pillar mpi:docker:insecure_registries).
+# cluster network; the nodes trust it through pillar mpi:docker:insecure_registries):
+# read-only on port 5000 for the cluster, writable on 5001 for the machine that builds
+# the images (its forwarded port) and no address of the cluster network.
 if ! dpkg -s docker-registry >/dev/null 2>&1; then
     log "installing docker-registry"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        docker-registry >/dev/null
+        docker-registry iptables >/dev/null
 fi
 install -m 0644 /tmp/dockermpi-registry.yml /etc/docker/registry/config.yml
+install -m 0644 /tmp/dockermpi-registry-push.yml /etc/docker/registry/push.yml
+install -m 0644 /tmp/dockermpi-registry-push.service /etc/systemd/system/dockermpi-registry-push.service
+cluster_network=${DMPI_CLUSTER_NETWORK:?} push_from=${DMPI_PUSH_FROM:?}
+printf 'CLUSTER_NETWORK=%s\nPUSH_FROM=%s\n' "$cluster_network" "$push_from" \
+    >/etc/default/dockermpi-registry-push
+rm -f /tmp/dockermpi-registry.yml /tmp/dockermpi-registry-push.yml /tmp/dockermpi-registry-push.service
 chown docker-registry: /var/lib/docker-registry
-systemctl enable --quiet docker-registry
-systemctl restart docker-registry
+systemctl daemon-reload
+systemctl enable --quiet docker-registry dockermpi-registry-push
+systemctl restart docker-registry dockermpi-registry-push
 
 wait_for_nodes() {
     local deadline=$((SECONDS + $1)) answers
