@@ -214,6 +214,20 @@ def test_notebooks_reach_no_other_host_of_the_cluster_network(hub_high):
     assert rule["save"] is False
 
 
+def test_the_notebooks_rule_comes_back_with_every_start_of_docker(hub_high):
+    """A boot starts with an empty DOCKER-USER chain: a unit that Docker's start pulls in
+    puts the same rule back, once, at the top."""
+    unit = _args(hub_high, "mpi-hub-firewall-boot-unit-file", "file.managed")
+    lines = unit["contents"].splitlines()
+    rule = "DOCKER-USER -i docker0 -d 172.30.0.0/16 -m conntrack --ctstate NEW -j REJECT"
+    assert f"ExecStart=-/usr/sbin/iptables -w -D {rule}" in lines
+    assert "ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 " + rule.split(" ", 1)[1] in lines
+    assert {"After=docker.service", "PartOf=docker.service", "WantedBy=docker.service",
+            "Before=dockermpi-hub.service"} <= set(lines)
+    assert _args(hub_high, "mpi-hub-firewall-boot-unit-enabled", "service.enabled")["name"] == \
+        "dockermpi-hub-firewall"
+
+
 def test_nothing_of_salt_api_is_left_on_the_hub(hub_high):
     # no certificate from the Salt mine: notebooks reach the API through the hub's proxy
     assert not [sid for sid in hub_high if "apica" in sid or "certificate" in sid]
