@@ -35,10 +35,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import tornado.httpclient  # noqa: E402  (a dependency of Salt, in .venv)
 
 from bench.dmpi_bench import MASTER, fmt, log, run, table  # noqa: E402
-from tests.cluster.testcluster import HUB_ADDR, HUB_API_URL, hub_admin_token  # noqa: E402
+from tests.cluster.testcluster import (API_PORT, HUB_ADDR, HUB_API_URL,  # noqa: E402
+                                       api_process, hub_admin_token)
 
 API = f"http://{HUB_ADDR}:8000/services/dockermpi/api/v1"
-API_PORT = 8001
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 USER_PREFIX = "apiload-"
 
@@ -110,11 +110,9 @@ class User:
 
 
 def api_cpu_seconds():
-    """CPU seconds the API's process has used (its listening socket names it)."""
-    script = (f"pid=$(ss -ltnpH 'sport = :{API_PORT}' | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'"
-              " | head -1); cut -d' ' -f14,15 /proc/$pid/stat; getconf CLK_TCK")
-    out = run(["docker", "exec", MASTER, "sh", "-c", script], timeout=30).stdout.split()
-    return (int(out[0]) + int(out[1])) / int(out[2])
+    """CPU seconds the API's process has used."""
+    return api_process(lambda argv: run(["docker", "exec", MASTER, *argv], timeout=30).stdout)[
+        "cpu_seconds"]
 
 
 async def launch_times(user, count):

@@ -104,6 +104,25 @@ def hub_admin_token():
     return pillar["mpi"]["hub"]["admin_token"]
 
 
+API_PORT = 8001  # the user API's port on the master host (pillar/testcluster.sls)
+
+#: Reads what the kernel says of the process listening on the user API's port: its pid,
+#: user and system CPU seconds, and resident memory in KiB, as one line.
+_API_PROCESS = (
+    f"pid=$(ss -ltnpH 'sport = :{API_PORT}' | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p' | head -1); "
+    "set -- $(cut -d' ' -f14,15 /proc/$pid/stat); "
+    "echo $pid $(( ($1 + $2) * 1000 / $(getconf CLK_TCK) )) "
+    "$(sed -n 's/^VmRSS:[[:space:]]*\\([0-9]*\\) kB/\\1/p' /proc/$pid/status)")
+
+
+def api_process(exec_on_master):
+    """``{"pid", "cpu_seconds", "rss_kib"}`` of the master's process that serves the user
+    API (the salt-master process its engine runs in), through ``exec_on_master(argv)``
+    -> its standard output."""
+    pid, cpu_ms, rss = exec_on_master(["sh", "-c", _API_PROCESS]).split()
+    return {"pid": int(pid), "cpu_seconds": int(cpu_ms) / 1000, "rss_kib": int(rss)}
+
+
 class ClusterError(Exception):
     """The test cluster could not be brought to the asked state."""
 

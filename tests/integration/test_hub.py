@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.cluster.testcluster import FILES, HUB_ADDR, MASTER_ADDR
+from tests.cluster.testcluster import FILES, HUB_ADDR, MASTER_ADDR, api_process
 from tests.extension import load_extension
 
 pytestmark = pytest.mark.cluster
@@ -426,10 +426,8 @@ print(json.dumps({"codes": codes, "retry_after": retry}))
 
 def test_a_50_mb_body_gets_413_and_the_api_does_not_grow(cluster, notebooks):
     def api_memory_kib():
-        _, pid = cluster.exec("master", ["sh", "-c", "ss -ltnpH 'sport = :8001' | "
-                                         "sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p' | head -1"])
-        _, rss = cluster.exec("master", ["sh", "-c", f"grep VmRSS /proc/{pid.strip()}/status"])
-        return int(rss.split()[1])
+        return api_process(lambda argv: cluster.exec("master", argv, stdout_only=True)[1])[
+            "rss_kib"]
 
     before = api_memory_kib()
     big = r"""
