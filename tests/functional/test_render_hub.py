@@ -232,6 +232,9 @@ def test_nothing_of_salt_api_is_left_on_the_hub(hub_high):
     # no certificate from the Salt mine: notebooks reach the API through the hub's proxy
     assert not [sid for sid in hub_high if "apica" in sid or "certificate" in sid]
     assert "dockermpi.hub.apica" not in {body["__sls__"] for body in hub_high.values()}
+    # and a hub that had salt-api's CA loses it
+    assert _args(hub_high, "mpi-hub-config-salt-api-ca-absent", "file.absent")["name"] == \
+        "/etc/dockermpi/api-ca.pem"
 
 
 def test_missing_hub_settings_fail_before_anything_changes(tmp_path):

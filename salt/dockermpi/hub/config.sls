@@ -75,3 +75,11 @@ mpi-hub-config-spawner-module:
       - sls: {{ tplroot }}.config
       - sls: {{ tplroot }}.hub.settings
       - file: mpi-hub-config-directory
+
+{#- Hubs provisioned when notebooks called salt-api directly hold that API's CA. #}
+mpi-hub-config-salt-api-ca-absent:
+  file.absent:
+    - name: /etc/dockermpi/api-ca.pem
+    - require:
+      - sls: {{ tplroot }}.config
+      - sls: {{ tplroot }}.hub.settings
