@@ -14,6 +14,7 @@ keys are used, so nothing new is distributed.
 """
 
 import base64
+import functools
 import os
 
 SCHEME = "rsa-oaep-sha256+aes-256-gcm"
@@ -28,6 +29,15 @@ def _oaep():
 
 
 def _load(path, private):
+    """The key in ``path``, loaded once per version of the file: loading an RSA private
+    key checks it, which costs some 30 ms, and the master opens output many times a
+    second."""
+    info = os.stat(path)
+    return _load_version(path, private, info.st_mtime_ns, info.st_size, info.st_ino)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_version(path, private, *version):
     from cryptography.hazmat.primitives import serialization
 
     with open(path, "rb") as handle:

@@ -58,3 +58,17 @@ def test_a_changed_or_forged_value_is_refused(keys, change):
 def test_only_bytes_are_sealed(keys):
     with pytest.raises(TypeError):
         mpi_seal.seal(keys["minion"][1], "text")
+
+
+def test_a_replaced_key_file_is_read_again(keys, tmp_path):
+    """Keys are loaded once per version of their file (loading an RSA private key costs
+    tens of milliseconds); a new key in the same place is the one used."""
+    private, public = keys["minion"]
+    assert mpi_seal.unseal(private, mpi_seal.seal(public, b"one")) == b"one"
+    other_private, other_public = keys["other"]
+    replaced = tmp_path / "replaced"
+    replaced.mkdir()
+    for source, name in ((other_private, "minion.pem"), (other_public, "minion.pub")):
+        (replaced / name).write_bytes(open(source, "rb").read())
+        (replaced / name).replace(private if name.endswith(".pem") else public)
+    assert mpi_seal.unseal(private, mpi_seal.seal(public, b"two")) == b"two"
