@@ -206,6 +206,13 @@ def test_notebooks_are_told_the_proxys_url_and_the_spawner_the_masters(
     assert not hasattr(spawner, "api_ca")
 
 
+def test_user_servers_load_nothing_the_user_wrote(hub_high, tmp_path, monkeypatch):
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    spawner = _hub_config(tmp_path, monkeypatch, settings)["DockerMPISpawner"]
+    assert spawner.disable_user_config is True  # no ~/.jupyter, no user data dir
+    assert spawner.cmd == ["python3", "-s", "-m", "jupyterhub.singleuser"]  # no user site
+
+
 def test_notebooks_reach_no_other_host_of_the_cluster_network(hub_high):
     rule = _args(hub_high, "mpi-hub-firewall-notebooks-reach-only-the-hub", "iptables.insert")
     assert (rule["table"], rule["chain"], rule["position"]) == ("filter", "DOCKER-USER", 1)

@@ -169,6 +169,49 @@ def test_bob_cannot_read_alices_data(hub, notebooks):
     assert (code, out.strip()) == (0, "alice-only")
 
 
+#: What a hostile user puts in her own directory to change what her server serves others:
+#: a Jupyter server config (a response header would show it loaded) and a
+#: usercustomize module in her user site, which logs every Python process that runs it.
+_USER_CONFIG = {
+    "/data/.jupyter/jupyter_server_config.py":
+        "c.ServerApp.tornado_settings = {'headers': {'X-User-Config': 'loaded'}}\n",
+    "/data/.local/lib/python3.11/site-packages/usercustomize.py":
+        "import sys\nwith open('/data/usercustomize.log', 'a') as log:\n"
+        "    log.write(' '.join(sys.argv) + '\\n')\n",
+}
+
+
+def test_a_users_server_loads_no_config_or_code_she_wrote(hub):
+    name = "hub-carol"
+    hub.start_notebook(name)
+    try:
+        for path, text in _USER_CONFIG.items():
+            code, out = hub.notebook_exec(name, ["python3", "-c",
+                                                 "import os, sys; os.makedirs(os.path.dirname("
+                                                 "sys.argv[1]), exist_ok=True); "
+                                                 "open(sys.argv[1], 'w').write(sys.argv[2])",
+                                                 path, text])
+            assert code == 0, out
+        hub.notebook_exec(name, ["rm", "-f", "/data/usercustomize.log"])
+        hub.stop_notebook(name)
+        hub.start_notebook(name)  # a fresh server process, with her files in place
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{HUB_HOST_PORT}/user/{name}/api/status",
+            headers={"Authorization": f"token {hub.hub_token(name)}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+            assert answer.headers.get("X-User-Config") is None
+        code, log = hub.notebook_exec(name, ["cat", "/data/usercustomize.log"])
+        assert code != 0 or "singleuser" not in log, log  # the server never ran her code
+        # Her own Python (a terminal's, a kernel's) still has her packages.
+        code, out = hub.notebook_exec(name, ["python3", "-c", "import usercustomize"])
+        assert code == 0, out
+        code, log = hub.notebook_exec(name, ["cat", "/data/usercustomize.log"])
+        assert code == 0 and "-c" in log and "singleuser" not in log, log
+    finally:
+        hub.delete_hub_user(name)
+
+
 def test_a_stopped_notebook_leaves_no_container(hub, notebooks):
     name = "hub-dave"
     container = hub.start_notebook(name)

@@ -81,7 +81,12 @@ c.DockerMPISpawner.users_dir = settings["users_dir"]
 c.DockerMPISpawner.use_internal_ip = True
 c.DockerMPISpawner.network_name = "bridge"
 c.DockerMPISpawner.remove = True
-c.DockerMPISpawner.cmd = ["jupyterhub-singleuser"]
+# The server is what other users' browsers talk to: it loads no configuration, server
+# extension or Python package the user wrote (~/.jupyter, the user's data dir, the user
+# site under ~/.local: python3 -s). The user's kernels and terminals still see what the
+# user installs with pip --user.
+c.DockerMPISpawner.disable_user_config = True
+c.DockerMPISpawner.cmd = ["python3", "-s", "-m", "jupyterhub.singleuser"]
 c.DockerMPISpawner.mem_limit = f"{settings['limits']['memory_mb']}M"
 c.DockerMPISpawner.cpu_limit = float(settings["limits"]["cpus"])
 c.DockerMPISpawner.extra_host_config = {
