@@ -40,6 +40,8 @@ their key directories on the nodes (removed in ``finally``, also on Ctrl-C and S
 and at the start when an interrupted run left them). Run holding the cluster lock::
 
     flock /tmp/dmpi-cluster.lock .venv/bin/python bench/datapath.py --repeat 3
+
+``--short`` (what CI runs): one run of each side, 100 latency and 2 bandwidth round trips.
 """
 
 import argparse
@@ -75,6 +77,7 @@ BASE = "/var/lib/dmpi-bench-datapath"  # on the nodes; /tmp there is a tmpfs of 
 T_JOB = 180                    # one DockerMPI job from submit to its end
 T_MPIRUN = 180                 # one plain mpirun
 T_SSHD = 30                    # the host-network sshd answering
+SHORT = {"repeat": 1, "lat_iters": 100, "bw_iters": 2}  # what --short (CI) sets
 
 # Rank 0 <-> rank 1; rank 0 prints one JSON line. Arguments: latency round trips,
 # bandwidth round trips, bandwidth message bytes.
@@ -138,7 +141,7 @@ def parse(stdout, where):
 
 def dockermpi_once(jobs, args):
     job_id = jobs.submit(2, program(args), nodes=",".join(PAIR), slots_per_node=1,
-                         walltime=T_JOB)
+                         walltime=f"{T_JOB}s")
     job = jobs.wait_state(job_id, FINAL, T_JOB + 60, poll=0.5)
     if job["state"] != "succeeded":
         raise BenchError(f"job {job_id} ended {job['state']}: {job.get('reason')}")
@@ -312,7 +315,13 @@ def main(argv=None):
                              "what a one-rank job container gets, cpus_per_slot)")
     parser.add_argument("--user", default="bench-datapath", help="job user (starts with bench)")
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
+    parser.add_argument("--short", action="store_true",
+                        help="what CI runs: one run per side, 100 latency and 2 bandwidth "
+                             "round trips")
     args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**SHORT)  # flags given with --short still win
+        args = parser.parse_args(argv)
     if min(args.repeat, args.lat_iters, args.bw_iters, args.size) < 1:
         parser.error("--repeat, --lat-iters, --bw-iters and --size must be positive")
     check_common_args(parser, args)

@@ -43,6 +43,10 @@ anything of a job is left behind. Rules are removed and jobs cancelled in ``fina
 each locked run short::
 
     flock /tmp/dmpi-cluster.lock .venv/bin/python bench/detection.py --variants full --repeat 3
+
+``--short`` (what CI runs): one run of each variant. It prints whether the bound is met
+but does not fail on it (CI asserts no speed); a job that does not fail at all, or
+anything left behind, fails it as it fails the full run.
 """
 
 import argparse
@@ -65,6 +69,7 @@ T_RUNNING = 60
 COMMENT = "dmpi-bench-detection"
 T_IPTABLES = 30
 POLL = 0.25
+SHORT = {"repeat": 1}   # what --short (CI) sets
 
 
 class Cut:
@@ -176,12 +181,14 @@ def one_run(jobs, variant, hold):
     return result
 
 
-def problems_of(r):
+def problems_of(r, bound=BOUND):
+    """What is wrong with one run; ``bound=None``: failing late is no problem."""
     found = []
     if r["state"] != "failed":
         found.append(f"{r['job']} ended {r['state']} ({r['reason']}), not failed")
-    if r["failed"] is None or r["failed"] > BOUND:
-        found.append(f"{r['job']} ({r['variant']}) failed after {r['failed']} s, bound {BOUND} s")
+    if r["failed"] is None or bound is not None and r["failed"] > bound:
+        found.append(f"{r['job']} ({r['variant']}) failed after {r['failed']} s, bound "
+                     f"{T_FAIL if bound is None else bound} s")
     if r["clean_first"] is None:
         found.append(f"{r['job']}: {r['first']} not clean within {T_CLEAN} s")
     if r["clean_cut"] is None:
@@ -197,7 +204,13 @@ def main(argv=None):
                         help="keep each cut at least this many seconds (default 12; the "
                              "engine's cleanup call times out after 5)")
     parser.add_argument("--user", default="bench-detect", help="job user (starts with bench)")
+    parser.add_argument("--short", action="store_true",
+                        help=f"what CI runs: one run per variant, not failing on the "
+                             f"{BOUND:g} s bound")
     args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**SHORT)  # flags given with --short still win
+        args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if args.repeat < 1 or not variants or set(variants) - {"full", "peer"}:
         parser.error("--repeat >= 1; --variants from full,peer")
@@ -252,7 +265,7 @@ def main(argv=None):
         for row in body:
             print(f"detection_{row[0]}_failed_median_s {fmt(row[2])}")
             print(f"detection_{row[0]}_failed_max_s {fmt(row[3])}")
-    problems = [p for r in results for p in problems_of(r)]
+    problems = [p for r in results for p in problems_of(r, None if args.short else BOUND)]
     return verdict("detection", failure, problems)
 
 

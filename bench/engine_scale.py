@@ -27,6 +27,9 @@ Run from the repository root (no root, no cluster)::
 
     .venv/bin/python bench/engine_scale.py [--nodes 100,1000,5000] [--seconds 20]
 
+``--short`` (what CI runs): 20 and 100 nodes (fewer and more nodes than its 50 running
+jobs, so both ways of placing them), 1000 queued, 1 second of events, one pass.
+
 No assertions on time; exits non-zero only on bad arguments.
 """
 
@@ -48,6 +51,9 @@ from dmpi_bench import log, median, table  # noqa: E402
 NODE_SLOTS = 8
 HEARTBEAT = 2.0
 REFRESH = 10.0
+#: What ``--short`` (CI) sets: 20 nodes carry several running jobs each, 100 nodes one
+#: job spanning several.
+SHORT = {"nodes": "20,100", "running": 50, "queued": 1000, "seconds": 1, "repeat": 1}
 
 
 def _load(name):
@@ -219,7 +225,13 @@ def main():
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--running", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--short", action="store_true",
+                        help="what CI runs: 20 and 100 nodes, 50 running, 1000 queued, 1 s, "
+                             "one pass")
     args = parser.parse_args()
+    if args.short:
+        parser.set_defaults(**SHORT)  # flags given with --short still win
+        args = parser.parse_args()
     try:
         counts = [int(n) for n in args.nodes.split(",")]
     except ValueError:

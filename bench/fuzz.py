@@ -46,6 +46,11 @@ anything is left behind. Runs of 1000 cases take several minutes: split them int
 locked runs of a few hundred with different seeds::
 
     flock /tmp/dmpi-cluster.lock .venv/bin/python bench/fuzz.py --seed 1 --cases 250
+
+``--short`` (what CI runs): 80 cases, 10 % of them valid (with seed 1 every argument is
+made hostile and every kind of valid job runs, in two waves). It notes the cases Salt's
+RunnerClient cannot carry (lone surrogates, above) without failing on them; any other
+bad case or leftover fails it as it fails the full run.
 """
 
 import argparse
@@ -54,6 +59,7 @@ import fnmatch
 import json
 import math
 import pathlib
+import posixpath
 import random
 import secrets
 import subprocess
@@ -65,6 +71,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "_utils"))
 sys.path.insert(0, str(REPO / "bench"))
+import mpi_config  # noqa: E402  (its contract constants need no Salt)
 import mpi_request  # noqa: E402  (pure Python, no Salt needed)
 import mpi_sched  # noqa: E402
 from dmpi_bench import (  # noqa: E402
@@ -78,6 +85,10 @@ SITE_LIMITS = {"max_walltime": 86400}  # pillar/testcluster.sls over the default
 CLEAR_MAX = 300                        # characters of a clear rejection
 ARGS = ("user", "image", "np", "cmd", "nodes", "slots_per_node", "walltime", "env", "workdir")
 T_LEFTOVERS = 60
+#: What ``--short`` (CI) sets: with seed 1, every argument made hostile and every kind of
+#: valid job (echo, hostname, printenv, pwd, ntasks) for both users, in two waves.
+SHORT = {"cases": 80, "valid": 0.1}
+OWN_JOB_DIR = "<the job's own directory>"  # what pwd prints without a workdir, per job
 
 # ------------------------------------------------------------------ the master side
 
@@ -415,7 +426,7 @@ def valid_case(rng, users):
             expect = {"lines": [str(value)] * np}
         elif kind == "pwd":
             workdir, shown = rng.choice([
-                (None, "/data"), ("", "/data"), (".", "/data"), ("/data", "/data"),
+                (None, OWN_JOB_DIR), ("", OWN_JOB_DIR), (".", "/data"), ("/data", "/data"),
                 ("mpi-jobs", "/data/mpi-jobs"), ("mpi-jobs/..", "/data"),
                 ("/data/mpi-jobs/", "/data/mpi-jobs")])
             if workdir is not None:
@@ -516,8 +527,11 @@ def check_output(expect, record, stdout):
     """None if the ranks printed what they should; else what is wrong."""
     lines = [line for line in stdout.splitlines()]
     if "lines" in expect:
-        if sorted(lines) != sorted(expect["lines"]):
-            return f"ranks printed {lines[:6]!r}, expected {expect['lines'][:6]!r}"
+        # Without a workdir, a job works in its own directory, mpi-jobs/<job id>.
+        own = posixpath.join(mpi_config.DATA_MOUNT, mpi_config.JOBS_SUBDIR, record["job_id"])
+        wanted = [own if line == OWN_JOB_DIR else line for line in expect["lines"]]
+        if sorted(lines) != sorted(wanted):
+            return f"ranks printed {lines[:6]!r}, expected {wanted[:6]!r}"
         return None
     placement = record.get("placement") or {}
     wanted = sorted(n for n, ranks in placement.items() for _ in range(ranks))
@@ -629,7 +643,13 @@ def main(argv=None):
                         help="prefix of the two job users <user>-a, <user>-b (starts with bench)")
     parser.add_argument("--show", type=int, default=20, help="bad cases printed (default 20)")
     parser.add_argument("--json", action="store_true", help="also print every case as JSON")
+    parser.add_argument("--short", action="store_true",
+                        help="what CI runs: " + ", ".join(f"--{k} {v}" for k, v in SHORT.items())
+                        + "; cases Salt's RunnerClient cannot carry do not fail it")
     args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**SHORT)  # flags given with --short still win
+        args = parser.parse_args(argv)
     if args.cases < 1 or not 0 <= args.valid <= 1 or args.wave < 1:
         parser.error("--cases >= 1, --valid between 0 and 1, --wave >= 1")
     check_common_args(parser, args)
@@ -746,7 +766,7 @@ def report(args, cases, results, left, failure, elapsed):
     print()
     print(table(["hostile argument", "cases", "rejected clearly", "bad"],
                 [[arg, *per_arg[arg]] for arg in ARGS if arg in per_arg]))
-    problems = []
+    problems, notes = [], []
     for case, why in bad[:args.show]:
         kind = "valid" if case["valid"] else "hostile " + ",".join(case["faults"])
         problems.append(f"case {case['i']} ({kind}): {why}\n"
@@ -754,7 +774,8 @@ def report(args, cases, results, left, failure, elapsed):
     if len(bad) > args.show:
         problems.append(f"... and {len(bad) - args.show} more bad cases")
     if in_salt:
-        problems.append(
+        # A fault of Salt 3008 itself (README): --short notes it, the full run fails on it.
+        (notes if args.short else problems).append(
             f"{len(in_salt)} cases never reached mpi.submit: Salt's RunnerClient raised "
             "UnboundLocalError ('proc_fn') on their lone surrogates (cases "
             + ", ".join(str(c["i"]) for c in in_salt[:12]) + (", ..." if len(in_salt) > 12 else "")
@@ -763,6 +784,8 @@ def report(args, cases, results, left, failure, elapsed):
         problems.append(f"left behind on nodes: {left}")
     if counts["not sent"]:
         problems.append(f"{counts['not sent']} cases were never sent")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     return verdict("fuzz", failure, problems)
 
 

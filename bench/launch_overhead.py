@@ -58,6 +58,8 @@ the cluster lock::
 Exits non-zero if any run fails, an output check fails, or a container or key of a job
 this script started is left on a node. Jobs are cancelled in ``finally`` (also on Ctrl-C
 and SIGTERM); a launch in flight gets SIGTERM, so the runner cancels and cleans it.
+
+``--short`` (what CI runs): 1 and 3 nodes, one timed run of each side after its warm-up.
 """
 
 import argparse
@@ -85,6 +87,7 @@ T_MPIRUN = 60           # plain mpirun inside the launcher container
 T_RUNNING = 60          # baseline job: queued -> running
 RUN_DIR = mpi_launch.DEFAULT_RUN_DIR  # the job's keys, hostfile and program file
 PLAIN_OOB_PORTS = 100   # OOB ports of the plain mpirun, the top of the job's BTL range
+SHORT = {"repeat": 1, "nodes": "1,3"}  # what --short (CI) sets
 
 # Runs argv, measures its wall time, prints one JSON line. Used inside the master (around
 # salt-run) and inside the job's launcher container (around mpirun). On timeout the child
@@ -429,7 +432,12 @@ def main(argv=None):
     parser.add_argument("--back-to-back", action="store_true",
                         help="start each launch as soon as the previous returned, not once "
                              "its clean-up is done")
+    parser.add_argument("--short", action="store_true",
+                        help="what CI runs: 1 and 3 nodes, one timed run per side")
     args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**SHORT)  # flags given with --short still win
+        args = parser.parse_args(argv)
     counts = [int(c) for c in args.nodes.split(",")]
     if args.repeat < 1 or not all(1 <= c <= len(NODES) for c in counts):
         parser.error(f"--repeat must be >= 1 and node counts between 1 and {len(NODES)}")

@@ -31,6 +31,8 @@ repository root::
     .venv/bin/python bench/sched_scale.py [--repeat 5] [--nodes 100,1000,5000]
     .venv/bin/python bench/sched_scale.py --module /tmp/mpi_sched_old.py --repeat 1
 
+``--short`` (what CI runs): 100 nodes, 1000 queued jobs, one pass of each kind.
+
 No assertions on time; exits non-zero only on bad arguments.
 """
 
@@ -54,6 +56,7 @@ NOW = 1_700_000_000.0
 USERS = [f"user{i:02d}" for i in range(50)]
 LIMITS = {"max_running_jobs": 200, "max_slots": 4096}
 WALLTIMES = [60, 600, 3600, 4 * 3600, 86400]
+SHORT = {"nodes": "100", "queued": 1000, "repeat": 1}  # what --short (CI) sets
 
 
 def load_sched(path):
@@ -140,7 +143,12 @@ def main(argv=None):
                         help="placement policy, mpi:placement (default pack)")
     parser.add_argument("--module", default=str(REPO / "_utils" / "mpi_sched.py"),
                         help="mpi_sched.py to time (default: this repository's)")
+    parser.add_argument("--short", action="store_true",
+                        help="what CI runs: 100 nodes, 1000 queued, one pass of each kind")
     args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**SHORT)  # flags given with --short still win
+        args = parser.parse_args(argv)
     counts = [int(c) for c in args.nodes.split(",")]
     kinds = args.candidates.split(",")
     if args.repeat < 1 or args.queued < 1 or args.running < 0 or min(counts) < 1:

@@ -22,6 +22,8 @@ Run holding the cluster lock::
 
 Exits non-zero when a job does not succeed, a slot is double-booked, or anything of a job
 is left behind; unfinished jobs are cancelled in ``finally`` (also on Ctrl-C, SIGTERM).
+
+``--short`` (what CI runs): 4 jobs from 2 submitters.
 """
 
 import argparse
@@ -37,6 +39,7 @@ from dmpi_bench import (  # noqa: E402
 )
 
 T_ALL = 180     # wait at most this long for all jobs to end
+SHORT = {"jobs": 4, "parallel": 2}  # what --short (CI) sets
 
 
 def overlap(jobs):
@@ -84,7 +87,12 @@ def main(argv=None):
     parser.add_argument("--user", default="bench-tput",
                         help="job user (starts with bench); submitter k submits as <user>-k, "
                              "so the per-user running-job limit applies to each as to a person")
+    parser.add_argument("--short", action="store_true",
+                        help="what CI runs: 4 jobs from 2 submitters")
     args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**SHORT)  # flags given with --short still win
+        args = parser.parse_args(argv)
     if not 1 <= args.jobs <= 200 or not 1 <= args.parallel <= 8 \
             or not 1 <= args.ranks_per_node <= SLOTS_PER_NODE:
         parser.error(f"--jobs 1..200, --parallel 1..8, --ranks-per-node 1..{SLOTS_PER_NODE}")
