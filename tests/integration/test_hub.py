@@ -333,6 +333,43 @@ def test_no_private_key_nor_a_users_secret_or_output_passes_through_salt(cluster
     assert "PRIVATE KEY" not in cache and secret not in cache
 
 
+#: One call of the hub's own API with the notebook server's token, as any program in the
+#: notebook could make it: argv is method and path (after JUPYTERHUB_API_URL); prints
+#: the HTTP status.
+_HUB_CALL = r"""
+import json, os, sys, urllib.error, urllib.request
+method, path = sys.argv[1:3]
+request = urllib.request.Request(
+    os.environ["JUPYTERHUB_API_URL"] + path, method=method,
+    data=b"{}" if method == "POST" else None,
+    headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]})
+try:
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        print(answer.status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+def test_a_notebook_servers_token_does_nothing_beyond_its_scopes(cluster, notebooks):
+    """The server's token names its user and reaches DockerMPI's API; it lists no users,
+    makes no token, starts or stops no server and reads nobody else."""
+    quoted = ANN.replace("@", "%40")
+
+    def hub(method, path):
+        code, out = cluster.notebook_exec(ANN, ["python3", "-c", _HUB_CALL, method, path])
+        assert code == 0, out
+        return int(out.split()[-1])
+
+    assert hub("GET", "/user") == 200
+    assert api(cluster, ANN, "GET", "/whoami")[0] == 200
+    for method, path in (("GET", "/users"), ("GET", f"/users/{BOB}"),
+                         ("POST", f"/users/{quoted}/tokens"), ("GET", f"/users/{quoted}/tokens"),
+                         ("POST", f"/users/{BOB}/server"), ("DELETE", f"/users/{quoted}/server"),
+                         ("GET", "/groups"), ("GET", "/services"), ("GET", "/proxy")):
+        assert hub(method, path) in (403, 404), (method, path)
+
+
 def test_a_user_cannot_submit_as_another(cluster, notebooks):
     for user in (BOB, "root", mpi_config.user_for_identity(BOB)):
         status, answer = api(cluster, ANN, "POST", "/jobs",
