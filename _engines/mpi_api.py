@@ -33,6 +33,7 @@ Master configuration (written by the ``dockermpi.api`` state from pillar ``mpi:a
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import ipaddress
 import json
 import logging
@@ -60,12 +61,14 @@ STREAM_QUEUE = 1000  # events kept for a slow reader before its stream is ended
 TOKEN_CACHE_ENTRIES = 10000
 HUB_TIMEOUT = 10
 CALLS_PER_USER = 4  # of the worker threads, one user's calls hold at most this many
+POLLED = ("status", "list")  # what users poll: reads of the job store only
+POLLED_WORKERS = 2  # threads of their own for those
 DISCARD_BYTES = 1 << 30  # a body past the limit is read and dropped up to this size
 _JOB_TAG = re.compile(r"^mpi/job/([0-9]{8}-[0-9]{6}-[0-9a-f]{6})/([a-z_]+)\Z")
 _JOB_ID = r"([0-9]{8}-[0-9]{6}-[0-9a-f]{6})"
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}\Z")
-DEFAULT_LIMITS = {"requests_per_second": 20, "burst": 40, "streams": 4,
-                  "body_bytes": 1 << 20, "log_bytes": 1 << 20, "wait_seconds": 60}
+#: what ``limits`` must name (pillar ``mpi:api:limits``, from salt/dockermpi/defaults.yaml)
+LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes", "wait_seconds")
 
 
 def __virtual__():
@@ -208,13 +211,21 @@ class Slots:
 
 
 class Jobs:
-    """The ``mpi`` runner's functions, called as a hub user in worker threads."""
+    """The ``mpi`` runner's functions, called as a hub user in worker threads.
+
+    The calls users poll (:data:`POLLED`) have a few threads of their own: they only
+    read the store, in a fraction of a millisecond, and a few threads serve a crowd of
+    them with far less CPU than many threads taking turns at Python's lock; nor do they
+    wait behind the slow calls (submit, logs, whoami ask the nodes or the file server),
+    which keep the ``workers`` threads."""
 
     def __init__(self, runners, utils, workers):
         self.runners = runners
         self.utils = utils
         self.pool = concurrent.futures.ThreadPoolExecutor(workers,
                                                           thread_name_prefix="mpi-api")
+        self.polled = concurrent.futures.ThreadPoolExecutor(POLLED_WORKERS,
+                                                            thread_name_prefix="mpi-api-poll")
 
     def _call_as(self, identity, fun, kwargs):
         with self.utils["mpi_caller.as_hub_user"](identity):
@@ -225,8 +236,8 @@ class Jobs:
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(self.pool, self._call_as, identity, fun,
-                                                kwargs)
+            result = await loop.run_in_executor(self.polled if fun in POLLED else self.pool,
+                                                self._call_as, identity, fun, kwargs)
         except TypeError as exc:  # an argument the function does not take
             raise Refused(400, f"bad arguments for {fun}: {exc}") from None
         if isinstance(result, dict) and ("error" in result or result.get("state") == "rejected"):
@@ -358,7 +369,7 @@ def _openapi():
             "/whoami": {"get": op("who the API takes you for: user, account, uid, dir")},
             "/images": {"get": op("the approved images")},
             "/jobs": {
-                "get": op("your queued and running jobs (or those in state)",
+                "get": op("your jobs, oldest first (or only those in state)",
                           params=[query("state", {"type": "string"}, "states, comma-separated")]),
                 "post": {**op("queue a job", ok=record, errors=(400, 401, 403, 413, 429),
                               body={"required": True, "content": {"application/json": {
@@ -403,7 +414,14 @@ def make_app(opts, runners, utils, settings):
     import tornado.iostream  # pylint: disable=import-outside-toplevel
     import tornado.web  # pylint: disable=import-outside-toplevel
 
-    limits = dict(DEFAULT_LIMITS, **(settings.get("limits") or {}))
+    limits = settings.get("limits") if isinstance(settings.get("limits"), dict) else {}
+    missing = [name for name in LIMITS if name not in limits]
+    if missing:
+        # The dockermpi.api state writes every limit (mpi:api:limits over the defaults):
+        # a configuration without some is not one it wrote.
+        raise ValueError(f"mpi_api: the engine's limits lack {', '.join(missing)}; the "
+                         "dockermpi.api state writes every one (pillar mpi:api:limits over "
+                         "salt/dockermpi/defaults.yaml)")
     identity = HubIdentity(settings["hub_api_url"], settings.get("token_cache_seconds", 30),
                            tornado.httpclient.AsyncHTTPClient())
     rate = RateLimiter(limits["requests_per_second"], limits["burst"])
@@ -431,6 +449,13 @@ def make_app(opts, runners, utils, settings):
         needs_user = True
         hub_user = None
         user = None
+
+        def __init_subclass__(cls, **kwargs):
+            """Each endpoint's get and post refuse a body past the limit first."""
+            super().__init_subclass__(**kwargs)
+            for name in ("get", "post"):
+                if name in cls.__dict__:
+                    setattr(cls, name, _whole_body_first(cls.__dict__[name]))
 
         def initialize(self):
             self.chunks = []
@@ -477,12 +502,13 @@ def make_app(opts, runners, utils, settings):
             return token
 
         def refuse_large_body(self):
+            """The one place a body past the limit is refused: before every endpoint's
+            method, once the whole body is in (see ``__init_subclass__``)."""
             if self.too_large:
                 raise Refused(413, f"the request body is larger than {body_limit} bytes "
                                    "(mpi:api:limits:body_bytes)")
 
         def json_body(self):
-            self.refuse_large_body()
             try:
                 body = json.loads(b"".join(self.chunks) or b"{}")
             except ValueError:
@@ -530,7 +556,6 @@ def make_app(opts, runners, utils, settings):
             super()._handle_request_exception(e)
 
         async def call(self, fun, **kwargs):
-            self.refuse_large_body()
             # The worker threads are shared: no user holds more than a few of them.
             calls.take(self.hub_user)
             try:
@@ -608,7 +633,6 @@ def make_app(opts, runners, utils, settings):
     class Wait(Handler):
         async def get(self, job_id):
             most = float(limits["wait_seconds"])
-            self.refuse_large_body()
             # Longer asks get the site's longest wait (mpi:api:limits:wait_seconds): the
             # caller sees the job still running and waits again.
             seconds = min(self.number("timeout", most), most)
@@ -645,7 +669,6 @@ def make_app(opts, runners, utils, settings):
             await self.flush()
 
         async def get(self):
-            self.refuse_large_body()
             job_id = self.get_query_argument("job", None)
             first = await self.call("status", job_id=job_id) if job_id else None
             slots.take(self.hub_user)
@@ -749,6 +772,17 @@ def make_app(opts, runners, utils, settings):
     app = tornado.web.Application(routes, default_handler_class=NotFound,
                                   compress_response=False, xheaders=False)
     return app, listeners
+
+
+def _whole_body_first(method):
+    """``method`` (an endpoint's get or post), run only once the request body passed
+    :meth:`Handler.refuse_large_body`."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        self.refuse_large_body()
+        return method(self, *args, **kwargs)
+    return checked
 
 
 def _loaded(dunder):

@@ -582,10 +582,12 @@ def list_(user=None, state=None):
     keys = ("job_id", "name", "user", "state", "np", "placement", "submitted", "started",
             "ended", "reason")
     store = _store()
-    waiting = store.get_meta("waiting", {})  # why queued jobs wait, as last planned
-    return [dict({k: r.get(k) for k in keys},
-                 waiting_for=waiting.get(r["job_id"]) if r["state"] == "queued" else None)
-            for r in store.jobs(states, user=user)]
+    found = store.jobs(states, user=user, keys=keys)
+    # Why queued jobs wait, as the engine last planned: read only when one is listed.
+    waiting = store.get_meta("waiting", {}) if any(
+        r["state"] == "queued" for r in found) else {}
+    return [dict(r, waiting_for=waiting.get(r["job_id"]) if r["state"] == "queued" else None)
+            for r in found]
 
 
 def cancel(job_id, reason="cancelled by request"):

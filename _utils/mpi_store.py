@@ -13,12 +13,18 @@ import json
 import os
 import sqlite3
 import tempfile
+import threading
 import time
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 STATES = ("queued",) + ACTIVE + FINAL
+
+_OPENED = {}  # path -> ((st_dev, st_ino) of the file, JobStore): open_store's
+_OPENED_LOCK = threading.Lock()
+_OPENED_MAX = 8  # paths kept (a master has one; more only in tests), the oldest let go
+_INHERITED = []  # read connections a forked child must never use nor close
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -30,6 +36,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user, seq);
 CREATE TABLE IF NOT EXISTS nodes (
     id TEXT PRIMARY KEY,
     last_seen REAL NOT NULL,
@@ -78,6 +85,8 @@ CREATE TABLE IF NOT EXISTS drains (
     by TEXT
 );
 """,
+    # 5: a user's jobs are found by index: every poll of a user's list reads them.
+    4: "CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user, seq);\n",
 }
 
 
@@ -89,11 +98,17 @@ class StoreError(RuntimeError):
 
 
 class JobStore:
-    """Jobs, node reports and a few settings, in ``path``."""
+    """Jobs, node reports and a few settings, in ``path``.
+
+    Writes each take a connection of their own (:meth:`transaction`). Reads share one
+    connection per thread, kept open (:meth:`_reader`): in autocommit mode each read is
+    a transaction of its own, so it sees every write committed before it, by any thread
+    or process, as a fresh connection would, without the cost of opening one."""
 
     def __init__(self, path):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         self.path = path
+        self._local = threading.local()
         with self._connect() as conn:
             version = found = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
@@ -117,6 +132,35 @@ class JobStore:
             yield conn
         finally:
             conn.close()
+
+    def _reader(self):
+        """This thread's read connection: opened on its first read, and again when the
+        file at ``path`` is another one (removed, replaced) or after a fork. Every read
+        through it fetches all its rows, so no statement keeps a snapshot open."""
+        try:
+            found = os.stat(self.path)
+            key = (os.getpid(), found.st_dev, found.st_ino)
+        except FileNotFoundError:
+            key = None
+        held = getattr(self._local, "reader", None)
+        if held is not None:
+            if held[0] == key:
+                return held[1]
+            if held[0][0] != os.getpid():
+                # SQLite's state is not to be carried across fork: neither used nor
+                # closed in the child (closing could release the parent's locks).
+                _INHERITED.append(held[1])
+            else:
+                held[1].close()
+            self._local.reader = None
+        conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        if key is None:  # connecting made the file: key it as it is now
+            found = os.stat(self.path)
+            key = (os.getpid(), found.st_dev, found.st_ino)
+        self._local.reader = (key, conn)
+        return conn
 
     @contextlib.contextmanager
     def transaction(self):
@@ -147,14 +191,29 @@ class JobStore:
 
     def get(self, job_id, conn=None):
         """The job's record, or None."""
-        with contextlib.ExitStack() as stack:
-            conn = conn or stack.enter_context(self._connect())
-            row = conn.execute("SELECT port_slot, record FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return self._row(row) if row else None
+        rows = (conn or self._reader()).execute(
+            "SELECT port_slot, record FROM jobs WHERE id = ?", (job_id,)).fetchall()
+        return self._row(rows[0]) if rows else None
 
-    def jobs(self, states=None, user=None, conn=None):
-        """Records in submission order, optionally only these states / this user."""
+    def jobs(self, states=None, user=None, conn=None, keys=None):
+        """Records in submission order, optionally only these states / this user; with
+        ``keys`` (names of top-level fields; ``port_slot`` is not one), only those
+        fields of each (None where a record has none), picked out by SQLite, so the
+        rest of each record is never decoded."""
+        if keys:
+            if not all(isinstance(key, str) and key.isidentifier() for key in keys):
+                raise ValueError(f"keys must be field names, got {list(keys)!r}"[:200])
+            return self._fields(tuple(keys), states, user, conn)
         return [record for _, record in self._select(states, user, conn=conn)]
+
+    def _fields(self, keys, states, user, conn):
+        # json_extract of two paths or more answers a JSON array of their values.
+        paths = [f"$.{key}" for key in keys + keys[:1] * (len(keys) == 1)]
+        query, args = self._where(states, user, None)
+        rows = (conn or self._reader()).execute(
+            f"SELECT json_extract(record{', ?' * len(paths)}) FROM jobs{query} ORDER BY seq",
+            paths + args).fetchall()
+        return [dict(zip(keys, json.loads(row[0]))) for row in rows]
 
     def jobs_after(self, seq, states=None):
         """``[(seq, record)]`` of jobs submitted after ``seq`` (0: all), optionally only
@@ -164,8 +223,15 @@ class JobStore:
 
     def _select(self, states=None, user=None, after=None, conn=None):
         """``[(seq, record)]`` in submission order, filtered as :meth:`jobs` says."""
-        query, args = "SELECT seq, port_slot, record FROM jobs", []
-        clauses = []
+        query, args = self._where(states, user, after)
+        rows = (conn or self._reader()).execute(
+            f"SELECT seq, port_slot, record FROM jobs{query} ORDER BY seq", args).fetchall()
+        return [(row[0], self._row(row[1:])) for row in rows]
+
+    @staticmethod
+    def _where(states, user, after):
+        """(`` WHERE ...`` or "", its arguments) of :meth:`_select`'s filters."""
+        query, args, clauses = "", [], []
         if states:
             clauses.append(f"state IN ({','.join('?' * len(states))})")
             args += list(states)
@@ -176,16 +242,12 @@ class JobStore:
             clauses.append("seq > ?")
             args.append(after)
         if clauses:
-            query += " WHERE " + " AND ".join(clauses)
-        with contextlib.ExitStack() as stack:
-            conn = conn or stack.enter_context(self._connect())
-            rows = conn.execute(query + " ORDER BY seq", args).fetchall()
-        return [(row[0], self._row(row[1:])) for row in rows]
+            query = " WHERE " + " AND ".join(clauses)
+        return query, args
 
     def last_seq(self):
         """The sequence number of the newest job (0 when there is none)."""
-        with self._connect() as conn:
-            return conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0]
+        return self._reader().execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchall()[0][0]
 
     def transition(self, job_id, state, reason=None, expect=None, conn=None, **fields):
         """
@@ -247,9 +309,8 @@ class JobStore:
 
     def nodes(self, conn=None):
         """``{node: {"last_seen": t, "report": {...}}}``."""
-        with contextlib.ExitStack() as stack:
-            conn = conn or stack.enter_context(self._connect())
-            rows = conn.execute("SELECT id, last_seen, report FROM nodes").fetchall()
+        rows = (conn or self._reader()).execute(
+            "SELECT id, last_seen, report FROM nodes").fetchall()
         return {r[0]: {"last_seen": r[1], "report": json.loads(r[2])} for r in rows}
 
     # --- users ----------------------------------------------------------------------
@@ -288,10 +349,8 @@ class JobStore:
 
     def users(self, conn=None):
         """``{name: {"uid": int, "created": t, "dir_ready": bool}}``."""
-        with contextlib.ExitStack() as stack:
-            conn = conn or stack.enter_context(self._connect())
-            rows = conn.execute(
-                "SELECT name, uid, created, dir_ready, identity FROM users").fetchall()
+        rows = (conn or self._reader()).execute(
+            "SELECT name, uid, created, dir_ready, identity FROM users").fetchall()
         return {r[0]: {"uid": r[1], "created": r[2], "dir_ready": bool(r[3]),
                        "identity": r[4]} for r in rows}
 
@@ -321,17 +380,15 @@ class JobStore:
 
     def drains(self, conn=None):
         """``{node: {"reason": str, "since": t, "by": who or None}}``."""
-        with contextlib.ExitStack() as stack:
-            conn = conn or stack.enter_context(self._connect())
-            rows = conn.execute("SELECT node, reason, since, by FROM drains").fetchall()
+        rows = (conn or self._reader()).execute(
+            "SELECT node, reason, since, by FROM drains").fetchall()
         return {r[0]: {"reason": r[1], "since": r[2], "by": r[3]} for r in rows}
 
     # --- settings -------------------------------------------------------------------
     def get_meta(self, key, default=None, conn=None):
-        with contextlib.ExitStack() as stack:
-            conn = conn or stack.enter_context(self._connect())
-            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else default
+        rows = (conn or self._reader()).execute(
+            "SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
+        return json.loads(rows[0][0]) if rows else default
 
     def set_meta(self, key, value, conn=None):
         with contextlib.ExitStack() as stack:
@@ -452,5 +509,22 @@ class JobStore:
 
 
 def open_store(path):
-    """The job store at ``path`` (created on first use)."""
-    return JobStore(path)
+    """The job store at ``path`` (created on first use). One per path in a process: its
+    schema is checked (and migrated) when it is first opened, not at every call, and
+    again only when the file at ``path`` is another one."""
+    with _OPENED_LOCK:
+        opened = _OPENED.get(path)
+        if opened is not None:
+            try:
+                found = os.stat(path)
+            except FileNotFoundError:
+                found = None
+            if found is not None and opened[0] == (found.st_dev, found.st_ino):
+                return opened[1]
+        store = JobStore(path)
+        found = os.stat(path)
+        _OPENED.pop(path, None)
+        _OPENED[path] = ((found.st_dev, found.st_ino), store)
+        while len(_OPENED) > _OPENED_MAX:  # its readers close once nothing holds it
+            del _OPENED[next(iter(_OPENED))]
+        return store

@@ -4,6 +4,7 @@ who called them; a small tornado app answers for the hub's ``GET /user``. The re
 runner and proxy are in tests/integration/test_hub.py."""
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -74,6 +75,13 @@ class Utils(dict):
 def server(request):
     """(base URL of the API, the stand-in runner); the hub stand-in on another port."""
     runner = Runner()
+    with _serving(runner, getattr(request, "param", ["127.0.0.0/8"])) as url:
+        yield url, runner
+
+
+@contextlib.contextmanager
+def _serving(runner, allowed_clients):
+    """The API's base URL, serving ``runner``'s functions until the block ends."""
     utils = Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user,
                    "mpi_config.user_for_identity": mpi_config.user_for_identity})
     ready = threading.Event()
@@ -85,7 +93,7 @@ def server(request):
         hub = tornado.httpserver.HTTPServer(tornado.web.Application([("/hub/api/user", HubUser)]))
         hub_port = _listen(hub)
         settings = {"hub_api_url": f"http://127.0.0.1:{hub_port}/hub/api",
-                    "allowed_clients": getattr(request, "param", ["127.0.0.0/8"]),
+                    "allowed_clients": allowed_clients,
                     "token_cache_seconds": 60,
                     "limits": {"requests_per_second": 2, "burst": 5, "streams": 1,
                                "body_bytes": 1024, "log_bytes": 4096, "wait_seconds": 5}}
@@ -100,9 +108,11 @@ def server(request):
     thread.start()
     assert ready.wait(30)
     HubUser.asked.clear()
-    yield found["url"], runner
-    found["loop"].call_soon_threadsafe(found["loop"].stop)
-    thread.join(30)
+    try:
+        yield found["url"]
+    finally:
+        found["loop"].call_soon_threadsafe(found["loop"].stop)
+        thread.join(30)
 
 
 def _listen(http_server):
@@ -231,3 +241,124 @@ def test_rates_and_stream_slots_are_per_user():
     slots.take("bob")  # another user's slots are their own
     slots.give("ann")
     slots.take("ann")
+
+
+def test_an_engine_configuration_without_every_limit_is_refused_naming_those_missing():
+    settings = {"hub_api_url": "http://127.0.0.1:1/hub/api", "allowed_clients": ["127.0.0.1"],
+                "limits": {"requests_per_second": 2, "burst": 5, "streams": 1,
+                           "body_bytes": 1024}}
+    with pytest.raises(ValueError, match="limits lack log_bytes, wait_seconds; .*mpi:api:limits"):
+        mpi_api.make_app({}, Runner(), Utils(), settings)
+    with pytest.raises(ValueError, match="lack requests_per_second, burst, streams, body_bytes"):
+        mpi_api.make_app({}, Runner(), Utils(), dict(settings, limits=None))
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/jobs"), ("GET", "/jobs/20261202-120000-aaaaaa"),
+    ("GET", "/jobs/20261202-120000-aaaaaa/logs?tail=99999"),
+    ("GET", "/jobs/20261202-120000-aaaaaa/wait"), ("GET", "/events"),
+    ("POST", "/jobs/20261202-120000-aaaaaa/cancel"), ("GET", "/whoami"),
+])
+def test_every_endpoint_refuses_a_body_over_the_limit_before_it_acts(server, method, path):
+    url, runner = server
+    status, _, answer = call(url, path, method=method, body=b"x" * 5000)
+    assert status == 413 and "body_bytes" in answer["error"], answer
+    assert runner.calls == []
+
+
+def test_polled_calls_have_threads_of_their_own_so_slow_calls_never_hold_them_up():
+    release = threading.Event()
+
+    class SlowSubmit(Runner):
+        def __getitem__(self, name):
+            fun = name.split(".", 1)[1]
+
+            def run(**kwargs):
+                if fun == "submit":
+                    release.wait(30)
+                return {"fun": fun, "thread": threading.current_thread().name}
+            return run
+
+    jobs = mpi_api.Jobs(SlowSubmit(), Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user}),
+                        workers=1)
+
+    async def polled_while_the_only_worker_is_busy():
+        slow = asyncio.ensure_future(jobs.call("ann", "submit"))
+        await asyncio.sleep(0.1)
+        try:
+            return [await asyncio.wait_for(jobs.call("ann", fun), 10)
+                    for fun in ("status", "list")]
+        finally:
+            release.set()
+            await slow
+
+    answers = asyncio.run(polled_while_the_only_worker_is_busy())
+    assert [a["fun"] for a in answers] == ["status", "list"]
+    assert all(a["thread"].startswith("mpi-api-poll") for a in answers)
+
+
+@pytest.fixture
+def real_runner(tmp_path, monkeypatch):
+    """(base URL of the API, the job store): the API serving the real runner's status
+    and list over a real store, with two users' jobs."""
+    runner = load_extension("_runners/mpi.py", "mpi_runner_for_api")
+    store_module = load_extension("_utils/mpi_store.py", "mpi_store_for_api")
+    engine = load_extension("_utils/mpi_engine.py", "mpi_engine_for_api")
+    monkeypatch.setattr(runner, "__utils__", {
+        "mpi_store.open_store": store_module.open_store, "mpi_engine.public": engine.public,
+        "mpi_caller.hub_user": mpi_caller.hub_user,
+        "mpi_config.user_for_identity": mpi_config.user_for_identity}, raising=False)
+    monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path)}, raising=False)
+    monkeypatch.setattr(runner, "__context__", {}, raising=False)
+    store = store_module.open_store(str(tmp_path / "dockermpi" / "jobs.sqlite"))
+    for n, (user, state) in enumerate([("ann", "running"), ("bob", "queued"), ("ann", "queued"),
+                                       ("ann", "succeeded")]):
+        job_id = f"20261202-12000{n}-aaaaaa"
+        store.add({"job_id": job_id, "name": f"run-{n}", "user": user, "state": "queued",
+                   "np": 2, "submitted": 1764676800.25 + n, "uid": 100000,
+                   "history": [{"state": "queued", "at": 1764676800.25 + n, "reason": None}],
+                   "spec": {"config": {"storage": {"path": "/srv/dockermpi"}}}})
+        if state != "queued":
+            store.transition(job_id, "running", placement={"node1": 2}, started=1764676900.5)
+        if state == "succeeded":
+            store.transition(job_id, state, ended=1764677000.75, exit_code=0)
+    store.set_meta("waiting", {"20261202-120001-aaaaaa": "user limit",
+                               "20261202-120002-aaaaaa": "free slots"})
+    functions = {"mpi.status": runner.status, "mpi.list": runner.list_}
+    with _serving(functions, ["127.0.0.0/8"]) as url:
+        yield url, store
+
+
+def test_a_hub_users_list_and_status_show_their_own_jobs_as_recorded(real_runner):
+    url, _ = real_runner
+    status, _, answer = call(url, "/jobs")
+    assert status == 200
+    assert answer["jobs"] == [
+        {"job_id": "20261202-120000-aaaaaa", "name": "run-0", "user": "ann", "state": "running",
+         "np": 2, "placement": {"node1": 2}, "submitted": 1764676800.25,
+         "started": 1764676900.5, "ended": None, "reason": None, "waiting_for": None},
+        {"job_id": "20261202-120002-aaaaaa", "name": "run-2", "user": "ann", "state": "queued",
+         "np": 2, "placement": None, "submitted": 1764676802.25, "started": None,
+         "ended": None, "reason": None, "waiting_for": "free slots"},
+        {"job_id": "20261202-120003-aaaaaa", "name": "run-3", "user": "ann",
+         "state": "succeeded", "np": 2, "placement": {"node1": 2}, "submitted": 1764676803.25,
+         "started": 1764676900.5, "ended": 1764677000.75, "reason": None, "waiting_for": None}]
+    status, _, answer = call(url, "/jobs?state=running,succeeded")
+    assert [j["job_id"] for j in answer["jobs"]] == ["20261202-120000-aaaaaa",
+                                                     "20261202-120003-aaaaaa"]
+    status, _, answer = call(url, "/jobs?state=running,bogus")
+    assert status == 400 and "unknown job states" in answer["error"]
+    status, _, answer = call(url, "/jobs/20261202-120002-aaaaaa")
+    assert status == 200 and answer["waiting_for"] == "free slots" and "spec" not in answer
+    assert (answer["state"], answer["closed"], answer["history"][0]["state"]) == (
+        "queued", False, "queued")
+    status, _, answer = call(url, "/jobs/20261202-120001-aaaaaa")  # bob's
+    assert status == 404 and answer["error"] == "no such job: 20261202-120001-aaaaaa"
+
+
+def test_a_list_and_a_status_see_what_the_job_engine_wrote_just_before(real_runner):
+    url, store = real_runner
+    for n in range(2):  # 4 calls: within the fixture's burst of 5
+        store.update("20261202-120000-aaaaaa", reason=f"tick {n}")
+        assert call(url, "/jobs/20261202-120000-aaaaaa")[2]["reason"] == f"tick {n}"
+        assert call(url, "/jobs?state=running")[2]["jobs"][0]["reason"] == f"tick {n}"

@@ -10,6 +10,7 @@ two processes race for it.
 import json
 import multiprocessing
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -305,8 +306,113 @@ def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
     store.drain("node1", "maintenance")
     assert mpi_store.open_store(str(path)).drains()["node1"]["reason"] == "maintenance"
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == mpi_store.SCHEMA_VERSION == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == mpi_store.SCHEMA_VERSION == 5
+    assert "jobs_user" in {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index'")}
     conn.close()
+
+
+def test_a_path_is_opened_and_its_schema_checked_once_per_process(tmp_path):
+    path = str(tmp_path / "jobs.sqlite")
+    store = mpi_store.open_store(path)
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {mpi_store.SCHEMA_VERSION + 1}")
+    conn.close()
+    # Every API call opens the store: it is the same one, not checked again.
+    assert mpi_store.open_store(path) is store
+
+
+def test_a_store_file_replaced_at_its_path_is_opened_and_checked_anew(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    store = mpi_store.open_store(str(path))
+    store.add(_record("j1"))
+    assert store.get("j1")["job_id"] == "j1"  # this thread's reader holds the old file
+    for name in ("jobs.sqlite", "jobs.sqlite-wal", "jobs.sqlite-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_V1)
+    conn.execute("INSERT INTO jobs (id, user, state, record) VALUES (?, ?, ?, ?)",
+                 ("j2", "alice", "queued", json.dumps(_record("j2"))))
+    conn.commit()
+    conn.close()
+    reopened = mpi_store.open_store(str(path))
+    assert reopened is not store
+    assert reopened.get("j2")["job_id"] == "j2" and reopened.get("j1") is None
+    assert reopened.drains() == {}  # migrated: schema 4 has drains
+    assert store.get("j2")["job_id"] == "j2"  # the old object reads the new file too
+
+
+def test_reads_see_every_write_committed_before_them_by_any_connection(store):
+    store.add(_record("j1"))
+    assert store.get("j1")["state"] == "queued"
+    assert store.jobs(states=["queued"], keys=["job_id", "state"]) == [
+        {"job_id": "j1", "state": "queued"}]
+    # Another connection (another process, as the job engine) writes in between reads.
+    conn = sqlite3.connect(store.path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE jobs SET state = 'running', record = json_set(record, '$.state', "
+                 "'running') WHERE id = 'j1'")
+    assert store.get("j1")["state"] == "queued"  # not committed yet
+    conn.execute("COMMIT")
+    conn.close()
+    assert store.get("j1")["state"] == "running"
+    assert store.jobs(states=["running"], keys=["job_id", "state"]) == [
+        {"job_id": "j1", "state": "running"}]
+    store.set_meta("waiting", {"j2": "free slots"})
+    assert store.get_meta("waiting") == {"j2": "free slots"}
+
+
+def test_each_thread_reads_through_a_connection_of_its_own(store):
+    store.add(_record("j1"))
+    results, errors = [], []
+
+    def read():
+        try:
+            for _ in range(50):
+                results.append(store.get("j1")["job_id"])
+        except Exception as exc:  # pylint: disable=broad-except
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for i in range(20):
+        store.update("j1", tick=i)
+    for thread in threads:
+        thread.join(30)
+    assert errors == [] and results == ["j1"] * 200
+    assert store.get("j1")["tick"] == 19
+
+
+def _read_in_child(store, results):
+    results.put(store.get("j1")["state"])
+
+
+def test_a_forked_child_opens_its_own_reader_and_leaves_the_parents_alone(store):
+    store.add(_record("j1"))
+    assert store.get("j1")["state"] == "queued"  # the parent's reader is open
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(store, results))
+    child.start()
+    assert results.get(timeout=30) == "queued"
+    child.join(30)
+    assert child.exitcode == 0
+    store.transition("j1", "running")
+    assert store.get("j1")["state"] == "running"
+
+
+def test_jobs_with_keys_gives_those_fields_as_whole_records_hold_them(store):
+    store.add(_record("a1", name="x", submitted=1764686400.1234567, np=3))
+    store.add(_record("b1", user="bob", submitted=0.1 + 0.2))
+    store.transition("a1", "running", placement={"node1": 2, "node2": 1}, started=1e-7)
+    keys = ("job_id", "name", "state", "np", "placement", "submitted", "started", "nope")
+    full = [{k: r.get(k) for k in keys} for r in store.jobs()]
+    assert store.jobs(keys=keys) == full
+    assert full[0]["placement"] == {"node1": 2, "node2": 1}
+    assert full[0]["submitted"] == 1764686400.1234567 and full[1]["submitted"] == 0.1 + 0.2
+    assert store.jobs(states=["running"], user="alice", keys=["job_id"]) == [{"job_id": "a1"}]
+    assert store.jobs(user="carol", keys=keys) == []
 
 
 # -------------------------------------------------------------------------- drains
@@ -420,20 +526,27 @@ CREATE TABLE drains (
 """
 
 
-def test_todays_schema_is_version_4_as_frozen_here(tmp_path):
-    """If this fails the schema changed: add a migration from 4 and a frozen copy of 5."""
+_SCHEMA_V5_ADDS = "CREATE INDEX jobs_user ON jobs (user, seq);\n"
+
+
+def test_todays_schema_is_version_5_as_frozen_here(tmp_path):
+    """If this fails the schema changed: add a migration from 5 and a frozen copy of 6."""
     store = mpi_store.open_store(str(tmp_path / "new.sqlite"))
     frozen = sqlite3.connect(":memory:")
-    frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS)
+    frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS + _SCHEMA_V5_ADDS)
 
     def columns(conn):
         tables = [r[0] for r in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'sqlite_sequence'")]
-        return {t: [r[1:3] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+        indexes = {t: sorted((r[1], tuple(c[2] for c in conn.execute(
+            f"PRAGMA index_info({r[1]})"))) for r in conn.execute(f"PRAGMA index_list({t})")
+            if r[3] == "c") for t in tables}
+        return ({t: [r[1:3] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables},
+                indexes)
 
     with store._connect() as conn:
         assert columns(conn) == columns(frozen)
-    assert mpi_store.SCHEMA_VERSION == 4
+    assert mpi_store.SCHEMA_VERSION == 5
 
 
 def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_moves_on(
