@@ -1,7 +1,7 @@
 """Every benchmark keeps working: its short mode (``--short``) runs here, so a change that
 breaks one fails CI. The figures are printed, never asserted on (speed is measured by
 bench/, not by tests): a test checks that the run exits 0 and prints its figure lines.
-``engine_scale.py`` and ``sched_scale.py`` need no cluster; the others drive it."""
+``api_cpu.py``, ``engine_scale.py`` and ``sched_scale.py`` need no cluster; the others drive it."""
 
 import os
 import subprocess
@@ -60,6 +60,12 @@ def test_launch_overhead_short_mode_runs_and_prints_its_figures(cluster):
     output = _bench(["bench/launch_overhead.py", "--short"])
     for figure in ("launch_overhead_salt_run_3_nodes_s", "launch_overhead_api_3_nodes_s",
                    "launch_overhead_user_api_3_nodes_s"):
+        assert figure in output, output
+
+
+def test_api_cpu_short_mode_runs_and_prints_its_figures():
+    output = _bench(["bench/api_cpu.py", "--short"])
+    for figure in ("api_cpu_paced_50_p95_ms", "api_cpu_runner_list_cpu_ms_per_call"):
         assert figure in output, output
 
 
