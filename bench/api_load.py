@@ -5,7 +5,8 @@ For each user count (``--users 20,50,100``), that many hub users, each with a re
 of their own from the test cluster's hub, call the API the way notebooks do (through the
 hub's proxy at http://10.251.1.5:8000/services/dockermpi): most poll their jobs (``GET
 /jobs``, ``GET /jobs/<id>`` of a job of their own, alternately, ``--rate`` calls a second
-each), ``--followers`` of them
+each, spread evenly over the period; ``--in-step``: all at the same instants),
+``--followers`` of them
 follow a running job of their own that prints a line a second (``GET /events?job=``),
 and one more user launches 2-node jobs one after the other (``POST /jobs``, then ``GET
 /jobs/<id>/wait``) for the whole run. Before the load, the launching user's jobs are
@@ -127,11 +128,12 @@ async def launch_times(user, count):
     return times
 
 
-async def poll(user, job_id, until, rate, latencies, errors):
+async def poll(user, job_id, until, rate, latencies, errors, offset=0.0):
     """Call status and list alternately, ``rate`` calls a second (a notebook panel or an
-    open ``mpi list`` loop), until ``until``."""
+    open ``mpi list`` loop), the first ``offset`` seconds from now, until ``until``."""
     paths = ["/jobs", f"/jobs/{job_id}"]
-    turn, next_call = 0, time.monotonic()
+    turn, next_call = 0, time.monotonic() + offset
+    await asyncio.sleep(offset)
     while next_call < until:
         path = paths[turn % 2]
         status, found, seconds = await user.call("GET", path)
@@ -164,8 +166,10 @@ async def follow(user, job_id, until, errors):
     return seen["output"]
 
 
-async def one_round(users, launcher, own, seconds, followers, launches, rate):
-    """One measured run with ``users`` calling; its figures."""
+async def one_round(users, launcher, own, seconds, followers, launches, rate, in_step=False):
+    """One measured run with ``users`` calling; its figures. The pollers' calls are spread
+    evenly over each period (users' notebooks do not poll in step), or, ``in_step``,
+    all made at the same instants (the worst case: every period starts with a burst)."""
     # The followers follow a job of their own that prints a line a second.
     ticker = ["/bin/sh", "-c", f"for i in $(seq {int(seconds) + 60}); do echo $i; sleep 1; done"]
     ticking = {u.name: await u.submit(ticker) for u in users[:followers]}
@@ -176,7 +180,9 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate):
     loaded = asyncio.ensure_future(launch_times(launcher, launches))
     outputs = await asyncio.gather(
         *(follow(u, ticking[u.name], until, errors) for u in users[:followers]),
-        *(poll(u, own[u.name], until, rate, latencies, errors) for u in users[followers:]))
+        *(poll(u, own[u.name], until, rate, latencies, errors,
+               0.0 if in_step else i / (len(users) * rate))
+          for i, u in enumerate(users[followers:])))
     under_load = await loaded
     wall = time.monotonic() - started
     cpu = (api_cpu_seconds() - cpu_before) / wall
@@ -210,7 +216,7 @@ async def main(args):
         for count in args.users:
             log(f"{count} users for {args.seconds:g} s ({args.followers} following a job)")
             found = await one_round(users[:count], launcher, own, args.seconds,
-                                    args.followers, args.launches, args.rate)
+                                    args.followers, args.launches, args.rate, args.in_step)
             failed += found["errors"]
             rows.append([count, fmt(found["calls_per_s"], 1), fmt(found["p50"], 1),
                          fmt(found["p95"], 1), fmt(found["p99"], 1), len(found["errors"]),
@@ -238,6 +244,9 @@ def parse():
     parser.add_argument("--launches", type=int, default=3)
     parser.add_argument("--rate", type=float, default=5,
                         help="calls a second of each polling user (the site's limit is 20)")
+    parser.add_argument("--in-step", action="store_true",
+                        help="every poller calls at the same instants (bursts), not spread "
+                             "over the period")
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: 10 users, 8 s, 1 follower, 1 launch each way")
     args = parser.parse_args()
