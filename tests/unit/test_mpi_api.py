@@ -362,3 +362,51 @@ def test_a_list_and_a_status_see_what_the_job_engine_wrote_just_before(real_runn
         store.update("20261202-120000-aaaaaa", reason=f"tick {n}")
         assert call(url, "/jobs/20261202-120000-aaaaaa")[2]["reason"] == f"tick {n}"
         assert call(url, "/jobs?state=running")[2]["jobs"][0]["reason"] == f"tick {n}"
+
+
+class Printing(Runner):
+    """A running job whose stdout grows a line at every read and whose stderr stays
+    empty; it has ended once stdout was read ``reads`` times."""
+
+    JOB = "20261202-120000-aaaaaa"
+
+    def __init__(self, reads):
+        super().__init__()
+        self.reads = reads
+
+    def stdout_reads(self):
+        return sum(1 for fun, _, kw in self.calls if fun == "logs" and kw["stream"] == "stdout")
+
+    def __getitem__(self, name):
+        fun = name.split(".", 1)[1]
+
+        def call(**kwargs):
+            self.calls.append((fun, mpi_caller.hub_user(), kwargs))
+            if fun == "status":
+                ended = self.stdout_reads() >= self.reads
+                return {"job_id": self.JOB, "user": "ann", "state":
+                        "succeeded" if ended else "running", "closed": ended, "retcode": 0}
+            if fun == "logs" and kwargs["stream"] == "stdout":
+                return {"data": "line\n", "offset": kwargs["offset"] + 5}
+            if fun == "logs":
+                return {"data": "", "offset": kwargs["offset"]}
+            return {"fun": fun, "retcode": 0}
+        return call
+
+
+def test_following_reads_a_quiet_stream_less_often_and_every_stream_at_the_end(monkeypatch):
+    """Each read of a job's output is a Salt call to a node: a stream that gave nothing
+    sits out 1, 2, then 3 rounds; a stream that grows is read every round; at the end
+    both are read to their end. Counted in rounds, not seconds."""
+    monkeypatch.setattr(mpi_api, "FOLLOW_POLL", 0.001)
+    runner = Printing(reads=20)
+    with _serving(runner, ["127.0.0.0/8"]) as url:
+        request = urllib.request.Request(f"{url}/events?job={Printing.JOB}",
+                                         headers={"Authorization": "token ann-token-0123456789"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            text = answer.read().decode()
+    assert text.count("event: output") == 21 and "event: end" in text
+    reads = [kw["stream"] for fun, _, kw in runner.calls if fun == "logs"]
+    # Rounds 0-19 while running: stderr at rounds 0, 2, 5, 9, 13, 17; the end reads both.
+    assert reads.count("stdout") == 21
+    assert reads.count("stderr") == 7
