@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import mpi_launch  # noqa: E402  (pure Python; key generation needs cryptography)
 from dmpi_bench import (  # noqa: E402
     FINAL, BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
-    trap_sigterm, verdict, check_common_args,
+    trap_sigterm, verdict, check_common_args, parse_args,
 )
 
 PAIR = ("node1", "node2")
@@ -318,10 +318,7 @@ def main(argv=None):
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: one run per side, 100 latency and 2 bandwidth "
                              "round trips")
-    args = parser.parse_args(argv)
-    if args.short:
-        parser.set_defaults(**SHORT)  # flags given with --short still win
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SHORT)
     if min(args.repeat, args.lat_iters, args.bw_iters, args.size) < 1:
         parser.error("--repeat, --lat-iters, --bw-iters and --size must be positive")
     check_common_args(parser, args)

@@ -57,7 +57,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
     FINAL, BenchError, Jobs, Terminated, engine_jobs, fmt, log, median, run, secret_dirs, table,
-    trap_sigterm, verdict, check_common_args,
+    trap_sigterm, verdict, check_common_args, parse_args,
 )
 
 MASTER_ADDRESS = "10.251.1.2"
@@ -207,10 +207,7 @@ def main(argv=None):
     parser.add_argument("--short", action="store_true",
                         help=f"what CI runs: one run per variant, not failing on the "
                              f"{BOUND:g} s bound")
-    args = parser.parse_args(argv)
-    if args.short:
-        parser.set_defaults(**SHORT)  # flags given with --short still win
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SHORT)
     variants = [v for v in args.variants.split(",") if v]
     if args.repeat < 1 or not variants or set(variants) - {"full", "peer"}:
         parser.error("--repeat >= 1; --variants from full,peer")

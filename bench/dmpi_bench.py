@@ -128,6 +128,16 @@ def table(header, rows):
     return "\n".join(lines)
 
 
+def parse_args(parser, argv, short):
+    """``parser``'s arguments from ``argv``; with ``--short`` (what CI runs), the
+    defaults in ``short`` take the full run's place, and flags given with it still win."""
+    args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**short)
+        args = parser.parse_args(argv)
+    return args
+
+
 def check_common_args(parser, args):
     """What every benchmark requires: a job user of its own (bench*) and root."""
     if not args.user.startswith("bench"):

@@ -46,7 +46,7 @@ import msgpack
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from dmpi_bench import log, median, table  # noqa: E402
+from dmpi_bench import log, median, parse_args, table  # noqa: E402
 
 NODE_SLOTS = 8
 HEARTBEAT = 2.0
@@ -228,10 +228,7 @@ def main():
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: 20 and 100 nodes, 50 running, 1000 queued, 1 s, "
                              "one pass")
-    args = parser.parse_args()
-    if args.short:
-        parser.set_defaults(**SHORT)  # flags given with --short still win
-        args = parser.parse_args()
+    args = parse_args(parser, None, SHORT)
     try:
         counts = [int(n) for n in args.nodes.split(",")]
     except ValueError:

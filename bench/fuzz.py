@@ -76,7 +76,7 @@ import mpi_request  # noqa: E402  (pure Python, no Salt needed)
 import mpi_sched  # noqa: E402
 from dmpi_bench import (  # noqa: E402
     FINAL, MASTER, MASTER_PYTHON, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
-    node_jobs, run, table, trap_sigterm, verdict, check_common_args,
+    node_jobs, run, table, trap_sigterm, verdict, check_common_args, parse_args,
 )
 
 APPROVED = ("mpi",)                    # pillar mpi:images of the test cluster
@@ -646,10 +646,7 @@ def main(argv=None):
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: " + ", ".join(f"--{k} {v}" for k, v in SHORT.items())
                         + "; cases Salt's RunnerClient cannot carry do not fail it")
-    args = parser.parse_args(argv)
-    if args.short:
-        parser.set_defaults(**SHORT)  # flags given with --short still win
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SHORT)
     if args.cases < 1 or not 0 <= args.valid <= 1 or args.wave < 1:
         parser.error("--cases >= 1, --valid between 0 and 1, --wave >= 1")
     check_common_args(parser, args)

@@ -76,7 +76,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import mpi_launch  # noqa: E402  (pure Python, no Salt needed)
 from dmpi_bench import (  # noqa: E402
     MASTER, NODES, SLOTS_PER_NODE, BenchError, Jobs, RunnerSession, Terminated, log, median,
-    node_exec, run, table, trap_sigterm, verdict, check_common_args,
+    node_exec, run, table, trap_sigterm, verdict, check_common_args, parse_args,
 )
 
 PROGRAM = ["hostname"]
@@ -434,10 +434,7 @@ def main(argv=None):
                              "its clean-up is done")
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: 1 and 3 nodes, one timed run per side")
-    args = parser.parse_args(argv)
-    if args.short:
-        parser.set_defaults(**SHORT)  # flags given with --short still win
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SHORT)
     counts = [int(c) for c in args.nodes.split(",")]
     if args.repeat < 1 or not all(1 <= c <= len(NODES) for c in counts):
         parser.error(f"--repeat must be >= 1 and node counts between 1 and {len(NODES)}")

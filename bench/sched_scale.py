@@ -49,7 +49,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from dmpi_bench import log, median, table  # noqa: E402
+from dmpi_bench import log, median, parse_args, table  # noqa: E402
 
 NODE_SLOTS = 8
 NOW = 1_700_000_000.0
@@ -145,10 +145,7 @@ def main(argv=None):
                         help="mpi_sched.py to time (default: this repository's)")
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: 100 nodes, 1000 queued, one pass of each kind")
-    args = parser.parse_args(argv)
-    if args.short:
-        parser.set_defaults(**SHORT)  # flags given with --short still win
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SHORT)
     counts = [int(c) for c in args.nodes.split(",")]
     kinds = args.candidates.split(",")
     if args.repeat < 1 or args.queued < 1 or args.running < 0 or min(counts) < 1:

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dmpi_bench import (  # noqa: E402
     FINAL, NODES, SLOTS_PER_NODE, BenchError, Jobs, RunnerSession, Terminated, log, median,
-    salt_run, table, trap_sigterm, verdict, check_common_args,
+    salt_run, table, trap_sigterm, verdict, check_common_args, parse_args,
 )
 
 T_ALL = 180     # wait at most this long for all jobs to end
@@ -89,10 +89,7 @@ def main(argv=None):
                              "so the per-user running-job limit applies to each as to a person")
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: 4 jobs from 2 submitters")
-    args = parser.parse_args(argv)
-    if args.short:
-        parser.set_defaults(**SHORT)  # flags given with --short still win
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SHORT)
     if not 1 <= args.jobs <= 200 or not 1 <= args.parallel <= 8 \
             or not 1 <= args.ranks_per_node <= SLOTS_PER_NODE:
         parser.error(f"--jobs 1..200, --parallel 1..8, --ranks-per-node 1..{SLOTS_PER_NODE}")
