@@ -27,6 +27,7 @@ import hashlib
 import ipaddress
 import math
 import re
+import urllib.parse
 
 __all__ = [
     "ConfigError",
@@ -68,6 +69,8 @@ USERS_SUBDIR = "users"
 JOBS_SUBDIR = "mpi-jobs"
 #: Where the job's node-local secret directory is mounted (read-only) in its containers.
 RUN_DIR = "/run/dockermpi"
+#: The user API's JupyterHub service name (mpi_api.SERVICE, jupyterhub_config.py).
+API_SERVICE_NAME = "dockermpi"
 #: The node-local directory of per-job secrets, unless ``mpi:job_root`` says otherwise.
 DEFAULT_JOB_ROOT = "/var/lib/dockermpi/jobs"
 
@@ -166,7 +169,7 @@ _KEYS = {
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
     "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_service_url",
-            "authenticator", "admin_users", "admin_token", "dummy", "github", "pip",
+            "subdomain_host", "notebook_hosts", "authenticator", "admin_users", "admin_token", "dummy", "github", "pip",
             "limits", "venv", "state_dir"),
     "hub:dummy": ("password", "allowed_users"),
     "hub:github": ("package", "client_id", "client_secret", "callback_url",
@@ -836,6 +839,7 @@ class _Checker:
                                        ("api_url", ("http", "https"), False),
                                        ("api_service_url", ("http",), False)):
             self.url(("hub", key), schemes, required)
+        self.check_hub_origins()
         self.path("hub", "venv")
         self.path("hub", "state_dir")
         kind = self.choice(HUB_AUTHENTICATORS, "hub", "authenticator")
@@ -896,6 +900,44 @@ class _Checker:
                                  f"a notebook), got {_shown(cpus)}")
                 else:
                     self.put(("hub", "limits", "cpus"), float(cpus))
+
+    def check_hub_origins(self):
+        """``mpi:hub:subdomain_host`` (each user's server on a subdomain of its own, the
+        API on one of its own) and ``mpi:hub:notebook_hosts`` (names notebooks resolve)."""
+        subdomain_host = self.url(("hub", "subdomain_host"), ("https", "http"), False)
+        if subdomain_host is not None:
+            parsed = urllib.parse.urlsplit(subdomain_host)
+            if parsed.path not in ("", "/"):
+                self.problem("mpi:hub:subdomain_host must be scheme://host[:port] without a "
+                             f"path (users' servers are <name>.host), got {_shown(subdomain_host)}")
+            elif not _is_host(parsed.hostname) or _is_address(parsed.hostname):
+                self.problem("mpi:hub:subdomain_host needs a DNS name whose subdomains "
+                             f"resolve to the hub (wildcard DNS), got {_shown(subdomain_host)}")
+            else:
+                api_url = self.get("hub", "api_url")
+                service_host = f"{API_SERVICE_NAME}--service.{parsed.hostname.lower()}"
+                api_host = (urllib.parse.urlsplit(api_url).hostname
+                            if isinstance(api_url, str) and _URL_RE.match(api_url) else None)
+                if api_host is not None and api_host != service_host:
+                    self.problem(
+                        f"mpi:hub:api_url must be on the API's own origin, host "
+                        f"{service_host}, when mpi:hub:subdomain_host is set (the proxy serves "
+                        f"the {API_SERVICE_NAME} service there and nowhere else), got "
+                        f"{_shown(api_url)}")
+        hosts = self.get("hub", "notebook_hosts")
+        if hosts is None:
+            self.put(("hub", "notebook_hosts"), {})
+        elif hosts is not _MISSING:
+            if not isinstance(hosts, dict):
+                self.problem("mpi:hub:notebook_hosts must be a mapping of host name to IPv4 "
+                             f"address, got {_shown(hosts)}")
+                return
+            for name, address in hosts.items():
+                if not _is_host(name) or _is_address(name):
+                    self.problem(f"mpi:hub:notebook_hosts: {_shown(name)} is not a host name")
+                elif not _is_address(address):
+                    self.problem(f"mpi:hub:notebook_hosts:{name} must be an IPv4 address, "
+                                 f"got {_shown(address)}")
 
     def check_engine(self):
         """``mpi:engine``: how the master's job engine judges a silent node (mpi_rules)."""
@@ -961,6 +1003,14 @@ _MISSING = _Missing()
 
 def _inside(path, directory):
     return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _is_address(value):
+    try:
+        ipaddress.IPv4Address(value if isinstance(value, str) else "")
+        return True
+    except ValueError:
+        return False
 
 
 def _is_host(value):

@@ -3,7 +3,7 @@
 
 For each user count (``--users 20,50,100``), that many hub users, each with a real token
 of their own from the test cluster's hub, call the API the way notebooks do (through the
-hub's proxy at http://10.251.1.5:8000/services/dockermpi): most poll their jobs (``GET
+hub's proxy, on the API's own origin dockermpi--service.hub.dmpi.test): most poll their jobs (``GET
 /jobs``, ``GET /jobs/<id>`` of a job of their own, alternately, ``--rate`` calls a second
 each, spread evenly over the period; ``--in-step``: all at the same instants),
 ``--followers`` of them
@@ -36,10 +36,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import tornado.httpclient  # noqa: E402  (a dependency of Salt, in .venv)
 
 from bench.dmpi_bench import MASTER, fmt, log, run, table  # noqa: E402
-from tests.cluster.testcluster import (API_PORT, HUB_ADDR, HUB_API_URL,  # noqa: E402
-                                       api_process, hub_admin_token)
+from tests.cluster.testcluster import (API_PORT, API_PUBLIC_URL, HUB_ADDR,  # noqa: E402
+                                       HUB_API_URL, api_process, hub_admin_token)
 
-API = f"http://{HUB_ADDR}:8000/services/dockermpi/api/v1"
+_PUBLIC = urllib.parse.urlsplit(API_PUBLIC_URL)
+#: The proxy on the hub host, asked for the API's origin (the test cluster has no DNS).
+API = f"http://{HUB_ADDR}:{_PUBLIC.port}{_PUBLIC.path}/api/v1"
+API_HOST = _PUBLIC.netloc
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 USER_PREFIX = "apiload-"
 
@@ -84,7 +87,7 @@ class User:
         started = time.perf_counter()
         answer = await self.http.fetch(
             API + path, method=method, raise_error=False, request_timeout=timeout,
-            headers={"Authorization": f"token {self.token}",
+            headers={"Authorization": f"token {self.token}", "Host": API_HOST,
                      "Content-Type": "application/json"},
             body=("" if method == "POST" else None) if body is None else json.dumps(body))
         seconds = time.perf_counter() - started
@@ -156,7 +159,7 @@ async def follow(user, job_id, until, errors):
     try:
         answer = await user.http.fetch(
             f"{API}/events?job={job_id}", raise_error=False, streaming_callback=on_chunk,
-            headers={"Authorization": f"token {user.token}"},
+            headers={"Authorization": f"token {user.token}", "Host": API_HOST},
             request_timeout=max(1, until - time.monotonic()))
         if answer.code not in (200, 599):
             errors.append(f"{user.name} events: {answer.code}")

@@ -22,10 +22,16 @@ mpi:
   hub:
     image: notebook
     hub_api_url: http://10.251.1.5:8081/hub/api
+    # Each user's server on <name>.hub.dmpi.test, the API on an origin of its own: the
+    # test cluster has no DNS, so notebooks get the API's name in /etc/hosts and the
+    # browser tests map *.hub.dmpi.test to the hub host.
+    subdomain_host: http://hub.dmpi.test:8000
     # Notebooks call DockerMPI's API through the hub's proxy; the proxy reaches it on
     # the master.
-    api_url: http://10.251.1.5:8000/services/dockermpi
+    api_url: http://dockermpi--service.hub.dmpi.test:8000/services/dockermpi
     api_service_url: http://10.251.1.2:8001
+    notebook_hosts:
+      dockermpi--service.hub.dmpi.test: 10.251.1.5
     limits:
       memory_mb: 1024
       pids: 256

@@ -62,6 +62,13 @@ HUB = "dmpi-hub"
 HUB_ADDR = "10.251.1.5"
 HUB_ROLE_GRAINS = {"roles": ["mpi-hub"]}
 HUB_HOST_PORT = int(os.environ.get("DMPI_HUB_PORT", "18000"))
+#: The hub's public host (pillar/testcluster.sls mpi:hub:subdomain_host): user alice's
+#: server is at alice.<HUB_DOMAIN>, the user API at dockermpi--service.<HUB_DOMAIN>. No
+#: DNS answers these names: give the host header, or map them to HUB_ADDR.
+HUB_DOMAIN = "hub.dmpi.test"
+HUB_PUBLIC_PORT = 8000
+HUB_PUBLIC_URL = f"http://{HUB_DOMAIN}:{HUB_PUBLIC_PORT}"
+API_PUBLIC_URL = f"http://dockermpi--service.{HUB_DOMAIN}:{HUB_PUBLIC_PORT}/services/dockermpi"
 #: The notebook containers' names on the hub host (salt/dockermpi/hub/files/dockermpi_spawner.py).
 NOTEBOOK_PREFIX = "dmpi-notebook"
 
@@ -367,6 +374,31 @@ class TestCluster:
         _, found = self.hub_api("POST", f"/users/{urllib.parse.quote(name, safe='')}/tokens",
                                 body)
         return found["token"]
+
+    def proxy_route(self, method, spec, target=None):
+        """Add (``POST``, to ``target``) or remove (``DELETE``) route ``spec`` (host-routed:
+        ``/<host>/<path>``) in the hub's proxy, through its API on the hub host."""
+        _, pid = self.exec("hub", ["pgrep", "-o", "-f", "configurable-http-proxy"],
+                           stdout_only=True)
+        _, environ = self.exec("hub", ["cat", f"/proc/{pid.strip()}/environ"],
+                               stdout_only=True)
+        token = dict(v.split("=", 1) for v in environ.split("\0") if "=" in v)[
+            "CONFIGPROXY_AUTH_TOKEN"]
+        body = json.dumps({"target": target}) if target else ""
+        argv = ["python3", "-c", _HUB_API_CALL, method,
+                f"http://127.0.0.1:8001/api/routes{spec}", token, body]
+        _, output = self.exec("hub", argv)
+        status = int(output.partition("\n")[0])
+        if status >= 400:
+            raise ClusterError(f"proxy route {method} {spec} answered {status}: {output!r}")
+
+    def notebook_address(self, name):
+        """Hub user ``name``'s notebook container's address on the hub host's bridge."""
+        container = self.notebook_container(name)
+        if container is None:
+            raise ClusterError(f"{name} has no running notebook")
+        _, found = self.exec("hub", ["docker", "inspect", container], stdout_only=True)
+        return json.loads(found)[0]["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
 
     def notebook_container(self, name):
         """The name of hub user ``name``'s notebook container on the hub host, or None."""

@@ -206,6 +206,29 @@ def test_notebooks_are_told_the_proxys_url_and_the_spawner_the_masters(
     assert not hasattr(spawner, "api_ca")
 
 
+def test_without_subdomain_host_every_server_shares_the_hubs_origin(
+        hub_high, tmp_path, monkeypatch):
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    config = _hub_config(tmp_path, monkeypatch, settings)
+    assert not hasattr(config["JupyterHub"], "subdomain_host")
+    assert config["DockerMPISpawner"].extra_host_config["extra_hosts"] == {}
+
+
+def test_subdomain_host_gives_each_server_and_the_api_an_origin_of_its_own(
+        tmp_path, monkeypatch):
+    api = "https://dockermpi--service.hub.example.org/services/dockermpi"
+    (tmp_path / "minion").mkdir()
+    high = _highstate(_minion(tmp_path / "minion", ["mpi-hub"], _pillar(
+        subdomain_host="https://hub.example.org", api_url=api,
+        notebook_hosts={"dockermpi--service.hub.example.org": "172.30.0.5"})))
+    settings = _args(high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    config = _hub_config(tmp_path, monkeypatch, settings)
+    assert config["JupyterHub"].subdomain_host == "https://hub.example.org"
+    assert config["DockerMPISpawner"].api_url == api
+    assert config["DockerMPISpawner"].extra_host_config["extra_hosts"] == {
+        "dockermpi--service.hub.example.org": "172.30.0.5"}
+
+
 def test_user_servers_load_nothing_the_user_wrote(hub_high, tmp_path, monkeypatch):
     settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
     spawner = _hub_config(tmp_path, monkeypatch, settings)["DockerMPISpawner"]

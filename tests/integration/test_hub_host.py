@@ -5,12 +5,15 @@ mounted, and no other user's data in reach."""
 
 import json
 import re
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
 import yaml
 
-from tests.cluster.testcluster import HUB_HOST_PORT, NOTEBOOK_PREFIX
+from tests.cluster.testcluster import (API_PUBLIC_URL, HUB_DOMAIN, HUB_HOST_PORT,
+                                       NOTEBOOK_PREFIX)
 
 pytestmark = pytest.mark.cluster
 
@@ -65,6 +68,38 @@ def test_the_proxy_is_published_on_localhost_only(hub):
     assert ports == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(HUB_HOST_PORT)}]}
 
 
+def _proxy_status(host, path, token):
+    """What the hub's proxy answers for ``path`` on ``host`` (its status, and where it
+    redirects to), without following redirects."""
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+    request = urllib.request.Request(f"http://127.0.0.1:{HUB_HOST_PORT}{path}", headers={
+        "Host": f"{host}:8000", "Authorization": f"token {token}"})
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=30) as answer:
+            return answer.status, None
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Location")
+
+
+def test_each_server_and_the_api_answer_on_their_own_origin_only(hub, notebooks):
+    token = hub.hub_token(ALICE)
+    status, _ = _proxy_status(f"{ALICE}.{HUB_DOMAIN}", f"/user/{ALICE}/api/status", token)
+    assert status == 200
+    # on the hub's origin the hub answers (it sends the browser on), never her server
+    status, location = _proxy_status(HUB_DOMAIN, f"/user/{ALICE}/api/status", token)
+    assert status == 302 and location.endswith(f"/hub/user/{ALICE}/api/status"), location
+    # and on another user's origin the hub does not reach her server either
+    status, _ = _proxy_status(f"hub-bob.{HUB_DOMAIN}", f"/user/{ALICE}/api/status", token)
+    assert status != 200
+    api = urllib.parse.urlsplit(API_PUBLIC_URL)
+    status, _ = _proxy_status(api.netloc.rsplit(":", 1)[0], api.path + "/api/v1/whoami", token)
+    assert status == 200
+    status, _ = _proxy_status(HUB_DOMAIN, api.path + "/api/v1/whoami", token)
+    assert status != 200
+
+
 def test_a_new_user_gets_a_token_that_names_them(hub):
     hub.hub_user("hub-carol")
     try:
@@ -117,7 +152,7 @@ def test_notebook_mounts_only_the_users_directory(hub, notebooks, name):
     assert found["Config"]["WorkingDir"] == "/data"
     env = _env(found)
     assert env["HOME"] == "/data"
-    assert env["DOCKERMPI_API_URL"] == "http://10.251.1.5:8000/services/dockermpi"
+    assert env["DOCKERMPI_API_URL"] == API_PUBLIC_URL
     assert "DOCKERMPI_API_CA" not in env
     assert env["DOCKERMPI_IMAGE"] == "notebook"
 
@@ -197,7 +232,8 @@ def test_a_users_server_loads_no_config_or_code_she_wrote(hub):
         hub.start_notebook(name)  # a fresh server process, with her files in place
         request = urllib.request.Request(
             f"http://127.0.0.1:{HUB_HOST_PORT}/user/{name}/api/status",
-            headers={"Authorization": f"token {hub.hub_token(name)}"})
+            headers={"Authorization": f"token {hub.hub_token(name)}",
+                     "Host": f"{name}.{HUB_DOMAIN}:8000"})
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert answer.status == 200
             assert answer.headers.get("X-User-Config") is None

@@ -723,13 +723,15 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
     [
         ({"imagee": "notebook"},
          "mpi:hub:imagee is not a DockerMPI setting (the keys of mpi:hub are: image, "
-         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, authenticator, "
-         "admin_users, admin_token, dummy, github, pip, limits, venv, state_dir)"),
+         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
+         "notebook_hosts, authenticator, admin_users, admin_token, dummy, github, pip, "
+         "limits, venv, state_dir)"),
         # salt-api's certificate is gone with salt-api
         ({"api_ca": "/etc/dockermpi/api-ca.pem"},
          "mpi:hub:api_ca is not a DockerMPI setting (the keys of mpi:hub are: image, "
-         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, authenticator, "
-         "admin_users, admin_token, dummy, github, pip, limits, venv, state_dir)"),
+         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
+         "notebook_hosts, authenticator, admin_users, admin_token, dummy, github, pip, "
+         "limits, venv, state_dir)"),
         ({"image": "note book"},
          "mpi:hub:image 'note book' is not an approved image's short name (a key of "
          "mpi:images)"),
@@ -749,6 +751,31 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
         ({"hub_api_url": "10.0.0.5:8081"},
          "mpi:hub:hub_api_url must be a URL http://host[:port][/path] or "
          "https://host[:port][/path], got '10.0.0.5:8081'"),
+        ({"subdomain_host": "hub.example.org"},
+         "mpi:hub:subdomain_host must be a URL https://host[:port][/path] or "
+         "http://host[:port][/path], got 'hub.example.org'"),
+        ({"subdomain_host": "https://hub.example.org/jupyter"},
+         "mpi:hub:subdomain_host must be scheme://host[:port] without a path (users' "
+         "servers are <name>.host), got 'https://hub.example.org/jupyter'"),
+        # subdomains of an address resolve nowhere
+        ({"subdomain_host": "https://10.0.0.5:8000"},
+         "mpi:hub:subdomain_host needs a DNS name whose subdomains resolve to the hub "
+         "(wildcard DNS), got 'https://10.0.0.5:8000'"),
+        # the API on the hub's origin would be open to every user's page there
+        ({"subdomain_host": "https://hub.example.org",
+          "api_url": "https://hub.example.org/services/dockermpi"},
+         "mpi:hub:api_url must be on the API's own origin, host "
+         "dockermpi--service.hub.example.org, when mpi:hub:subdomain_host is set (the "
+         "proxy serves the dockermpi service there and nowhere else), got "
+         "'https://hub.example.org/services/dockermpi'"),
+        ({"notebook_hosts": ["dockermpi--service.hub.example.org"]},
+         "mpi:hub:notebook_hosts must be a mapping of host name to IPv4 address, got "
+         "['dockermpi--service.hub.example.org']"),
+        ({"notebook_hosts": {"dockermpi--service.hub.example.org": "hub.example.org"}},
+         "mpi:hub:notebook_hosts:dockermpi--service.hub.example.org must be an IPv4 "
+         "address, got 'hub.example.org'"),
+        ({"notebook_hosts": {"bad name": "10.0.0.5"}},
+         "mpi:hub:notebook_hosts: 'bad name' is not a host name"),
         ({"authenticator": "pam"},
          "mpi:hub:authenticator must be one of dummy, github, got 'pam'"),
         ({"admin_token": "short"},

@@ -12,6 +12,8 @@
       "hub_api_url": hub.hub_api_url,
       "api_url": hub.api_url,
       "api_service_url": hub.api_service_url,
+      "subdomain_host": hub.subdomain_host,
+      "notebook_hosts": hub.notebook_hosts,
       "users_dir": mpi.storage.path ~ "/users",
       "state_dir": hub.state_dir,
       "proxy_command": "/usr/bin/configurable-http-proxy",

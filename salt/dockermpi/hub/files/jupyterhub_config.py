@@ -27,6 +27,12 @@ c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
 # Notebooks keep running while the hub restarts (a configuration change restarts it).
 c.JupyterHub.cleanup_servers = False
 
+# Each user's server on an origin of its own (<name>.<host>), this API on another
+# (dockermpi--service.<host>) and the hub on <host>: a page a user's server serves can
+# neither read the hub's pages nor use another user's cookies there.
+if settings["subdomain_host"]:
+    c.JupyterHub.subdomain_host = settings["subdomain_host"]
+
 # --- who may log in ---------------------------------------------------------------------
 c.Authenticator.admin_users = set(settings["admin_users"])
 if settings["authenticator"] == "github":
@@ -97,4 +103,6 @@ c.DockerMPISpawner.extra_host_config = {
     # Ports below 1024 for root alone, as on a host (Docker lowers the floor to 0): a
     # notebook binding one could pass for a host's root to a server that trusts those.
     "sysctls": {"net.ipv4.ip_unprivileged_port_start": "1024"},
+    # Names notebooks resolve where the site's DNS does not reach them (the API's origin).
+    "extra_hosts": settings["notebook_hosts"],
 }
