@@ -477,3 +477,13 @@ def test_dry_run_on_provisioned_node_reports_no_changes(dry_run, node):
                 if v["result"] is not True}
     assert not_true == {}
     assert {v["__id__"]: v["changes"] for v in states.values() if v["changes"]} == {}
+
+
+def test_the_master_starts_without_a_traceback_before_its_first_sync(cluster):
+    """A new master has no mpi runner until the first sync: nothing of DockerMPI's may
+    run before it (the hourly prune waits its first hour)."""
+    _, journal = cluster.exec("master", ["journalctl", "-u", "salt-master", "--no-pager",
+                                         "-o", "cat"], stdout_only=True)
+    first_run = journal.split("Stopping salt-master.service", 1)[0]
+    assert "Started salt-master.service" in first_run
+    assert "Traceback" not in first_run, first_run
