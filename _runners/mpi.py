@@ -35,6 +35,7 @@ import time
 import salt.cache
 import salt.client
 import salt.fileclient
+import salt.pillar
 import salt.utils.event
 import salt.utils.json
 import salt.utils.minions
@@ -144,15 +145,23 @@ def _defaults():
 
 
 def _node_pillar(minion):
-    """The pillar a node last received: the master keeps it in its minion data cache at
-    every pillar refresh (highstate, ``saltutil.refresh_pillar``), so reading it costs
-    no rendering. Rendered now only when the master has none (``minion_data_cache``
-    off, or a node that never asked)."""
-    if __opts__.get("minion_data_cache"):
-        cached = salt.cache.factory(__opts__).fetch("pillar", minion)
-        if cached:
-            return cached
-    return __salt__["pillar.show_pillar"](minion) or {}
+    """The pillar the master renders for a node now: its pillar tree over the node's
+    grains (as the master last received them). Never the pillar the master cached for
+    the node: a dry run with ``pillar=...`` (``state.apply test=True pillar=...``) leaves
+    its override there until the next refresh. Rendered by ``pillar.show_pillar`` when
+    the master holds no grains of the node."""
+    grains = salt.cache.factory(__opts__).fetch("grains", minion)
+    if not grains:
+        return __salt__["pillar.show_pillar"](minion) or {}
+    saltenv = __opts__.get("pillarenv") or __opts__.get("saltenv") or "base"
+    pillar = salt.pillar.get_pillar(__opts__, grains, minion, saltenv=saltenv,
+                                    pillarenv=__opts__.get("pillarenv"))
+    rendered = pillar.compile_pillar()
+    if rendered.get("_errors"):
+        raise CommandExecutionError(
+            f"the pillar of {minion} does not render, so no job can be accepted: "
+            + "; ".join(str(e) for e in rendered["_errors"]))
+    return rendered
 
 
 def _site_config(minion):

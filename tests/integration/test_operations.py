@@ -60,6 +60,28 @@ def test_a_highstate_that_restarts_dockerd_leaves_a_running_job_running(cluster)
         cluster._highstate(cluster.nodes)
 
 
+def test_an_admins_dry_run_with_a_pillar_override_blocks_no_job(cluster):
+    """``state.apply test=True pillar=...`` puts its override into the master's cached
+    minion data (until a later refresh replaces it); jobs take the site's settings from
+    the pillar the master renders, so they run whatever that cache holds."""
+    override = json.dumps({"mpi": {"slots_per_node": 0}})
+    code, out = cluster.salt(["salt", "-G", "roles:mpi-node", "state.apply", "dockermpi",
+                              "test=True", f"pillar={override}", "--out=json"],
+                             check=False, stdout_only=True)
+    assert "slots_per_node must be a whole number of at least 1" in out, out
+    try:
+        # the cache as the dry run leaves it, for as long as Salt keeps it there
+        for node in cluster.nodes:
+            cluster.salt(["salt-run", "cache.store", "pillar", node, override])
+        _, out = cluster.salt(["salt-run", "cache.pillar", "node1", "--out=json"],
+                              stdout_only=True)
+        assert json.loads(out)["node1"] == {"mpi": {"slots_per_node": 0}}
+        job_id = submit(cluster, user="dryrun", np=2, cmd=["true"])
+        assert run(cluster, "mpi.wait", job_id=job_id, timeout=120)[1]["state"] == "succeeded"
+    finally:
+        cluster.salt(["salt", "-G", "roles:mpi-node", "saltutil.refresh_pillar", "wait=True"])
+
+
 def test_usage_counts_each_users_jobs_and_core_hours(cluster):
     user = f"usage{int(time.time())}"
     since = time.time() - 1
