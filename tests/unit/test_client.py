@@ -44,7 +44,7 @@ ENV = {
     "JUPYTERHUB_USER": "alice",
     "JUPYTERHUB_API_TOKEN": TOKEN,
 }
-CONDITION_TIMEOUT = 10  # seconds a test or the fake waits for a condition before failing
+CONDITION_TIMEOUT = 60  # seconds a test or the fake waits for a condition (CI is loaded)
 
 
 @pytest.fixture(autouse=True)
