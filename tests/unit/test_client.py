@@ -73,6 +73,13 @@ def parse(argv):
     return cli.build_parser().parse_args(argv)
 
 
+def ctrl_c():
+    """SIGINT to the main thread, as Ctrl-C reaches the single-threaded ``mpi`` command.
+    (A process-wide kill may land on one of this test's server threads: then the main
+    thread's blocking read is not interrupted and goes on until the stream times out.)"""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
 def wait_until(condition, what):
     """Wait (on the condition, not a fixed time) until ``condition()`` is true."""
     deadline = time.monotonic() + CONDITION_TIMEOUT
@@ -1078,7 +1085,7 @@ def test_interrupting_run_cancels_the_job(api):
 
     def interrupt():
         wait_until(lambda: err.has(f"mpi: job {JOB} running"), "the client shows running")
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, while the client reads the stream
+        ctrl_c()  # while the client reads the stream
     api.streams[JOB] = [[state_event("running"), interrupt, "hang"]]
     with pytest.raises(KeyboardInterrupt):
         Client().run("sleep 100", poll=0, out=Sink(), err=err)
@@ -1122,7 +1129,7 @@ def test_mpi_run_follows_the_job_and_exits_with_its_code(api, capsys):
 def test_mpi_run_interrupted_cancels_the_job_and_exits_130(api, capsys):
     def interrupt():
         wait_until(lambda: api.seen("GET", "/events"), "the client opens the stream")
-        os.kill(os.getpid(), signal.SIGINT)
+        ctrl_c()
     api.streams[JOB] = [[state_event("running"), interrupt, "hang"]]
     assert cli.main(["run", "sleep", "100"]) == cli.INTERRUPTED
     assert api.jobs[JOB]["state"] == "cancelled"
