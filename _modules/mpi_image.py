@@ -126,6 +126,23 @@ def _local_image(client, reference):
     return image if reference in (image.attrs.get("RepoDigests") or []) else None
 
 
+#: What Docker says when a registry speaks plain HTTP and the engine expects TLS.
+_PLAIN_HTTP_REGISTRY = "server gave HTTP response to HTTPS client"
+
+
+def _why(reference, exc):
+    """The engine's reason, with the fix when it is the host's Docker not trusting a
+    plain-HTTP registry."""
+    text = str(exc.explanation or exc) if isinstance(exc, docker.errors.APIError) else str(exc)
+    if _PLAIN_HTTP_REGISTRY in text:
+        registry = parse_reference(reference)["repository"].split("/", 1)[0]
+        text += (f" (the registry {registry} serves plain HTTP, which this host's Docker "
+                 f"does not trust: list {registry} in pillar mpi:docker:insecure_registries "
+                 "and run highstate, which restarts Docker with it; or serve the registry "
+                 "over TLS)")
+    return text
+
+
 def pull(reference):
     """
     Pull ``reference`` by digest and check that the pulled image's RepoDigests
@@ -150,12 +167,8 @@ def pull(reference):
             f"cannot pull {reference}: the registry does not have this digest "
             f"(wrong digest or repository?): {exc.explanation or exc}"
         ) from exc
-    except docker.errors.APIError as exc:
-        raise CommandExecutionError(
-            f"cannot pull {reference}: {exc.explanation or exc}"
-        ) from exc
     except docker.errors.DockerException as exc:
-        raise CommandExecutionError(f"cannot pull {reference}: {exc}") from exc
+        raise CommandExecutionError(f"cannot pull {reference}: {_why(reference, exc)}") from exc
     summary = _summary(image)
     if reference not in summary["repo_digests"]:
         raise CommandExecutionError(
@@ -316,6 +329,6 @@ def registry_has(reference):
         ) from exc
     except docker.errors.APIError as exc:
         raise CommandExecutionError(
-            f"cannot ask the registry about {reference}: {exc.explanation or exc}"
+            f"cannot ask the registry about {reference}: {_why(reference, exc)}"
         ) from exc
     return data.id

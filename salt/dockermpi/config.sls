@@ -15,3 +15,16 @@ mpi-config-settings-valid:
   mpi_config.valid:
     - name: mpi
     - config: {{ mpi | json }}
+
+{#- Every role's states run services, timers and restarts through systemd (docker, the
+    firewall unit, the hub, salt's own restarts): a host booted without it would fail
+    each of them with no better word than "error message N/A". #}
+{%- set init = grains.get("init", "unknown") %}
+
+mpi-config-host-boots-systemd:
+  test.configurable_test_state:
+    - name: systemd
+    - changes: False
+    - result: {{ init == "systemd" }}
+    - allow_test_mode_failure: True
+    - comment: {{ ("The host boots systemd" if init == "systemd" else "DockerMPI needs a host booted with systemd as PID 1 (grain init is " ~ init ~ "): its states manage Docker, the firewall and Salt's own restarts as systemd units; install systemd-sysv and reboot, or use a host that boots systemd") | json }}

@@ -46,8 +46,9 @@ def _run(config_dir, *args, check=True):
     return proc
 
 
-def _minion(tmp_path, roles, mpi_pillar):
-    """A salt-call --local config whose file_roots never include the repo root."""
+def _minion(tmp_path, roles, mpi_pillar, init="systemd"):
+    """A salt-call --local config whose file_roots never include the repo root, on a
+    host booted with ``init`` (the grain; this machine itself boots no systemd)."""
     root = tmp_path / "root"
     extra = tmp_path / "extra_roots"
     pillar_roots = tmp_path / "pillar"
@@ -68,7 +69,7 @@ def _minion(tmp_path, roles, mpi_pillar):
         "file_client": "local",
         "file_roots": {"base": [str(REPO / "salt"), str(extra)]},
         "pillar_roots": {"base": [str(pillar_roots)]},
-        "grains": {"roles": roles},
+        "grains": {"roles": roles, "init": init},
         "log_level": "error",
     }
     (tmp_path / "minion").write_text(yaml.safe_dump(config))
@@ -381,7 +382,7 @@ def test_every_state_requires_the_settings_check(request, high):
     high = request.getfixturevalue(high)
     assert len(high) > 10
     for sid, body in high.items():
-        if sid == CONFIG_ID:
+        if body["__sls__"] == "dockermpi.config":  # the checks themselves
             continue
         for module, args in body.items():
             if module.startswith("__"):
@@ -397,7 +398,8 @@ def _assert_only_the_check_failed(ret, *fragments):
     assert check["changes"] == {}
     for fragment in fragments:
         assert fragment in check["comment"].splitlines(), check["comment"]
-    others = {tag: r for tag, r in ret.items() if not tag.startswith("mpi_config_|-")}
+    others = {tag: r for tag, r in ret.items() if not tag.startswith("mpi_config_|-")
+              and r["__id__"] != "mpi-config-host-boots-systemd"}
     assert others
     for tag, other in others.items():
         assert other["result"] is False, (tag, other)
@@ -428,6 +430,24 @@ def test_overlapping_ports_fail_the_check_and_nothing_else_runs(tmp_path, roles,
         assert "mpi-storage-nfs-server-exports-file" in states
     if "mpi-node" in roles:
         assert {"mpi-docker-service-running", "mpi-firewall-rules-chain-present"} <= states
+
+
+@pytest.mark.parametrize("roles", [["mpi-node"], ["mpi-hub"], ["mpi-master"]])
+def test_a_host_without_systemd_is_told_so_and_nothing_runs(tmp_path, roles):
+    code, ret = _dry_run(_minion(tmp_path, roles, PRESHARED_PILLAR, init="sysvinit"))
+    assert code != 0
+    by_id = {r["__id__"]: r for r in ret.values()}
+    check = by_id.pop("mpi-config-host-boots-systemd")
+    assert (check["result"], check["changes"]) == (False, {})
+    assert check["comment"] == (
+        "DockerMPI needs a host booted with systemd as PID 1 (grain init is sysvinit): its "
+        "states manage Docker, the firewall and Salt's own restarts as systemd units; "
+        "install systemd-sysv and reboot, or use a host that boots systemd")
+    assert by_id.pop("mpi-config-settings-valid")["result"] is True
+    assert by_id
+    for sid, other in by_id.items():
+        assert other["result"] is False and other["changes"] == {}, (sid, other)
+        assert other["comment"].startswith("One or more requisite failed"), (sid, other)
 
 
 def test_every_problem_reported_at_once(tmp_path):

@@ -118,6 +118,21 @@ def test_pull_of_digest_the_registry_lacks_names_reference_and_cause():
     )
 
 
+def test_a_registry_the_hosts_docker_does_not_trust_is_named_with_the_fix():
+    message = ('Get "https://registry.test:5000/v2/": http: server gave HTTP response to '
+               'HTTPS client')
+    refused = docker.errors.APIError(message, response=MagicMock(status_code=500),
+                                     explanation=message)
+    for method, call in (("pull", mpi_image.pull), ("get_registry_data", mpi_image.registry_has)):
+        client = _client_raising(**{method: refused})
+        with patch.object(mpi_image.docker, "from_env", return_value=client):
+            with pytest.raises(CommandExecutionError) as exc:
+                call(REF)
+        assert message in str(exc.value)
+        assert ("list registry.test:5000 in pillar mpi:docker:insecure_registries and run "
+                "highstate") in str(exc.value)
+
+
 def test_pull_that_yields_other_digest_is_an_error():
     client = MagicMock()
     client.images.pull.return_value = MagicMock(
