@@ -12,7 +12,10 @@ Live events come from the master's event bus, filtered here by the job's owner: 
 stream carries nothing of any other user.
 
 Requests come through the hub's proxy (``/services/dockermpi/``), whose host is the only
-client accepted (``allowed_clients``): users never reach Salt itself.
+client accepted (``allowed_clients``): users never reach Salt itself. Users' tokens cross
+the network encrypted only: the API serves TLS (``tls_cert``, ``tls_key``) unless it
+listens on loopback, and asks the hub over https (``hub_ca`` verifies it when the hub's
+certificate is not from a system CA) unless the hub is on loopback.
 
 Master configuration (written by the ``dockermpi.api`` state from pillar ``mpi:api``):
 
@@ -20,8 +23,11 @@ Master configuration (written by the ``dockermpi.api`` state from pillar ``mpi:a
 
     engines:
       - mpi_api:
-          hub_api_url: http://hub.example.org:8081/hub/api
+          hub_api_url: https://hub.example.org/hub/api
+          hub_ca: /etc/dockermpi/api-tls/hub-ca.pem
           port: 8001
+          tls_cert: /etc/dockermpi/api-tls/tls.crt
+          tls_key: /etc/dockermpi/api-tls/tls.key
           allowed_clients: [10.0.0.5]
           limits: {requests_per_second: 20, burst: 40, streams: 4,
                    body_bytes: 1048576, log_bytes: 1048576, wait_seconds: 60}
@@ -40,8 +46,10 @@ import logging
 import math
 import os
 import re
+import ssl
 import threading
 import time
+import urllib.parse
 
 import salt.loader
 import salt.utils.event
@@ -99,8 +107,9 @@ class HubIdentity:
     ``cache_seconds``, so a class of users polling costs the hub one call per token
     per period."""
 
-    def __init__(self, hub_api_url, cache_seconds, http_client):
+    def __init__(self, hub_api_url, cache_seconds, http_client, ca_file=None):
         self.url = hub_api_url.rstrip("/") + "/user"
+        self.ca_file = ca_file or None
         self.cache_seconds = float(cache_seconds)
         self.http = http_client
         self.cache = collections.OrderedDict()  # token -> (expires, name or None)
@@ -130,7 +139,7 @@ class HubIdentity:
 
         request = tornado.httpclient.HTTPRequest(
             self.url, headers={"Authorization": f"token {token}", "Accept": "application/json"},
-            connect_timeout=HUB_TIMEOUT, request_timeout=HUB_TIMEOUT)
+            connect_timeout=HUB_TIMEOUT, request_timeout=HUB_TIMEOUT, ca_certs=self.ca_file)
         try:
             answer = await self.http.fetch(request, raise_error=False)
         except Exception as exc:  # pylint: disable=broad-except
@@ -426,8 +435,12 @@ def make_app(opts, runners, utils, settings):
         raise ValueError(f"mpi_api: the engine's limits lack {', '.join(missing)}; the "
                          "dockermpi.api state writes every one (pillar mpi:api:limits over "
                          "salt/dockermpi/defaults.yaml)")
+    if not _encrypted_or_local(settings["hub_api_url"]):
+        raise ValueError(f"mpi_api: hub_api_url {settings['hub_api_url']} is plain http to "
+                         "another host: users' tokens would cross the network readable; "
+                         "give the hub's https URL (pillar mpi:api:hub_api_url)")
     identity = HubIdentity(settings["hub_api_url"], settings.get("token_cache_seconds", 30),
-                           tornado.httpclient.AsyncHTTPClient())
+                           tornado.httpclient.AsyncHTTPClient(), settings.get("hub_ca"))
     rate = RateLimiter(limits["requests_per_second"], limits["burst"])
     slots = Slots(limits["streams"])
     calls = Slots(CALLS_PER_USER, "calls in progress", "mpi_api CALLS_PER_USER",
@@ -801,11 +814,41 @@ def _loaded(dunder):
     return dunder.value() if hasattr(dunder, "value") else dunder
 
 
+def _encrypted_or_local(url):
+    """``url`` is https, or reaches this machine only."""
+    parsed = urllib.parse.urlsplit(url or "")
+    return parsed.scheme == "https" or (parsed.scheme == "http" and _loopback(parsed.hostname))
+
+
+def _loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+def tls_context(cert, key, host):
+    """The server side TLS of the API (None on loopback without a certificate)."""
+    if not (cert and key):
+        if _loopback(host):
+            return None
+        raise ValueError(f"mpi_api: listening on {host} needs tls_cert and tls_key (pillar "
+                         "mpi:api:tls): the hub's proxy sends users' tokens here")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
 def start(hub_api_url, port=8001, host="0.0.0.0", allowed_clients=None,
-          token_cache_seconds=30, limits=None, workers=16):
+          token_cache_seconds=30, limits=None, workers=16, tls_cert=None, tls_key=None,
+          hub_ca=None):
     """Serve the API until the master stops."""
     import tornado.httpserver  # pylint: disable=import-outside-toplevel
 
+    ssl_options = tls_context(tls_cert, tls_key, host)
     opts, utils = _loaded(__opts__), _loaded(__utils__)
     # The runner must read the caller from the very mpi_caller module this engine marks
     # threads with (the runners Salt hands engines load utils of their own): with two
@@ -816,14 +859,16 @@ def start(hub_api_url, port=8001, host="0.0.0.0", allowed_clients=None,
                            "to serve")
     settings = {"hub_api_url": hub_api_url, "allowed_clients": allowed_clients,
                 "token_cache_seconds": token_cache_seconds, "limits": limits,
-                "workers": workers}
+                "workers": workers, "hub_ca": hub_ca}
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     app, listeners = make_app(opts, runners, utils, settings)
     threading.Thread(target=listeners.run, name="mpi-api-bus", daemon=True).start()
     server = tornado.httpserver.HTTPServer(app, max_body_size=DISCARD_BYTES,
                                            max_buffer_size=1 << 20,
-                                           idle_connection_timeout=3600)
+                                           idle_connection_timeout=3600,
+                                           ssl_options=ssl_options)
     server.listen(int(port), address=host)
-    log.info("DockerMPI user API listening on %s:%s", host, port)
+    log.info("DockerMPI user API listening on %s:%s (%s)", host, port,
+             "TLS" if ssl_options else "plain HTTP, loopback")
     loop.run_forever()

@@ -148,6 +148,11 @@ API_LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_byte
 
 #: How users log in to the hub (``mpi:hub:authenticator``).
 HUB_AUTHENTICATORS = ("dummy", "github")
+#: A TLS endpoint's files, as PEM text in pillar (``mpi:hub:tls``, ``mpi:api:tls``): its
+#: certificate (chain), its private key and the CA its clients verify it with.
+TLS_KEYS = ("cert", "key", "ca")
+_PEM_KINDS = {"cert": ("CERTIFICATE",), "ca": ("CERTIFICATE",),
+              "key": ("PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY")}
 
 #: Every setting: the keys of each mapping under ``mpi`` (the limits that are not in
 #: defaults.yaml are read by ``mpi_request`` when a site sets them).
@@ -169,14 +174,17 @@ _KEYS = {
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
     "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_service_url",
-            "subdomain_host", "notebook_hosts", "authenticator", "admin_users", "admin_token", "dummy", "github", "pip",
-            "limits", "venv", "state_dir"),
+            "subdomain_host", "notebook_hosts", "tls", "authenticator", "admin_users",
+            "admin_token", "dummy", "github", "pip", "limits", "venv", "state_dir"),
+    "hub:tls": TLS_KEYS,
     "hub:dummy": ("password", "allowed_users"),
     "hub:github": ("package", "client_id", "client_secret", "callback_url",
                    "allowed_organizations"),
     "hub:pip": ("index_url", "find_links", "no_index"),
     "hub:limits": ("memory_mb", "pids", "cpus"),
-    "api": ("host", "port", "allowed_clients", "token_cache_seconds", "limits"),
+    "api": ("host", "port", "allowed_clients", "hub_api_url", "tls", "token_cache_seconds",
+            "limits"),
+    "api:tls": TLS_KEYS,
     "api:limits": API_LIMITS,
     "engine": ("probe_port", "silent_grace"),
 }
@@ -826,7 +834,7 @@ class _Checker:
             return
         self.keys("hub", hub)
         parts = {}
-        for part in ("dummy", "github", "pip", "limits"):
+        for part in ("dummy", "github", "pip", "limits", "tls"):
             if part in hub:
                 parts[part] = self.mapping("hub", part)
                 if parts[part] is not None:
@@ -837,8 +845,12 @@ class _Checker:
                                        ("hub_bind_url", ("http",), True),
                                        ("hub_api_url", ("http", "https"), False),
                                        ("api_url", ("http", "https"), False),
-                                       ("api_service_url", ("http",), False)):
+                                       ("api_service_url", ("http", "https"), False)):
             self.url(("hub", key), schemes, required)
+        self.token_hop(("hub", "api_service_url"), "the hub's proxy and spawner send users' "
+                       "tokens there", "mpi:api:tls")
+        if parts.get("tls") is not None:
+            self.pem("hub", "tls")
         self.check_hub_origins()
         self.path("hub", "venv")
         self.path("hub", "state_dir")
@@ -901,9 +913,45 @@ class _Checker:
                 else:
                     self.put(("hub", "limits", "cpus"), float(cpus))
 
+    def token_hop(self, path, why, tls):
+        """A URL that users' tokens travel to between hosts: https, or http to loopback."""
+        value = self.get(*path)
+        match = isinstance(value, str) and _URL_RE.match(value)
+        if match and match.group("scheme") == "http" and not _is_loopback(
+                urllib.parse.urlsplit(value).hostname):
+            self.problem(f"{_key(*path)} must be https (or http to a loopback address): "
+                         f"{why}, so a host on the network could read them; got "
+                         f"{_shown(value)} (give the endpoint a certificate: {tls})")
+
+    def pem(self, section, part):
+        """``mpi:<section>:<part>``: each of cert, key, ca '' or PEM text of its kind."""
+        for key, kinds in _PEM_KINDS.items():
+            value = self.get(section, part, key)
+            if value in (_MISSING, None, ""):
+                if value is None:
+                    self.put((section, part, key), "")
+                continue
+            begins = [f"-----BEGIN {kind}-----" for kind in kinds]
+            if not isinstance(value, str) or not any(b in value for b in begins):
+                self.problem(f"{_key(section, part, key)} must be PEM text beginning "
+                             f"{begins[0]} (or ''), got {_shown(value)}")
+
     def check_hub_origins(self):
         """``mpi:hub:subdomain_host`` (each user's server on a subdomain of its own, the
         API on one of its own) and ``mpi:hub:notebook_hosts`` (names notebooks resolve)."""
+        public_scheme = None
+        bind_url = self.get("hub", "bind_url")
+        if isinstance(bind_url, str) and _URL_RE.match(bind_url):
+            public_scheme = urllib.parse.urlsplit(bind_url).scheme
+            # The proxy serves users, the hub's pages and the API on its one port, so each
+            # of its public URLs has the scheme it listens with.
+            for key in ("subdomain_host", "api_url"):
+                value = self.get("hub", key)
+                scheme = (isinstance(value, str) and _URL_RE.match(value)
+                          and urllib.parse.urlsplit(value).scheme)
+                if scheme in ("http", "https") and scheme != public_scheme:
+                    self.problem(f"mpi:hub:{key} must be {public_scheme}:// as the proxy "
+                                 f"listens (mpi:hub:bind_url {bind_url}), got {_shown(value)}")
         subdomain_host = self.url(("hub", "subdomain_host"), ("https", "http"), False)
         if subdomain_host is not None:
             parsed = urllib.parse.urlsplit(subdomain_host)
@@ -966,6 +1014,12 @@ class _Checker:
                 self.problem(f"mpi:api:host must be an IP address to listen on, got {_shown(host)}")
         self.whole("api", "port", minimum=1, maximum=PORT_MAX)
         self.whole("api", "token_cache_seconds", minimum=0, maximum=3600)
+        self.url(("api", "hub_api_url"), ("http", "https"), False)
+        self.token_hop(("api", "hub_api_url"), "the API sends each caller's token "
+                       "there to ask the hub whose it is", "mpi:hub:tls, and this URL on the hub's proxy")
+        if "tls" in api and self.mapping("api", "tls") is not None:
+            self.keys("api:tls", self.get("api", "tls"))
+            self.pem("api", "tls")
         clients = self.listing("api", "allowed_clients", what="IP addresses or networks")
         for client in clients or ():
             try:
@@ -1003,6 +1057,16 @@ _MISSING = _Missing()
 
 def _inside(path, directory):
     return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _is_loopback(host):
+    """``host`` (of a URL) is this machine's loopback: localhost or 127/8, ::1."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
 
 
 def _is_address(value):

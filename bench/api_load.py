@@ -28,6 +28,7 @@ import os
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 import urllib.parse
 
@@ -37,12 +38,11 @@ import tornado.httpclient  # noqa: E402  (a dependency of Salt, in .venv)
 
 from bench.dmpi_bench import MASTER, fmt, log, run, table  # noqa: E402
 from tests.cluster.testcluster import (API_PORT, API_PUBLIC_URL, HUB_ADDR,  # noqa: E402
-                                       HUB_API_URL, api_process, hub_admin_token)
+                                       HUB_API_URL, TestCluster, api_process, hub_admin_token)
 
-_PUBLIC = urllib.parse.urlsplit(API_PUBLIC_URL)
-#: The proxy on the hub host, asked for the API's origin (the test cluster has no DNS).
-API = f"http://{HUB_ADDR}:{_PUBLIC.port}{_PUBLIC.path}/api/v1"
-API_HOST = _PUBLIC.netloc
+#: The API on its own origin, as notebooks call it: the proxy on the hub host (the test
+#: cluster has no DNS: the client maps the name), its certificate checked.
+API = f"{API_PUBLIC_URL}/api/v1"
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 USER_PREFIX = "apiload-"
 
@@ -87,7 +87,7 @@ class User:
         started = time.perf_counter()
         answer = await self.http.fetch(
             API + path, method=method, raise_error=False, request_timeout=timeout,
-            headers={"Authorization": f"token {self.token}", "Host": API_HOST,
+            headers={"Authorization": f"token {self.token}",
                      "Content-Type": "application/json"},
             body=("" if method == "POST" else None) if body is None else json.dumps(body))
         seconds = time.perf_counter() - started
@@ -159,7 +159,7 @@ async def follow(user, job_id, until, errors):
     try:
         answer = await user.http.fetch(
             f"{API}/events?job={job_id}", raise_error=False, streaming_callback=on_chunk,
-            headers={"Authorization": f"token {user.token}", "Host": API_HOST},
+            headers={"Authorization": f"token {user.token}"},
             request_timeout=max(1, until - time.monotonic()))
         if answer.code not in (200, 599):
             errors.append(f"{user.name} events: {answer.code}")
@@ -203,7 +203,13 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
 
 
 async def main(args):
-    tornado.httpclient.AsyncHTTPClient.configure(None, max_clients=400)
+    ca_file = tempfile.NamedTemporaryFile("w", suffix=".pem")  # noqa: SIM115 (kept open)
+    ca_file.write(TestCluster().tls["ca"])
+    ca_file.flush()
+    tornado.httpclient.AsyncHTTPClient.configure(
+        None, max_clients=400,
+        hostname_mapping={urllib.parse.urlsplit(API_PUBLIC_URL).hostname: HUB_ADDR},
+        defaults={"ca_certs": ca_file.name})
     http = tornado.httpclient.AsyncHTTPClient()
     hub = Hub(http)
     names = [f"{USER_PREFIX}{i:03d}" for i in range(max(args.users) + 1)]

@@ -21,21 +21,28 @@ mpi:
   # The hub host dmpi-hub (10.251.1.5). Its secrets are in testcluster_hub.sls (hub only).
   hub:
     image: notebook
+    # Notebooks and the proxy reach the hub's own API on the hub host; tokens to it never
+    # cross the cluster network.
     hub_api_url: http://10.251.1.5:8081/hub/api
-    # Each user's server on <name>.hub.dmpi.test, the API on an origin of its own: the
-    # test cluster has no DNS, so notebooks get the API's name in /etc/hosts and the
-    # browser tests map *.hub.dmpi.test to the hub host.
-    subdomain_host: http://hub.dmpi.test:8000
+    # Each user's server on <name>.hub.dmpi.test, the API on an origin of its own, all
+    # over https with the wildcard certificate the cluster tool makes (its CA in
+    # testcluster_tls, the key in testcluster_hub_tls): the test cluster has no DNS, so
+    # notebooks and the master get the names in /etc/hosts and the browser tests map
+    # *.hub.dmpi.test to the hub host.
+    bind_url: https://0.0.0.0:8000
+    subdomain_host: https://hub.dmpi.test:8000
     # Notebooks call DockerMPI's API through the hub's proxy; the proxy reaches it on
-    # the master.
-    api_url: http://dockermpi--service.hub.dmpi.test:8000/services/dockermpi
-    api_service_url: http://10.251.1.2:8001
+    # the master, over TLS (mpi:api:tls).
+    api_url: https://dockermpi--service.hub.dmpi.test:8000/services/dockermpi
+    api_service_url: https://10.251.1.2:8001
     notebook_hosts:
       dockermpi--service.hub.dmpi.test: 10.251.1.5
     limits:
       memory_mb: 1024
       pids: 256
       cpus: 1.0
-  # Short enough that the tests see a revoked token refused soon.
   api:
+    # The API checks tokens with the hub through its proxy, over TLS.
+    hub_api_url: https://hub.dmpi.test:8000/hub/api
+    # Short enough that the tests see a revoked token refused soon.
     token_cache_seconds: 5

@@ -34,7 +34,7 @@ def _free_port():
 class Browser:
     """One headless Chromium session. Use as a context manager."""
 
-    def __init__(self, host_rules=(), start_timeout=60):
+    def __init__(self, host_rules=(), trusted_keys=(), start_timeout=60):
         self.profile = tempfile.mkdtemp(prefix="dmpi-chromium-")
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -52,6 +52,8 @@ class Browser:
                     f"--user-data-dir={self.profile}"]
             if host_rules:
                 args.append("--host-resolver-rules=" + ", ".join(host_rules))
+            if trusted_keys:
+                args.append("--ignore-certificate-errors-spki-list=" + ",".join(trusted_keys))
             answer = self._call("POST", "/session", {"capabilities": {"alwaysMatch": {
                 "browserName": "chrome",
                 "goog:chromeOptions": {"binary": CHROMIUM, "args": args}}}})

@@ -12,7 +12,8 @@ engine are managed as services, as on real hosts. Layout on this machine:
 - volume ``dmpi-<node>-docker``: each node engine's /var/lib/docker (overlay2 needs it).
 - hub host ``dmpi-hub`` (minion ``hub``, 10.251.1.5, role mpi-hub): JupyterHub, spawning
   each user's notebook on its own engine (volume ``dmpi-hub-docker``); its proxy's port
-  8000 is published on 127.0.0.1:$DMPI_HUB_PORT (18000). The master host also runs a
+  8000 (https, a certificate from the cluster's own CA: tests/cluster/tls.py) is
+  published on 127.0.0.1:$DMPI_HUB_PORT (18000). The master host also runs a
   minion (``master``, role mpi-master) for its user API (the mpi_api engine); highstate runs there first.
 
 Everything is built offline: a debootstrapped Debian base, a local wheelhouse for Salt,
@@ -22,22 +23,29 @@ and the MPI and notebook images pushed to the registry on the master host.
 import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import hashlib
+import http.client
 import io
 import json
 import os
 import pathlib
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 
 import docker
 import docker.errors
 import yaml
+
+from tests.cluster import tls
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FILES = pathlib.Path(__file__).resolve().parent / "files"
@@ -64,11 +72,16 @@ HUB_ROLE_GRAINS = {"roles": ["mpi-hub"]}
 HUB_HOST_PORT = int(os.environ.get("DMPI_HUB_PORT", "18000"))
 #: The hub's public host (pillar/testcluster.sls mpi:hub:subdomain_host): user alice's
 #: server is at alice.<HUB_DOMAIN>, the user API at dockermpi--service.<HUB_DOMAIN>. No
-#: DNS answers these names: give the host header, or map them to HUB_ADDR.
+#: DNS answers these names here: TestCluster.public_open connects to HUB_ADDR for them.
 HUB_DOMAIN = "hub.dmpi.test"
 HUB_PUBLIC_PORT = 8000
-HUB_PUBLIC_URL = f"http://{HUB_DOMAIN}:{HUB_PUBLIC_PORT}"
-API_PUBLIC_URL = f"http://dockermpi--service.{HUB_DOMAIN}:{HUB_PUBLIC_PORT}/services/dockermpi"
+HUB_PUBLIC_URL = f"https://{HUB_DOMAIN}:{HUB_PUBLIC_PORT}"
+API_PUBLIC_URL = f"https://dockermpi--service.{HUB_DOMAIN}:{HUB_PUBLIC_PORT}/services/dockermpi"
+#: The generated pillar on the master holding the cluster's certificates and their CA
+#: (tests/cluster/tls.py), and the private keys' files (pillar/top.sls gives each to one host).
+TLS_PILLAR = "/srv/pillar-local/testcluster_tls.sls"
+TLS_KEY_PILLARS = {"hub": "/srv/pillar-local/testcluster_hub_tls.sls",
+                   "api": "/srv/pillar-local/testcluster_api_tls.sls"}
 #: The notebook containers' names on the hub host (salt/dockermpi/hub/files/dockermpi_spawner.py).
 NOTEBOOK_PREFIX = "dmpi-notebook"
 
@@ -103,6 +116,26 @@ except urllib.error.HTTPError as exc:
 print(status)
 print(text.decode(errors="replace"))
 """
+
+
+class _HubHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to the hub host whatever name the URL gives (no DNS for the cluster's names
+    here), the certificate checked against that name."""
+
+    def connect(self):
+        self.sock = self._context.wrap_socket(
+            socket.create_connection((HUB_ADDR, self.port), self.timeout),
+            server_hostname=self.host)
+
+
+class _HubHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        return self.do_open(_HubHTTPSConnection, req, context=self._context)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
 
 
 def hub_admin_token():
@@ -607,7 +640,8 @@ class TestCluster:
         except docker.errors.NotFound:
             return self.docker.volumes.create(name, labels={LABEL: "1"})
 
-    def start_host(self, name, hostname, image, address, mounts, extra_networks=(), ports=None):
+    def start_host(self, name, hostname, image, address, mounts, extra_networks=(), ports=None,
+                   extra_hosts=None):
         """Create (or start) a systemd host container on the cluster network."""
         try:
             container = self.docker.containers.get(name)
@@ -626,6 +660,7 @@ class TestCluster:
             volumes={**mounts, "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
             network=CLUSTER_NET[0],
             ports=ports or {},
+            extra_hosts=extra_hosts or {},
             **SYSTEMD_HOST_OPTIONS,
         )
         # Fixed addresses: connect explicitly (create() only takes the network name).
@@ -678,6 +713,8 @@ class TestCluster:
         _, created = self.start_host(
             MASTER, "master", image, MASTER_ADDR, mounts,
             ports={f"{REGISTRY_PUSH_PORT}/tcp": ("127.0.0.1", REGISTRY_HOST_PORT)},
+            # The API checks tokens with the hub at its public name (no DNS here).
+            extra_hosts={HUB_DOMAIN: HUB_ADDR},
         )
         self.wait_for_systemd("master")
         if created:
@@ -685,12 +722,48 @@ class TestCluster:
                           (FILES / "master.conf").read_bytes())
             self.put_registry("master", CLUSTER_NET[1], CLUSTER_NET[2])
             self.exec("master", ["mkdir", "-p", "/srv/pillar-local"])
+            self.put_tls_pillars()
             self.exec("master", ["systemctl", "enable", "--now", "salt-master"])
             # The master host's own minion: highstate provisions its side (the user API).
             minion = {"id": "master", "master": MASTER_ADDR, "grains": MASTER_ROLE_GRAINS}
             self.put_file("master", "/etc/salt/minion.d/cluster.conf",
                           yaml.safe_dump(minion).encode())
             self.exec("master", ["systemctl", "enable", "--now", "salt-minion"])
+
+    def put_tls_pillars(self):
+        """A new CA, the hub's wildcard certificate and the API's, as the master's
+        generated pillar: certificates and CA for every host, each key for its host only."""
+        made = tls.make(HUB_DOMAIN, MASTER_ADDR)
+        pillars = {
+            TLS_PILLAR: {"hub": {"tls": {"cert": made["hub_cert"], "ca": made["ca"]}},
+                         "api": {"tls": {"cert": made["api_cert"], "ca": made["ca"]}}},
+            TLS_KEY_PILLARS["hub"]: {"hub": {"tls": {"key": made["hub_key"]}}},
+            TLS_KEY_PILLARS["api"]: {"api": {"tls": {"key": made["api_key"]}}},
+        }
+        for path, pillar in pillars.items():
+            self.put_file("master", path, yaml.safe_dump({"mpi": pillar}).encode())
+
+    @functools.cached_property
+    def tls(self):
+        """The cluster's CA and the hub's certificate (PEM): {"ca": ..., "hub_cert": ...}."""
+        _, text = self.exec("master", ["cat", TLS_PILLAR], stdout_only=True)
+        hub = yaml.safe_load(text)["mpi"]["hub"]["tls"]
+        return {"ca": hub["ca"], "hub_cert": hub["cert"]}
+
+    def public_context(self):
+        """A TLS context trusting the cluster's CA alone."""
+        return ssl.create_default_context(cadata=self.tls["ca"])
+
+    def public_open(self, request, timeout=60, follow_redirects=True):
+        """``urllib.request.urlopen`` of an https URL on the hub's public names
+        (``HUB_PUBLIC_URL``, ``<user>.HUB_DOMAIN``, ``API_PUBLIC_URL``) from this machine:
+        connects to the hub host, checks its certificate against the URL's name and the
+        cluster's CA. HTTP errors (and, unless ``follow_redirects``, redirects) are
+        raised as urlopen raises them."""
+        handlers = [_HubHTTPSHandler(context=self.public_context())]
+        if not follow_redirects:
+            handlers.append(_NoRedirect())
+        return urllib.request.build_opener(*handlers).open(request, timeout=timeout)
 
     def put_registry(self, host, cluster_network, push_from):
         """The registry on ``host``: read-only on port 5000 for the cluster, writable on

@@ -26,7 +26,7 @@ HUB_PILLAR = {
     "hub": {
         "hub_api_url": "http://172.30.0.5:8081/hub/api",
         "api_url": "http://172.30.0.5:8000/services/dockermpi",
-        "api_service_url": "http://172.30.0.2:8001",
+        "api_service_url": "https://172.30.0.2:8001",
         "admin_token": "t" * 32,
         "dummy": {"password": "secret", "allowed_users": ["alice", "bob"]},
         "pip": {"find_links": "/var/cache/wheels", "no_index": True},
@@ -99,7 +99,7 @@ def test_settings_json_from_pillar_is_private(hub_high):
     assert data["users_dir"] == "/srv/shared/users"
     assert data["hub_api_url"] == "http://172.30.0.5:8081/hub/api"
     assert data["api_url"] == "http://172.30.0.5:8000/services/dockermpi"
-    assert data["api_service_url"] == "http://172.30.0.2:8001"
+    assert data["api_service_url"] == "https://172.30.0.2:8001"
     assert "api_ca" not in data
     assert data["admin_token"] == "t" * 32
     assert data["authenticator"] == "dummy"
@@ -123,6 +123,11 @@ def test_service_runs_jupyterhub_and_restarts_on_every_change(hub_high):
         {"file": "mpi-hub-config-settings-json"},
         {"file": "mpi-hub-config-jupyterhub-config"},
         {"file": "mpi-hub-config-spawner-module"},
+        # a new certificate or CA (same paths) is loaded by a restart, the proxy's too
+        {"file": "mpi-hub-config-ssl-cert"},
+        {"file": "mpi-hub-config-ssl-key"},
+        {"file": "mpi-hub-config-hub-ca-file"},
+        {"file": "mpi-hub-config-api-ca-file"},
         {"pip": "mpi-hub-venv-pip-installed"},
     ]
     assert {"mpi_image": "mpi-hub-image-present"} in service["require"]
@@ -178,7 +183,7 @@ def test_the_hub_registers_the_api_and_gives_users_servers_its_scope(
     settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
     hub = _hub_config(tmp_path, monkeypatch, settings)["JupyterHub"]
     assert hub.services == [
-        {"name": "dockermpi", "url": "http://172.30.0.2:8001", "display": False},
+        {"name": "dockermpi", "url": "https://172.30.0.2:8001", "display": False},
         {"name": "dockermpi-admin", "api_token": "t" * 32}]
     roles = {role["name"]: role for role in hub.load_roles}
     assert set(roles) == {"user", "server", "dockermpi-admin"}
@@ -202,8 +207,69 @@ def test_notebooks_are_told_the_proxys_url_and_the_spawner_the_masters(
     settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
     spawner = _hub_config(tmp_path, monkeypatch, settings)["DockerMPISpawner"]
     assert spawner.api_url == "http://172.30.0.5:8000/services/dockermpi"
-    assert spawner.api_service_url == "http://172.30.0.2:8001"
-    assert not hasattr(spawner, "api_ca")
+    assert spawner.api_service_url == "https://172.30.0.2:8001"
+    # no CA of the site's: notebooks and the spawner trust the system's CAs
+    assert (spawner.api_ca, spawner.api_service_ca) == ("", "")
+
+
+PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIBhub\n-----END CERTIFICATE-----\n"
+PEM_KEY = "-----BEGIN PRIVATE KEY-----\nMIIEhub\n-----END PRIVATE KEY-----\n"
+PEM_CA = "-----BEGIN CERTIFICATE-----\nMIIBca\n-----END CERTIFICATE-----\n"
+TLS_HUB = dict(bind_url="https://0.0.0.0:443", subdomain_host="https://hub.example.org",
+               api_url="https://dockermpi--service.hub.example.org/services/dockermpi",
+               tls={"cert": PEM_CERT, "key": PEM_KEY, "ca": PEM_CA})
+
+
+def test_the_proxy_serves_users_over_tls_and_checks_the_apis_certificate(
+        tmp_path, monkeypatch):
+    pillar = dict(_pillar(**TLS_HUB), api={"tls": {"ca": PEM_CA}})
+    (tmp_path / "minion").mkdir()
+    high = _highstate(_minion(tmp_path / "minion", ["mpi-hub"], pillar))
+    files = {sid: _args(high, sid, "file.managed") for sid in (
+        "mpi-hub-config-ssl-cert", "mpi-hub-config-ssl-key", "mpi-hub-config-hub-ca-file",
+        "mpi-hub-config-api-ca-file")}
+    assert [(f["name"], f["contents"], f["mode"]) for f in files.values()] == [
+        ("/etc/dockermpi/hub/tls.crt", PEM_CERT, "0644"),
+        ("/etc/dockermpi/hub/tls.key", PEM_KEY, "0600"),
+        ("/etc/dockermpi/hub/hub-ca.pem", PEM_CA, "0644"),
+        ("/etc/dockermpi/hub/api-ca.pem", PEM_CA, "0644")]
+    assert all(f["show_changes"] is False for f in files.values())
+    settings = _args(high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    config = _hub_config(tmp_path, monkeypatch, settings)
+    assert (config["JupyterHub"].ssl_cert, config["JupyterHub"].ssl_key) == (
+        "/etc/dockermpi/hub/tls.crt", "/etc/dockermpi/hub/tls.key")
+    assert config["ConfigurableHTTPProxy"].command == [
+        "/usr/bin/configurable-http-proxy", "--client-ssl-ca", "/etc/dockermpi/hub/api-ca.pem"]
+    spawner = config["DockerMPISpawner"]
+    assert (spawner.api_ca, spawner.api_service_ca) == (
+        "/etc/dockermpi/hub/hub-ca.pem", "/etc/dockermpi/hub/api-ca.pem")
+
+
+def test_without_tls_the_proxy_is_plain_and_leaves_no_key_behind(hub_high, tmp_path,
+                                                                 monkeypatch):
+    for sid in ("mpi-hub-config-ssl-cert", "mpi-hub-config-ssl-key"):
+        assert _args(hub_high, sid, "file.absent")
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    config = _hub_config(tmp_path, monkeypatch, settings)
+    assert not hasattr(config["JupyterHub"], "ssl_cert")
+    assert config["ConfigurableHTTPProxy"].command == ["/usr/bin/configurable-http-proxy"]
+
+
+@pytest.mark.parametrize("hub, problem", [
+    (dict(TLS_HUB, tls={"cert": "", "key": ""}),
+     "mpi:hub:tls:cert and mpi:hub:tls:key are required on the hub host: mpi:hub:bind_url "
+     "https://0.0.0.0:443 is https (a certificate for the hub's name and, with "
+     "subdomain_host, its wildcard *.name)"),
+    ({"tls": {"cert": PEM_CERT, "key": PEM_KEY}},
+     "mpi:hub:bind_url must be https:// when mpi:hub:tls has a certificate or key, got "
+     "http://0.0.0.0:8000"),
+])
+def test_tls_half_set_fails_before_anything_changes(tmp_path, hub, problem):
+    code, ret = _dry_run(_minion(tmp_path, ["mpi-hub"], _pillar(**hub)))
+    assert code != 0
+    check = {r["__id__"]: r for r in ret.values()}["mpi-hub-settings-complete"]
+    assert check["result"] is False
+    assert check["comment"].splitlines()[1:] == [problem]
 
 
 def test_without_subdomain_host_every_server_shares_the_hubs_origin(

@@ -10,11 +10,14 @@ hub whose token it is.
 """
 
 import json
+import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from tests.cluster.testcluster import FILES, HUB_ADDR, MASTER_ADDR, api_process
+from tests.cluster.testcluster import (API_PUBLIC_URL, FILES, HUB_ADDR, MASTER_ADDR,
+                                       api_process, hub_admin_token)
 from tests.extension import load_extension
 
 pytestmark = pytest.mark.cluster
@@ -29,7 +32,8 @@ API = "/api/v1"
 #: make it: argv is method, path (after DOCKERMPI_API_URL), body ('' for none), token
 #: ('' for the notebook's own, '-' for none), then extra headers as NAME=VALUE.
 _API_CALL = r"""
-import json, os, sys, urllib.error, urllib.request
+import json, os, ssl, sys, urllib.error, urllib.request
+CA = ssl.create_default_context(cafile=os.environ.get("DOCKERMPI_API_CA"))
 method, path, body, token = sys.argv[1:5]
 headers = dict(h.split("=", 1) for h in sys.argv[5:])
 token = os.environ["JUPYTERHUB_API_TOKEN"] if token == "" else token
@@ -38,7 +42,7 @@ if token != "-":
 request = urllib.request.Request(os.environ["DOCKERMPI_API_URL"] + path, method=method,
                                  data=body.encode() if body else None, headers=headers)
 try:
-    with urllib.request.urlopen(request, timeout=120) as answer:
+    with urllib.request.urlopen(request, timeout=120, context=CA) as answer:
         status, retry, text = answer.status, answer.headers.get("Retry-After"), answer.read()
 except urllib.error.HTTPError as exc:
     status, retry, text = exc.code, exc.headers.get("Retry-After"), exc.read()
@@ -221,12 +225,13 @@ def test_a_user_cannot_see_or_touch_another_users_job(cluster, notebooks, bobs_j
 #: Follows the notebook's own event stream for argv[2] seconds, appending what comes to
 #: the file argv[1] as it comes ("open" first).
 _READ_EVENTS = r"""
-import os, sys, time, urllib.request
+import os, ssl, sys, time, urllib.request
+CA = ssl.create_default_context(cafile=os.environ.get("DOCKERMPI_API_CA"))
 request = urllib.request.Request(os.environ["DOCKERMPI_API_URL"] + "/api/v1/events",
     headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]})
 end = time.monotonic() + float(sys.argv[2])
 with open(sys.argv[1], "ab", buffering=0) as log, \
-        urllib.request.urlopen(request, timeout=30) as stream:
+        urllib.request.urlopen(request, timeout=30, context=CA) as stream:
     log.write(b"open\n")
     while time.monotonic() < end:
         line = stream.readline()
@@ -428,9 +433,21 @@ def test_a_token_of_a_user_the_hub_deleted_is_refused(cluster, notebooks):
 
 
 def test_a_service_token_is_not_a_user(cluster, notebooks):
-    from tests.cluster.testcluster import hub_admin_token
-
     assert token_refused(*api(cluster, ANN, "GET", "/whoami", token=hub_admin_token()))
+
+
+def test_the_admin_token_is_in_no_notebooks_or_jobs_reach(cluster, notebooks):
+    """The site tooling's admin token (settings.json, root only on the hub host) is in no
+    process environment, mount or file a notebook can read, nor in a job's environment."""
+    admin = hub_admin_token()
+    code, found = cluster.notebook_exec(ANN, [
+        "sh", "-c", 'grep -rlsF -- "$0" /proc/[0-9]*/environ /etc /data /tmp /run /opt '
+        '/root /home; echo searched', admin])
+    assert found.split() == ["searched"], found
+    code, output = mpi(cluster, ANN, "run", "-n", "2", "-N", "2", "-t", "2", "sh", "-c",
+                       "env; cat /proc/1/environ; ls -la /data /etc/dockermpi 2>&1; exit 0")
+    assert code == 0 and "DMPI_JOB_ID" in output, output
+    assert admin not in output
 
 
 # -------------------------------------------------------------------------- limits
@@ -438,14 +455,15 @@ def test_a_service_token_is_not_a_user(cluster, notebooks):
 
 def test_a_flooding_user_gets_429_while_another_users_calls_go_on(cluster, notebooks):
     flood = r"""
-import json, os, urllib.error, urllib.request
+import json, os, ssl, urllib.error, urllib.request
+CA = ssl.create_default_context(cafile=os.environ.get("DOCKERMPI_API_CA"))
 codes = {}
 request = urllib.request.Request(os.environ["DOCKERMPI_API_URL"] + "/api/v1/jobs",
     headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]})
 retry = None
 for _ in range(150):
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=30, context=CA) as answer:
             code = answer.status
     except urllib.error.HTTPError as exc:
         code, retry = exc.code, exc.headers.get("Retry-After") or retry
@@ -468,13 +486,14 @@ def test_a_50_mb_body_gets_413_and_the_api_does_not_grow(cluster, notebooks):
 
     before = api_memory_kib()
     big = r"""
-import os, urllib.error, urllib.request
+import os, ssl, urllib.error, urllib.request
+CA = ssl.create_default_context(cafile=os.environ.get("DOCKERMPI_API_CA"))
 body = b"{" + b" " * (50 << 20) + b"}"
 request = urllib.request.Request(os.environ["DOCKERMPI_API_URL"] + "/api/v1/jobs", data=body,
     method="POST", headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"],
                             "Content-Type": "application/json"})
 try:
-    urllib.request.urlopen(request, timeout=120)
+    urllib.request.urlopen(request, timeout=120, context=CA)
     print(200)
 except urllib.error.HTTPError as exc:
     print(exc.code, exc.read().decode())
@@ -552,12 +571,79 @@ def test_the_notebook_and_the_jobs_of_a_user_run_as_their_uid_with_only_their_di
 def test_the_api_serves_the_hub_hosts_proxy_only(cluster):
     # From a node host (not the hub's): refused by the API whatever the token.
     code, output = cluster.exec("node1", ["python3", "-c",
-        "import urllib.request, urllib.error\n"
+        "import ssl, urllib.request, urllib.error\n"
         "try:\n"
-        f"    urllib.request.urlopen('http://{MASTER_ADDR}:8001/services/dockermpi/api/v1/"
-        "openapi.json', timeout=5)\n"
+        f"    urllib.request.urlopen('https://{MASTER_ADDR}:8001/services/dockermpi/api/v1/"
+        "openapi.json', timeout=5, context=ssl._create_unverified_context())\n"
         "    print('served')\n"
         "except urllib.error.HTTPError as e:\n"
         "    print(e.code)\n"], check=False)
     assert output.strip() == "403", output
-    assert HUB_ADDR
+
+
+#: Reads every frame on every interface of the network namespace it runs in until its
+#: stdin closes, then prints JSON: how many TCP payload bytes went to or from each port
+#: in argv[2:], and how many frames held the bytes of argv[1].
+_CAPTURE = r"""
+import json, select, socket, struct, sys
+secret, ports = sys.argv[1].encode(), {int(p): 0 for p in sys.argv[2:]}
+raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+found = 0
+print("capturing", flush=True)
+while True:
+    ready, _, _ = select.select([raw, sys.stdin], [], [])
+    if sys.stdin in ready and not sys.stdin.readline():
+        break
+    if raw in ready:
+        frame = raw.recv(65535)
+        found += secret in frame
+        if frame[12:14] == b"\x08\x00" and frame[23] == 6:
+            ip = 14 + (frame[14] & 15) * 4
+            source, dest = struct.unpack("!HH", frame[ip:ip + 4])
+            payload = len(frame) - ip - (frame[ip + 12] >> 4) * 4
+            for port in {source, dest} & set(ports):
+                ports[port] += payload
+print(json.dumps({"ports": ports, "secret_frames": found}))
+"""
+
+
+def test_no_users_token_crosses_the_cluster_network_readable(cluster, notebooks):
+    """A host on the cluster network that reads every packet of the master (where the API
+    runs) while a user's call goes through: the proxy forwards the call to the API, the
+    API asks the hub whose token it is; the token is in neither hop's bytes."""
+    token = cluster.hub_token(BOB)  # new: the API has no answer for it yet, so asks the hub
+    pid = cluster.container("master").attrs["State"]["Pid"]
+    capture = subprocess.Popen(["nsenter", "-t", str(pid), "-n", "python3", "-c", _CAPTURE,
+                                token, "8000", "8001"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert capture.stdout.readline().strip() == "capturing"
+        request = urllib.request.Request(API_PUBLIC_URL + API + "/whoami",
+                                         headers={"Authorization": f"token {token}"})
+        with cluster.public_open(request) as answer:
+            assert json.loads(answer.read())["user"] == BOB
+    finally:
+        out, _ = capture.communicate("", timeout=60)
+    seen = json.loads(out)
+    # Both hops went by the master (the test saw them), encrypted: no frame has the token.
+    assert seen["ports"]["8001"] > 0 and seen["ports"]["8000"] > 0, seen
+    assert seen["secret_frames"] == 0, seen
+
+
+def test_the_api_and_the_proxy_speak_tls_only(cluster):
+    """Plain HTTP, as a client that would send a token in the clear, gets no HTTP answer
+    from the API on the master or from the hub's proxy."""
+    probe = r"""
+import socket, sys
+for host, port in ((sys.argv[1], 8001), (sys.argv[2], 8000)):
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: token abc\r\n\r\n")
+        conn.settimeout(10)
+        try:
+            first = conn.recv(64)
+        except OSError:
+            first = b""
+        print(port, "http" if first.startswith(b"HTTP/") else "no-http")
+"""
+    code, output = cluster.exec("hub", ["python3", "-c", probe, MASTER_ADDR, HUB_ADDR])
+    assert code == 0 and output.split() == ["8001", "no-http", "8000", "no-http"], output

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.browser import Browser
+from tests.cluster import tls
 from tests.cluster.testcluster import (API_PUBLIC_URL, HUB_ADDR, HUB_DOMAIN, HUB_PUBLIC_URL,
                                        REPO)
 
@@ -124,7 +125,7 @@ def attack(cluster):
         spec = f"/{host}{PAGE_PATH.rsplit('/', 1)[0]}"
         cluster.proxy_route("POST", spec, target)
         routes.append(spec)
-        return f"http://{host}:{urllib.parse.urlsplit(HUB_PUBLIC_URL).port}{PAGE_PATH}"
+        return f"https://{host}:{urllib.parse.urlsplit(HUB_PUBLIC_URL).port}{PAGE_PATH}"
 
     try:
         yield serve_under
@@ -135,10 +136,12 @@ def attack(cluster):
         cluster.delete_hub_user(VICTIM)
 
 
-def _victim_opens(url):
+def _victim_opens(cluster, url):
     """B logs in to the hub in a fresh browser and opens ``url``: the page's report."""
     rules = [f"MAP {HUB_DOMAIN} {HUB_ADDR}", f"MAP *.{HUB_DOMAIN} {HUB_ADDR}"]
-    with Browser(host_rules=rules) as browser:
+    # The browser trusts the hub's certificate (its key) as it would a site's.
+    trusted = [tls.spki_sha256(cluster.tls["hub_cert"])]
+    with Browser(host_rules=rules, trusted_keys=trusted) as browser:
         browser.get(f"{HUB_PUBLIC_URL}/hub/login?next=" + urllib.parse.quote("/hub/token"))
         browser.type(browser.find("#username_input"), VICTIM)
         browser.type(browser.find("#password_input"), _password())
@@ -150,8 +153,8 @@ def _victim_opens(url):
 
 def test_a_page_of_another_users_server_cannot_act_as_the_visitor(cluster, attack):
     before = _tokens(cluster, VICTIM)
-    report = _victim_opens(attack(f"{ATTACKER}.{HUB_DOMAIN}"))
-    assert report["origin"] == f"http://{ATTACKER}.{HUB_DOMAIN}:8000"
+    report = _victim_opens(cluster, attack(f"{ATTACKER}.{HUB_DOMAIN}"))
+    assert report["origin"] == f"https://{ATTACKER}.{HUB_DOMAIN}:8000"
     assert report["cookies"] == ""  # none of the hub's cookies belong to A's origin
     for step in ("read_xsrf", "frame_hub", "create_token", "call_api"):
         assert report[step]["ok"] is False, (step, report)
@@ -165,7 +168,7 @@ def test_the_same_page_on_the_hubs_own_origin_takes_a_token(cluster, attack):
     """Why per-user origins: served on the hub's origin, as every user's server was
     without subdomain_host, the page reads the XSRF token and makes a token for B."""
     before = _tokens(cluster, VICTIM)
-    report = _victim_opens(attack(HUB_DOMAIN))
+    report = _victim_opens(cluster, attack(HUB_DOMAIN))
     assert report["origin"] == HUB_PUBLIC_URL
     assert report["read_xsrf"]["ok"] and report["create_token"]["ok"], report
     taken = _tokens(cluster, VICTIM) - before

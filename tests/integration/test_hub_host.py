@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.cluster.testcluster import (API_PUBLIC_URL, HUB_DOMAIN, HUB_HOST_PORT,
-                                       NOTEBOOK_PREFIX)
+                                       HUB_PUBLIC_PORT, NOTEBOOK_PREFIX)
 
 pytestmark = pytest.mark.cluster
 
@@ -62,22 +62,22 @@ def test_the_hub_answers_with_the_pinned_version(hub):
 
 
 def test_the_proxy_is_published_on_localhost_only(hub):
-    with urllib.request.urlopen(f"http://127.0.0.1:{HUB_HOST_PORT}/hub/api/", timeout=30) as r:
+    context = hub.public_context()
+    context.check_hostname = False  # 127.0.0.1 is not a name the certificate has
+    with urllib.request.urlopen(f"https://127.0.0.1:{HUB_HOST_PORT}/hub/api/", timeout=30,
+                                context=context) as r:
         assert json.loads(r.read())["version"] == "5.5.4"
     ports = hub.container("hub").attrs["HostConfig"]["PortBindings"]
     assert ports == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(HUB_HOST_PORT)}]}
 
 
-def _proxy_status(host, path, token):
+def _proxy_status(hub, host, path, token):
     """What the hub's proxy answers for ``path`` on ``host`` (its status, and where it
     redirects to), without following redirects."""
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-    request = urllib.request.Request(f"http://127.0.0.1:{HUB_HOST_PORT}{path}", headers={
-        "Host": f"{host}:8000", "Authorization": f"token {token}"})
+    request = urllib.request.Request(f"https://{host}:{HUB_PUBLIC_PORT}{path}", headers={
+        "Authorization": f"token {token}"})
     try:
-        with urllib.request.build_opener(NoRedirect).open(request, timeout=30) as answer:
+        with hub.public_open(request, timeout=30, follow_redirects=False) as answer:
             return answer.status, None
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("Location")
@@ -85,18 +85,18 @@ def _proxy_status(host, path, token):
 
 def test_each_server_and_the_api_answer_on_their_own_origin_only(hub, notebooks):
     token = hub.hub_token(ALICE)
-    status, _ = _proxy_status(f"{ALICE}.{HUB_DOMAIN}", f"/user/{ALICE}/api/status", token)
+    status, _ = _proxy_status(hub, f"{ALICE}.{HUB_DOMAIN}", f"/user/{ALICE}/api/status", token)
     assert status == 200
     # on the hub's origin the hub answers (it sends the browser on), never her server
-    status, location = _proxy_status(HUB_DOMAIN, f"/user/{ALICE}/api/status", token)
+    status, location = _proxy_status(hub, HUB_DOMAIN, f"/user/{ALICE}/api/status", token)
     assert status == 302 and location.endswith(f"/hub/user/{ALICE}/api/status"), location
     # and on another user's origin the hub does not reach her server either
-    status, _ = _proxy_status(f"hub-bob.{HUB_DOMAIN}", f"/user/{ALICE}/api/status", token)
+    status, _ = _proxy_status(hub, f"hub-bob.{HUB_DOMAIN}", f"/user/{ALICE}/api/status", token)
     assert status != 200
     api = urllib.parse.urlsplit(API_PUBLIC_URL)
-    status, _ = _proxy_status(api.netloc.rsplit(":", 1)[0], api.path + "/api/v1/whoami", token)
+    status, _ = _proxy_status(hub, api.netloc.rsplit(":", 1)[0], api.path + "/api/v1/whoami", token)
     assert status == 200
-    status, _ = _proxy_status(HUB_DOMAIN, api.path + "/api/v1/whoami", token)
+    status, _ = _proxy_status(hub, HUB_DOMAIN, api.path + "/api/v1/whoami", token)
     assert status != 200
 
 
@@ -148,12 +148,17 @@ def test_notebook_mounts_only_the_users_directory(hub, notebooks, name):
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", account)
     assert container == f"{NOTEBOOK_PREFIX}-{account}"
     mounts = sorted((m["Type"], m["Source"], m["Destination"], m["RW"]) for m in found["Mounts"])
-    assert mounts == [("bind", f"/srv/dockermpi/users/{account}", "/data", True)]
+    assert mounts == [("bind", "/etc/dockermpi/hub/hub-ca.pem", "/etc/dockermpi/hub-ca.pem",
+                       False),
+                      ("bind", f"/srv/dockermpi/users/{account}", "/data", True)]
     assert found["Config"]["WorkingDir"] == "/data"
     env = _env(found)
     assert env["HOME"] == "/data"
     assert env["DOCKERMPI_API_URL"] == API_PUBLIC_URL
-    assert "DOCKERMPI_API_CA" not in env
+    # The site's CA of the proxy's certificate, read-only beside the user's directory.
+    assert env["DOCKERMPI_API_CA"] == "/etc/dockermpi/hub-ca.pem"
+    code, out = hub.notebook_exec(name, ["cat", env["DOCKERMPI_API_CA"]])
+    assert code == 0 and out == hub.tls["ca"]
     assert env["DOCKERMPI_IMAGE"] == "notebook"
 
 
@@ -231,10 +236,9 @@ def test_a_users_server_loads_no_config_or_code_she_wrote(hub):
         hub.stop_notebook(name)
         hub.start_notebook(name)  # a fresh server process, with her files in place
         request = urllib.request.Request(
-            f"http://127.0.0.1:{HUB_HOST_PORT}/user/{name}/api/status",
-            headers={"Authorization": f"token {hub.hub_token(name)}",
-                     "Host": f"{name}.{HUB_DOMAIN}:8000"})
-        with urllib.request.urlopen(request, timeout=30) as answer:
+            f"https://{name}.{HUB_DOMAIN}:{HUB_PUBLIC_PORT}/user/{name}/api/status",
+            headers={"Authorization": f"token {hub.hub_token(name)}"})
+        with hub.public_open(request, timeout=30) as answer:
             assert answer.status == 200
             assert answer.headers.get("X-User-Config") is None
         code, log = hub.notebook_exec(name, ["cat", "/data/usercustomize.log"])

@@ -5,7 +5,9 @@ runner and proxy are in tests/integration/test_hub.py."""
 
 import asyncio
 import contextlib
+import http.client
 import json
+import ssl
 import threading
 import time
 import urllib.error
@@ -15,6 +17,7 @@ import pytest
 import tornado.httpserver
 import tornado.web
 
+from tests.cluster import tls
 from tests.extension import load_extension
 
 mpi_api = load_extension("_engines/mpi_api.py", "mpi_api")
@@ -80,8 +83,10 @@ def server(request):
 
 
 @contextlib.contextmanager
-def _serving(runner, allowed_clients):
-    """The API's base URL, serving ``runner``'s functions until the block ends."""
+def _serving(runner, allowed_clients, tls_files=None, hub_ca=True):
+    """The API's base URL, serving ``runner``'s functions until the block ends; with
+    ``tls_files`` (of :func:`_tls_files`) the API and the hub stand-in serve TLS, and the
+    API checks the hub's certificate with the CA unless ``hub_ca`` is false."""
     utils = Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user,
                    "mpi_config.user_for_identity": mpi_config.user_for_identity})
     ready = threading.Event()
@@ -90,16 +95,26 @@ def _serving(runner, allowed_clients):
     def serve():
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        hub = tornado.httpserver.HTTPServer(tornado.web.Application([("/hub/api/user", HubUser)]))
+        hub_ssl = api_ssl = None
+        if tls_files:
+            hub_ssl = mpi_api.tls_context(tls_files["hub_cert"], tls_files["hub_key"], "0.0.0.0")
+            api_ssl = mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0")
+        hub = tornado.httpserver.HTTPServer(tornado.web.Application([("/hub/api/user", HubUser)]),
+                                            ssl_options=hub_ssl)
         hub_port = _listen(hub)
-        settings = {"hub_api_url": f"http://127.0.0.1:{hub_port}/hub/api",
+        hub_url = (f"https://localhost:{hub_port}/hub/api" if tls_files
+                   else f"http://127.0.0.1:{hub_port}/hub/api")
+        settings = {"hub_api_url": hub_url,
+                    "hub_ca": tls_files["ca"] if tls_files and hub_ca else None,
                     "allowed_clients": allowed_clients,
                     "token_cache_seconds": 60,
                     "limits": {"requests_per_second": 2, "burst": 5, "streams": 1,
                                "body_bytes": 1024, "log_bytes": 4096, "wait_seconds": 5}}
         app, _ = mpi_api.make_app({}, runner, utils, settings)
-        api = tornado.httpserver.HTTPServer(app, max_body_size=mpi_api.DISCARD_BYTES)
-        found["url"] = f"http://127.0.0.1:{_listen(api)}{mpi_api.PREFIX}/api/v1"
+        api = tornado.httpserver.HTTPServer(app, max_body_size=mpi_api.DISCARD_BYTES,
+                                            ssl_options=api_ssl)
+        scheme = "https" if tls_files else "http"
+        found["url"] = f"{scheme}://127.0.0.1:{_listen(api)}{mpi_api.PREFIX}/api/v1"
         found["loop"] = loop
         ready.set()
         loop.run_forever()
@@ -126,14 +141,15 @@ def _listen(http_server):
     return sock.getsockname()[1]
 
 
-def call(url, path, token="ann-token-0123456789", method="GET", body=None, headers=None):
+def call(url, path, token="ann-token-0123456789", method="GET", body=None, headers=None,
+         context=None):
     """(status, headers, JSON answer)."""
     headers = dict(headers or {})
     if token:
         headers["Authorization"] = f"token {token}"
     request = urllib.request.Request(url + path, method=method, data=body, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
             return answer.status, answer.headers, json.loads(answer.read())
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers, json.loads(exc.read())
@@ -410,3 +426,53 @@ def test_following_reads_a_quiet_stream_less_often_and_every_stream_at_the_end(m
     # Rounds 0-19 while running: stderr at rounds 0, 2, 5, 9, 13, 17; the end reads both.
     assert reads.count("stdout") == 21
     assert reads.count("stderr") == 7
+
+
+# ------------------------------------------------------------------------ TLS
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """Files of a CA, a hub certificate for localhost and an API one for 127.0.0.1."""
+    made = tls.make("localhost", "127.0.0.1")
+    folder = tmp_path_factory.mktemp("tls")
+    files = {}
+    for name, text in made.items():
+        files[name] = str(folder / f"{name}.pem")
+        (folder / f"{name}.pem").write_text(text)
+    return files
+
+
+def test_over_tls_a_call_is_served_and_the_hub_asked_over_tls(tls_files):
+    with _serving(Runner(), ["127.0.0.0/8"], tls_files) as url:
+        trusting = ssl.create_default_context(cafile=tls_files["ca"])
+        status, _, answer = call(url, "/whoami", context=trusting)
+        assert (status, answer["fun"]) == (200, "whoami")
+        assert HubUser.asked == ["ann-token-0123456789"]
+        # a client that would send its token in the clear gets no HTTP answer at all
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            call(url.replace("https://", "http://"), "/whoami")
+        # nor does one that cannot check the API's certificate get through
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            call(url, "/whoami", context=ssl.create_default_context())
+    HubUser.asked.clear()
+
+
+def test_a_hub_whose_certificate_does_not_check_out_is_never_sent_the_token(tls_files):
+    with _serving(Runner(), ["127.0.0.0/8"], tls_files, hub_ca=False) as url:
+        trusting = ssl.create_default_context(cafile=tls_files["ca"])
+        status, _, answer = call(url, "/whoami", context=trusting)
+        assert status == 503 and "cannot be asked" in answer["error"]
+        assert HubUser.asked == []
+    HubUser.asked.clear()
+
+
+def test_the_engine_refuses_plain_http_for_tokens_between_hosts(tls_files):
+    settings = {"hub_api_url": "http://10.0.0.5:8081/hub/api", "allowed_clients": ["10.0.0.5"],
+                "limits": dict.fromkeys(mpi_api.LIMITS, 5)}
+    with pytest.raises(ValueError, match="plain http to another host.*mpi:api:hub_api_url"):
+        mpi_api.make_app({}, Runner(), Utils(), settings)
+    with pytest.raises(ValueError, match="listening on 0.0.0.0 needs tls_cert and tls_key"):
+        mpi_api.tls_context(None, None, "0.0.0.0")
+    assert mpi_api.tls_context(None, None, "127.0.0.1") is None
+    assert mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0")

@@ -724,13 +724,13 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
         ({"imagee": "notebook"},
          "mpi:hub:imagee is not a DockerMPI setting (the keys of mpi:hub are: image, "
          "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
-         "notebook_hosts, authenticator, admin_users, admin_token, dummy, github, pip, "
+         "notebook_hosts, tls, authenticator, admin_users, admin_token, dummy, github, pip, "
          "limits, venv, state_dir)"),
         # salt-api's certificate is gone with salt-api
         ({"api_ca": "/etc/dockermpi/api-ca.pem"},
          "mpi:hub:api_ca is not a DockerMPI setting (the keys of mpi:hub are: image, "
          "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
-         "notebook_hosts, authenticator, admin_users, admin_token, dummy, github, pip, "
+         "notebook_hosts, tls, authenticator, admin_users, admin_token, dummy, github, pip, "
          "limits, venv, state_dir)"),
         ({"image": "note book"},
          "mpi:hub:image 'note book' is not an approved image's short name (a key of "
@@ -741,28 +741,44 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
         ({"api_url": "10.0.0.5:8000/services/dockermpi"},
          "mpi:hub:api_url must be a URL http://host[:port][/path] or "
          "https://host[:port][/path], got '10.0.0.5:8000/services/dockermpi'"),
-        # the hub's proxy reaches the API over plain http, on the cluster network
-        ({"api_service_url": "https://10.0.0.2:8001"},
-         "mpi:hub:api_service_url must be a URL http://host[:port][/path], got "
-         "'https://10.0.0.2:8001'"),
+        # the hub's proxy sends users' tokens to the API: never in the clear on a network
+        ({"api_service_url": "http://10.0.0.2:8001"},
+         "mpi:hub:api_service_url must be https (or http to a loopback address): the "
+         "hub's proxy and spawner send users' tokens there, so a host on the network "
+         "could read them; got 'http://10.0.0.2:8001' (give the endpoint a certificate: "
+         "mpi:api:tls)"),
         ({"api_service_url": "10.0.0.2:8001"},
-         "mpi:hub:api_service_url must be a URL http://host[:port][/path], got "
-         "'10.0.0.2:8001'"),
+         "mpi:hub:api_service_url must be a URL http://host[:port][/path] or "
+         "https://host[:port][/path], got '10.0.0.2:8001'"),
+        # the proxy has one port, so one scheme, for users' servers, the hub and the API
+        ({"bind_url": "https://0.0.0.0:443",
+          "api_url": "http://dockermpi--service.hub.example.org/api"},
+         "mpi:hub:api_url must be https:// as the proxy listens (mpi:hub:bind_url "
+         "https://0.0.0.0:443), got 'http://dockermpi--service.hub.example.org/api'"),
+        ({"tls": {"cert": "not a certificate"}},
+         "mpi:hub:tls:cert must be PEM text beginning -----BEGIN CERTIFICATE----- (or ''), "
+         "got 'not a certificate'"),
+        ({"tls": {"key": "-----BEGIN CERTIFICATE-----\n"}},
+         "mpi:hub:tls:key must be PEM text beginning -----BEGIN PRIVATE KEY----- (or ''), "
+         "got '-----BEGIN CERTIFICATE-----\\n'"),
+        ({"tls": {"chain": ""}},
+         "mpi:hub:tls:chain is not a DockerMPI setting (the keys of mpi:hub:tls are: cert, "
+         "key, ca)"),
         ({"hub_api_url": "10.0.0.5:8081"},
          "mpi:hub:hub_api_url must be a URL http://host[:port][/path] or "
          "https://host[:port][/path], got '10.0.0.5:8081'"),
         ({"subdomain_host": "hub.example.org"},
          "mpi:hub:subdomain_host must be a URL https://host[:port][/path] or "
          "http://host[:port][/path], got 'hub.example.org'"),
-        ({"subdomain_host": "https://hub.example.org/jupyter"},
+        ({"bind_url": "https://0.0.0.0:443", "subdomain_host": "https://hub.example.org/jupyter"},
          "mpi:hub:subdomain_host must be scheme://host[:port] without a path (users' "
          "servers are <name>.host), got 'https://hub.example.org/jupyter'"),
         # subdomains of an address resolve nowhere
-        ({"subdomain_host": "https://10.0.0.5:8000"},
+        ({"bind_url": "https://0.0.0.0:443", "subdomain_host": "https://10.0.0.5:8000"},
          "mpi:hub:subdomain_host needs a DNS name whose subdomains resolve to the hub "
          "(wildcard DNS), got 'https://10.0.0.5:8000'"),
         # the API on the hub's origin would be open to every user's page there
-        ({"subdomain_host": "https://hub.example.org",
+        ({"bind_url": "https://0.0.0.0:443", "subdomain_host": "https://hub.example.org",
           "api_url": "https://hub.example.org/services/dockermpi"},
          "mpi:hub:api_url must be on the API's own origin, host "
          "dockermpi--service.hub.example.org, when mpi:hub:subdomain_host is set (the "
@@ -802,10 +818,12 @@ def test_hub_checks_name_the_key_and_the_problem(hub, expected):
 @pytest.mark.parametrize("hub", [
     # notebooks reach the API through the hub's proxy, served over http or https
     {"api_url": "http://10.0.0.5:8000/services/dockermpi"},
-    {"api_url": "https://hub.example.org/services/dockermpi"},
-    {"api_url": "https://[fd00::5]:8443/services/dockermpi"},
-    {"api_service_url": "http://10.0.0.2:8001"},
-    {"api_service_url": "http://master.example.org:8001"},
+    {"bind_url": "https://0.0.0.0:443", "api_url": "https://hub.example.org/services/dockermpi"},
+    {"bind_url": "https://0.0.0.0:443", "api_url": "https://[fd00::5]:8443/services/dockermpi"},
+    # the proxy reaches the API over TLS, or on the same host
+    {"api_service_url": "https://10.0.0.2:8001"},
+    {"api_service_url": "https://master.example.org:8001"},
+    {"api_service_url": "http://127.0.0.1:8001"},
     {"api_url": "", "api_service_url": ""},  # hosts other than the hub need neither
 ])
 def test_hub_api_urls_accepted(hub):
@@ -837,7 +855,7 @@ def test_hub_settings_normalised():
 # --------------------------------------------------------------------------- mpi:api
 
 
-API_KEYS = "host, port, allowed_clients, token_cache_seconds, limits"
+API_KEYS = "host, port, allowed_clients, hub_api_url, tls, token_cache_seconds, limits"
 API_LIMIT_KEYS = "requests_per_second, burst, streams, body_bytes, log_bytes, wait_seconds"
 
 
@@ -905,6 +923,21 @@ API_CASES = [
      "mpi:api:allowed_clients must list IP addresses or networks, got '10.0.0.0/33'"),
     ({"allowed_clients": [167772165]},
      "mpi:api:allowed_clients must list IP addresses or networks, got 167772165"),
+    # where the API sends users' tokens to ask the hub: encrypted, or on this host
+    ({"hub_api_url": "http://10.0.0.5:8081/hub/api"},
+     "mpi:api:hub_api_url must be https (or http to a loopback address): the API sends "
+     "each caller's token there to ask the hub whose it is, so a host on the network could "
+     "read them; got 'http://10.0.0.5:8081/hub/api' (give the endpoint a certificate: "
+     "mpi:hub:tls, and this URL on the hub's proxy)"),
+    ({"hub_api_url": "hub.example.org/hub/api"},
+     "mpi:api:hub_api_url must be a URL http://host[:port][/path] or "
+     "https://host[:port][/path], got 'hub.example.org/hub/api'"),
+    ({"tls": {"key": "secret"}},
+     "mpi:api:tls:key must be PEM text beginning -----BEGIN PRIVATE KEY----- (or ''), got "
+     "'secret'"),
+    ({"tls": {"certificate": ""}},
+     "mpi:api:tls:certificate is not a DockerMPI setting (the keys of mpi:api:tls are: "
+     "cert, key, ca)"),
     # how long the hub's word about a token holds
     ({"token_cache_seconds": -1},
      "mpi:api:token_cache_seconds must be a whole number from 0 to 3600, got -1"),
@@ -931,3 +964,28 @@ def test_api_checks_name_the_key_and_the_problem(api, message):
 
 def test_api_settings_that_are_not_a_mapping():
     assert _problems(api="salt-api") == ["mpi:api must be a mapping, got 'salt-api'"]
+
+
+PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+PEM_KEY = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
+
+
+@pytest.mark.parametrize("api", [
+    {"hub_api_url": "https://hub.example.org/hub/api"},
+    {"hub_api_url": "http://127.0.0.1:8081/hub/api"},  # the hub on the master itself
+    {"hub_api_url": "http://localhost:8081/hub/api"},
+    {"hub_api_url": ""},
+    {"tls": {"cert": PEM_CERT, "key": PEM_KEY, "ca": PEM_CERT}},
+    {"tls": {"cert": PEM_CERT, "key": "", "ca": ""}},  # the key in the master's pillar only
+])
+def test_api_token_hops_accepted(api):
+    assert _problems(api=api) == []
+
+
+def test_hub_tls_accepted_and_none_becomes_empty():
+    hub = {"bind_url": "https://0.0.0.0:443", "subdomain_host": "https://hub.example.org",
+           "api_url": "https://dockermpi--service.hub.example.org/services/dockermpi",
+           "tls": {"cert": PEM_CERT, "key": PEM_KEY, "ca": None}}
+    assert _problems(hub=hub) == []
+    assert mpi_config.validate(_site(hub=hub))["hub"]["tls"] == {
+        "cert": PEM_CERT, "key": PEM_KEY, "ca": ""}

@@ -3,7 +3,8 @@
 {#- The master's side of the notebook way in (role mpi-master, on the salt-master's own
     minion): the mpi_api engine, DockerMPI's user API, which the hub registers as its
     service `dockermpi` and proxies at /services/dockermpi/. It accepts connections from
-    the hub host only (mpi:api:allowed_clients, by default the host of mpi:hub:hub_api_url).
+    the hub host only (mpi:api:allowed_clients, by default the host of mpi:hub:hub_api_url),
+    over TLS (mpi:api:tls), and checks tokens with the hub over https (mpi:api:hub_api_url).
     salt-api is not part of DockerMPI: where it runs it is stopped and disabled, and the
     files DockerMPI once gave it (its TLS key and certificate, the jupyterhub eauth
     module) are removed, so no user reaches Salt. The master reads
@@ -22,11 +23,29 @@
 {#- The engine refuses to start without clients or with a host name (it matches callers'
     addresses), so the state says so first. #}
 {%- set allowed = api.get("allowed_clients") or ([hub_host] if hub_host else []) %}
+{#- Where the API checks tokens: mpi:api:hub_api_url, else the hub's own. Tokens cross the
+    network only over TLS: https, or http to loopback (mpi_config checks the URLs' form). #}
+{%- set token_url = api.get("hub_api_url") or hub_api_url %}
+{%- set token_netloc = token_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0] %}
+{%- set loopback = ("localhost", "127.0.0.1", "[::1]") %}
+{%- set tls = api.get("tls") if api.get("tls") is mapping else {} %}
+{%- set api_dir = "/etc/dockermpi/api-tls" %}
+{%- set tls_files = [
+      ("tls_cert", api_dir ~ "/tls.crt", tls.get("cert") or "", "0644"),
+      ("tls_key", api_dir ~ "/tls.key", tls.get("key") or "", "0600"),
+      ("hub_ca", api_dir ~ "/hub-ca.pem", (hub.get("tls") or {}).get("ca") or "", "0644"),
+    ] %}
 {%- set missing = [] %}
-{%- if not hub_api_url %}
-{%-   do missing.append("mpi:hub:hub_api_url is required on the master: the API asks the hub there whose token a caller holds") %}
-{%- elif not api.get("allowed_clients") and not hub_host | is_ip %}
-{%-   do missing.append("mpi:api:allowed_clients must list the hub host's addresses: mpi:hub:hub_api_url names it " ~ hub_host ~ ", not by an IP address") %}
+{%- if not token_url %}
+{%-   do missing.append("mpi:api:hub_api_url is required on the master: the API asks the hub there whose token a caller holds") %}
+{%- elif not (token_url.startswith("https://") or token_netloc in loopback) %}
+{%-   do missing.append("mpi:api:hub_api_url must be the hub API's https URL (its proxy's, e.g. https://hub.example.org/hub/api): the API sends users' tokens there, and " ~ token_url ~ " is plain http to another host") %}
+{%- endif %}
+{%- if not api.get("allowed_clients") and not hub_host | is_ip %}
+{%-   do missing.append("mpi:api:allowed_clients must list the hub host's addresses: " ~ (("mpi:hub:hub_api_url names it " ~ hub_host ~ ", not by an IP address") if hub_host else "mpi:hub:hub_api_url, which would name the hub host, is ''")) %}
+{%- endif %}
+{%- if not (tls.get("cert") and tls.get("key")) and api.get("host") not in ("127.0.0.1", "::1") %}
+{%-   do missing.append("mpi:api:tls:cert and mpi:api:tls:key are required on the master: the hub's proxy sends users' tokens to the API on " ~ (api.get("host") | string) ~ " (a certificate for the host in mpi:hub:api_service_url)") %}
 {%- endif %}
 
 include:
@@ -50,7 +69,10 @@ mpi-api-master-config:
     - dataset:
         engines:
           - mpi_api:
-              hub_api_url: {{ hub_api_url | json }}
+              hub_api_url: {{ token_url | json }}
+{%- for setting, path, pem, mode in tls_files %}
+              {{ setting }}: {{ (path if pem else none) | json }}
+{%- endfor %}
               host: {{ api.get("host") | json }}
               port: {{ api.get("port") | json }}
               allowed_clients: {{ allowed | json }}
@@ -59,6 +81,40 @@ mpi-api-master-config:
     - require:
       - sls: {{ tplroot }}.config
       - test: mpi-api-settings-complete
+
+mpi-api-tls-directory:
+  file.directory:
+    - name: {{ api_dir }}
+    - user: root
+    - group: root
+    - mode: '0700'
+    - makedirs: True
+    - require:
+      - sls: {{ tplroot }}.config
+      - test: mpi-api-settings-complete
+{%- for setting, path, pem, mode in tls_files %}
+
+mpi-api-{{ setting | replace("_", "-") }}:
+{%-   if pem %}
+  file.managed:
+    - name: {{ path }}
+    - contents: {{ pem | json }}
+    - user: root
+    - group: root
+    - mode: '{{ mode }}'
+    - show_changes: False
+{%-   else %}
+  file.absent:
+    - name: {{ path }}
+{%-   endif %}
+    - require:
+      - sls: {{ tplroot }}.config
+      - file: mpi-api-tls-directory
+    - require_in:
+      - file: mpi-api-master-config
+    - onchanges_in:
+      - module: mpi-api-master-restart
+{%- endfor %}
 
 mpi-api-salt-api-stopped:
   service.dead:

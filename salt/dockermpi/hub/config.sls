@@ -4,6 +4,15 @@
     settings.json (0600: admin token, login secrets) rendered from mpi:hub. The spawner
     module lies beside them, on the service's PYTHONPATH. #}
 {%- set hub = mpi.hub %}
+{#- TLS files (PEM from pillar): the proxy's certificate and key for users (mpi:hub:tls),
+    the CA notebooks verify it with, and the CA the proxy and spawner verify the API's
+    certificate with (mpi:api:tls:ca); '' leaves a file out (system CAs, or no TLS). #}
+{%- set tls_files = [
+      ("ssl_cert", "/etc/dockermpi/hub/tls.crt", hub.tls.cert, "0644"),
+      ("ssl_key", "/etc/dockermpi/hub/tls.key", hub.tls.key, "0600"),
+      ("hub_ca_file", "/etc/dockermpi/hub/hub-ca.pem", hub.tls.ca, "0644"),
+      ("api_ca_file", "/etc/dockermpi/hub/api-ca.pem", mpi.api.tls.ca, "0644"),
+    ] %}
 {%- set settings = {
       "image": hub.image,
       "image_reference": (mpi.images or {}).get(hub.image | string, ""),
@@ -24,6 +33,9 @@
       "github": hub.github,
       "limits": hub.limits,
     } %}
+{%- for setting, path, pem, mode in tls_files %}
+{%-   do settings.update({setting: path if pem else ""}) %}
+{%- endfor %}
 
 include:
   - {{ tplroot }}.config
@@ -77,6 +89,29 @@ mpi-hub-config-spawner-module:
       - sls: {{ tplroot }}.config
       - sls: {{ tplroot }}.hub.settings
       - file: mpi-hub-config-directory
+
+{%- for setting, path, pem, mode in tls_files %}
+
+mpi-hub-config-{{ setting | replace("_", "-") }}:
+{%-   if pem %}
+  file.managed:
+    - name: {{ path }}
+    - contents: {{ pem | json }}
+    - user: root
+    - group: root
+    - mode: '{{ mode }}'
+    - show_changes: False
+{%-   else %}
+  file.absent:
+    - name: {{ path }}
+{%-   endif %}
+    - require:
+      - sls: {{ tplroot }}.config
+      - sls: {{ tplroot }}.hub.settings
+      - file: mpi-hub-config-directory
+    - require_in:
+      - file: mpi-hub-config-settings-json
+{%- endfor %}
 
 {#- Hubs provisioned when notebooks called salt-api directly hold that API's CA. #}
 mpi-hub-config-salt-api-ca-absent:

@@ -74,4 +74,8 @@ mpi-hub-service-running:
       - file: mpi-hub-config-settings-json
       - file: mpi-hub-config-jupyterhub-config
       - file: mpi-hub-config-spawner-module
+      - file: mpi-hub-config-ssl-cert
+      - file: mpi-hub-config-ssl-key
+      - file: mpi-hub-config-hub-ca-file
+      - file: mpi-hub-config-api-ca-file
       - pip: mpi-hub-venv-pip-installed

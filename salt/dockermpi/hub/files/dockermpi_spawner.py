@@ -29,6 +29,8 @@ from traitlets import Float, Unicode
 
 #: Where the user's directory appears in the notebook (as in job containers).
 DATA_MOUNT = "/data"
+#: The proxy's CA in a notebook (DOCKERMPI_API_CA), where the site gives one.
+NOTEBOOK_CA_FILE = "/etc/dockermpi/hub-ca.pem"
 #: The answer of mpi.whoami: every key the spawner needs.
 WHOAMI_KEYS = ("user", "account", "uid", "gid", "dir", "dir_in_job")
 #: An account as the master hands it out (it names a container and a directory).
@@ -92,6 +94,13 @@ class DockerMPISpawner(DockerSpawner):
     api_service_url = Unicode(
         help="DockerMPI's API as the hub reaches it on the master (the service's url)."
     ).tag(config=True)
+    api_service_ca = Unicode(
+        help="PEM file of the CA that signs the API's certificate ('': the system's CAs)."
+    ).tag(config=True)
+    api_ca = Unicode(
+        help="PEM file of the CA that signs the proxy's certificate, given to notebooks "
+        "as DOCKERMPI_API_CA ('': they use the system's CAs)."
+    ).tag(config=True)
     users_dir = Unicode(
         help="<storage path>/users on the hub host: where mpi.whoami's directories lie."
     ).tag(config=True)
@@ -112,6 +121,7 @@ class DockerMPISpawner(DockerSpawner):
             self.api_service_url.rstrip("/") + "/services/dockermpi/api/v1/whoami",
             headers={"Authorization": f"token {self.api_token}", "Accept": "application/json"},
             connect_timeout=self.whoami_timeout, request_timeout=self.whoami_timeout,
+            ca_certs=self.api_service_ca or None,
         )
         where = f"DockerMPI's API ({self.api_service_url})"
         try:
@@ -151,6 +161,11 @@ class DockerMPISpawner(DockerSpawner):
             {"type": "bind", "source": identity["dir"], "target": DATA_MOUNT,
              "read_only": False},
         ]
+        ca = {}
+        if self.api_ca:
+            self.mounts.append({"type": "bind", "source": self.api_ca,
+                                "target": NOTEBOOK_CA_FILE, "read_only": True})
+            ca = {"DOCKERMPI_API_CA": NOTEBOOK_CA_FILE}
         self.notebook_dir = DATA_MOUNT
         self.environment = {
             **self.environment,
@@ -158,6 +173,7 @@ class DockerMPISpawner(DockerSpawner):
             "DOCKERMPI_API_URL": self.api_url,
             "DOCKERMPI_IMAGE": self.image_name,
             "DOCKERMPI_ACCOUNT": identity["account"],
+            **ca,
         }
         self.extra_create_kwargs = {
             **self.extra_create_kwargs,

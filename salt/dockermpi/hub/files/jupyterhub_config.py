@@ -22,7 +22,14 @@ c.JupyterHub.hub_bind_url = settings["hub_bind_url"]
 c.JupyterHub.hub_connect_url = settings["hub_api_url"]
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
-c.ConfigurableHTTPProxy.command = [settings["proxy_command"]]
+# The proxy serves users over TLS when the site gives it a certificate (mpi:hub:tls), and
+# verifies the API's certificate on the master with the site's CA for it (mpi:api:tls:ca;
+# without one, the system's CAs): users' tokens cross the network only encrypted.
+if settings["ssl_cert"]:
+    c.JupyterHub.ssl_cert = settings["ssl_cert"]
+    c.JupyterHub.ssl_key = settings["ssl_key"]
+c.ConfigurableHTTPProxy.command = [settings["proxy_command"]] + (
+    ["--client-ssl-ca", settings["api_ca_file"]] if settings["api_ca_file"] else [])
 c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
 # Notebooks keep running while the hub restarts (a configuration change restarts it).
 c.JupyterHub.cleanup_servers = False
@@ -61,6 +68,10 @@ else:
 DOCKERMPI_SCOPE = "access:services!service=dockermpi"
 c.JupyterHub.services = [{"name": "dockermpi", "url": settings["api_service_url"],
                           "display": False}]
+# The hub's own minutely check of a service's URL trusts only its internal_ssl CA, not the
+# site's CA of the API, so it would log "Cannot connect" for a healthy API; the spawner
+# asks the API (whoami, with that CA) before every notebook starts instead.
+c.JupyterHub.service_check_interval = 0
 c.JupyterHub.load_roles = [
     {"name": "user", "scopes": ["self", DOCKERMPI_SCOPE]},
     {"name": "server", "scopes": ["users:activity!user", "access:servers!server",
@@ -83,6 +94,8 @@ c.DockerMPISpawner.allowed_images = {}
 c.DockerMPISpawner.pull_policy = "never"  # the state pulled it by digest
 c.DockerMPISpawner.api_url = settings["api_url"]
 c.DockerMPISpawner.api_service_url = settings["api_service_url"]
+c.DockerMPISpawner.api_service_ca = settings["api_ca_file"]
+c.DockerMPISpawner.api_ca = settings["hub_ca_file"]
 c.DockerMPISpawner.users_dir = settings["users_dir"]
 c.DockerMPISpawner.use_internal_ip = True
 c.DockerMPISpawner.network_name = "bridge"
