@@ -435,7 +435,7 @@ def make_app(opts, runners, utils, settings):
         raise ValueError(f"mpi_api: the engine's limits lack {', '.join(missing)}; the "
                          "dockermpi.api state writes every one (pillar mpi:api:limits over "
                          "salt/dockermpi/defaults.yaml)")
-    if not _encrypted_or_local(settings["hub_api_url"]):
+    if not _encrypted_or_local(settings["hub_api_url"], utils):
         raise ValueError(f"mpi_api: hub_api_url {settings['hub_api_url']} is plain http to "
                          "another host: users' tokens would cross the network readable; "
                          "give the hub's https URL (pillar mpi:api:hub_api_url)")
@@ -814,25 +814,17 @@ def _loaded(dunder):
     return dunder.value() if hasattr(dunder, "value") else dunder
 
 
-def _encrypted_or_local(url):
+def _encrypted_or_local(url, utils):
     """``url`` is https, or reaches this machine only."""
     parsed = urllib.parse.urlsplit(url or "")
-    return parsed.scheme == "https" or (parsed.scheme == "http" and _loopback(parsed.hostname))
+    return parsed.scheme == "https" or (
+        parsed.scheme == "http" and utils["mpi_config.is_loopback"](parsed.hostname))
 
 
-def _loopback(host):
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:
-        return False
-
-
-def tls_context(cert, key, host):
+def tls_context(cert, key, host, utils):
     """The server side TLS of the API (None on loopback without a certificate)."""
     if not (cert and key):
-        if _loopback(host):
+        if utils["mpi_config.is_loopback"](host):
             return None
         raise ValueError(f"mpi_api: listening on {host} needs tls_cert and tls_key (pillar "
                          "mpi:api:tls): the hub's proxy sends users' tokens here")
@@ -848,8 +840,8 @@ def start(hub_api_url, port=8001, host="0.0.0.0", allowed_clients=None,
     """Serve the API until the master stops."""
     import tornado.httpserver  # pylint: disable=import-outside-toplevel
 
-    ssl_options = tls_context(tls_cert, tls_key, host)
     opts, utils = _loaded(__opts__), _loaded(__utils__)
+    ssl_options = tls_context(tls_cert, tls_key, host, utils)
     # The runner must read the caller from the very mpi_caller module this engine marks
     # threads with (the runners Salt hands engines load utils of their own): with two
     # copies every call would look like an admin's.

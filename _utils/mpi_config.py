@@ -34,6 +34,7 @@ __all__ = [
     "contract",
     "container_name",
     "is_job_id",
+    "is_loopback",
     "is_user",
     "user_for_identity",
     "merge",
@@ -917,7 +918,7 @@ class _Checker:
         """A URL that users' tokens travel to between hosts: https, or http to loopback."""
         value = self.get(*path)
         match = isinstance(value, str) and _URL_RE.match(value)
-        if match and match.group("scheme") == "http" and not _is_loopback(
+        if match and match.group("scheme") == "http" and not is_loopback(
                 urllib.parse.urlsplit(value).hostname):
             self.problem(f"{_key(*path)} must be https (or http to a loopback address): "
                          f"{why}, so a host on the network could read them; got "
@@ -1059,7 +1060,7 @@ def _inside(path, directory):
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def _is_loopback(host):
+def is_loopback(host):
     """``host`` (of a URL) is this machine's loopback: localhost or 127/8, ::1."""
     if host == "localhost":
         return True

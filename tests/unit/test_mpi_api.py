@@ -74,6 +74,11 @@ class Utils(dict):
     pass
 
 
+UTILS = Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user,
+               "mpi_config.user_for_identity": mpi_config.user_for_identity,
+               "mpi_config.is_loopback": mpi_config.is_loopback})
+
+
 @pytest.fixture
 def server(request):
     """(base URL of the API, the stand-in runner); the hub stand-in on another port."""
@@ -87,8 +92,7 @@ def _serving(runner, allowed_clients, tls_files=None, hub_ca=True):
     """The API's base URL, serving ``runner``'s functions until the block ends; with
     ``tls_files`` (of :func:`_tls_files`) the API and the hub stand-in serve TLS, and the
     API checks the hub's certificate with the CA unless ``hub_ca`` is false."""
-    utils = Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user,
-                   "mpi_config.user_for_identity": mpi_config.user_for_identity})
+    utils = UTILS
     ready = threading.Event()
     found = {}
 
@@ -97,8 +101,10 @@ def _serving(runner, allowed_clients, tls_files=None, hub_ca=True):
         asyncio.set_event_loop(loop)
         hub_ssl = api_ssl = None
         if tls_files:
-            hub_ssl = mpi_api.tls_context(tls_files["hub_cert"], tls_files["hub_key"], "0.0.0.0")
-            api_ssl = mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0")
+            hub_ssl = mpi_api.tls_context(tls_files["hub_cert"], tls_files["hub_key"], "0.0.0.0",
+                                          UTILS)
+            api_ssl = mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0",
+                                          UTILS)
         hub = tornado.httpserver.HTTPServer(tornado.web.Application([("/hub/api/user", HubUser)]),
                                             ssl_options=hub_ssl)
         hub_port = _listen(hub)
@@ -471,8 +477,8 @@ def test_the_engine_refuses_plain_http_for_tokens_between_hosts(tls_files):
     settings = {"hub_api_url": "http://10.0.0.5:8081/hub/api", "allowed_clients": ["10.0.0.5"],
                 "limits": dict.fromkeys(mpi_api.LIMITS, 5)}
     with pytest.raises(ValueError, match="plain http to another host.*mpi:api:hub_api_url"):
-        mpi_api.make_app({}, Runner(), Utils(), settings)
+        mpi_api.make_app({}, Runner(), UTILS, settings)
     with pytest.raises(ValueError, match="listening on 0.0.0.0 needs tls_cert and tls_key"):
-        mpi_api.tls_context(None, None, "0.0.0.0")
-    assert mpi_api.tls_context(None, None, "127.0.0.1") is None
-    assert mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0")
+        mpi_api.tls_context(None, None, "0.0.0.0", UTILS)
+    assert mpi_api.tls_context(None, None, "127.0.0.1", UTILS) is None
+    assert mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0", UTILS)
