@@ -73,11 +73,18 @@ def parse(argv):
     return cli.build_parser().parse_args(argv)
 
 
+@pytest.fixture
 def ctrl_c():
-    """SIGINT to the main thread, as Ctrl-C reaches the single-threaded ``mpi`` command.
-    (A process-wide kill may land on one of this test's server threads: then the main
-    thread's blocking read is not interrupted and goes on until the stream times out.)"""
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    """Ctrl-C as it reaches the single-threaded ``mpi`` command in a terminal: SIGINT to
+    the main thread, raising KeyboardInterrupt. (A process-wide kill may land on one of
+    the fake server's threads, leaving the main thread's read blocked until the stream
+    times out; and a test run started in the background of a script inherits SIGINT
+    ignored, so the handler is set here.)"""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def wait_until(condition, what):
@@ -1080,7 +1087,7 @@ def test_following_is_not_retried_when_the_api_refuses(api, token, error):
     assert len(api.seen("GET", "/events")) == 1
 
 
-def test_interrupting_run_cancels_the_job(api):
+def test_interrupting_run_cancels_the_job(api, ctrl_c):
     err = Sink()
 
     def interrupt():
@@ -1126,7 +1133,7 @@ def test_mpi_run_follows_the_job_and_exits_with_its_code(api, capsys):
     assert captured.err.splitlines()[-1] == render.outcome_line(record("failed", exit_code=7))
 
 
-def test_mpi_run_interrupted_cancels_the_job_and_exits_130(api, capsys):
+def test_mpi_run_interrupted_cancels_the_job_and_exits_130(api, capsys, ctrl_c):
     def interrupt():
         wait_until(lambda: api.seen("GET", "/events"), "the client opens the stream")
         ctrl_c()
