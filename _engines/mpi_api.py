@@ -49,7 +49,6 @@ import re
 import ssl
 import threading
 import time
-import urllib.parse
 
 import salt.loader
 import salt.utils.event
@@ -435,7 +434,7 @@ def make_app(opts, runners, utils, settings):
         raise ValueError(f"mpi_api: the engine's limits lack {', '.join(missing)}; the "
                          "dockermpi.api state writes every one (pillar mpi:api:limits over "
                          "salt/dockermpi/defaults.yaml)")
-    if not _encrypted_or_local(settings["hub_api_url"], utils):
+    if not utils["mpi_config.is_encrypted_or_local"](settings["hub_api_url"]):
         raise ValueError(f"mpi_api: hub_api_url {settings['hub_api_url']} is plain http to "
                          "another host: users' tokens would cross the network readable; "
                          "give the hub's https URL (pillar mpi:api:hub_api_url)")
@@ -812,13 +811,6 @@ def _whole_body_first(method):
 def _loaded(dunder):
     """The loader behind one of Salt's dunders (see ``mpi_master._loaded``)."""
     return dunder.value() if hasattr(dunder, "value") else dunder
-
-
-def _encrypted_or_local(url, utils):
-    """``url`` is https, or reaches this machine only."""
-    parsed = urllib.parse.urlsplit(url or "")
-    return parsed.scheme == "https" or (
-        parsed.scheme == "http" and utils["mpi_config.is_loopback"](parsed.hostname))
 
 
 def tls_context(cert, key, host, utils):

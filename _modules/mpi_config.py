@@ -82,3 +82,31 @@ def validate(config):
         return __utils__["mpi_config.validate"](config)
     except ValueError as exc:  # mpi_config.ConfigError
         raise SaltInvocationError(str(exc)) from None
+
+
+def encrypted_or_local(url):
+    """
+    Return whether a token sent to ``url`` is encrypted (https) or stays on its host
+    (http to a loopback address): what the API's state asks of the URLs users' tokens
+    travel to.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master mpi_config.encrypted_or_local https://hub.example.org/hub/api
+    """
+    return __utils__["mpi_config.is_encrypted_or_local"](url)
+
+
+def is_loopback(host):
+    """
+    Return whether ``host`` (an address or ``localhost``) is its machine's loopback.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master mpi_config.is_loopback 127.0.0.1
+    """
+    return __utils__["mpi_config.is_loopback"](host)

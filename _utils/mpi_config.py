@@ -34,6 +34,7 @@ __all__ = [
     "contract",
     "container_name",
     "is_job_id",
+    "is_encrypted_or_local",
     "is_loopback",
     "is_user",
     "user_for_identity",
@@ -918,8 +919,7 @@ class _Checker:
         """A URL that users' tokens travel to between hosts: https, or http to loopback."""
         value = self.get(*path)
         match = isinstance(value, str) and _URL_RE.match(value)
-        if match and match.group("scheme") == "http" and not is_loopback(
-                urllib.parse.urlsplit(value).hostname):
+        if match and match.group("scheme") == "http" and not is_encrypted_or_local(value):
             self.problem(f"{_key(*path)} must be https (or http to a loopback address): "
                          f"{why}, so a host on the network could read them; got "
                          f"{_shown(value)} (give the endpoint a certificate: {tls})")
@@ -1058,6 +1058,13 @@ _MISSING = _Missing()
 
 def _inside(path, directory):
     return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def is_encrypted_or_local(url):
+    """A token sent to ``url`` is encrypted (https) or never leaves this machine (http to
+    a loopback address)."""
+    parsed = urllib.parse.urlsplit(url if isinstance(url, str) else "")
+    return parsed.scheme == "https" or (parsed.scheme == "http" and is_loopback(parsed.hostname))
 
 
 def is_loopback(host):

@@ -76,7 +76,8 @@ class Utils(dict):
 
 UTILS = Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user,
                "mpi_config.user_for_identity": mpi_config.user_for_identity,
-               "mpi_config.is_loopback": mpi_config.is_loopback})
+               "mpi_config.is_loopback": mpi_config.is_loopback,
+               "mpi_config.is_encrypted_or_local": mpi_config.is_encrypted_or_local})
 
 
 @pytest.fixture

@@ -989,3 +989,19 @@ def test_hub_tls_accepted_and_none_becomes_empty():
     assert _problems(hub=hub) == []
     assert mpi_config.validate(_site(hub=hub))["hub"]["tls"] == {
         "cert": PEM_CERT, "key": PEM_KEY, "ca": ""}
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("https://hub.example.org/hub/api", True),
+    ("http://127.0.0.1:8081/hub/api", True),
+    ("http://127.0.0.5:8081/hub/api", True),
+    ("http://localhost/hub/api", True),
+    ("http://[::1]:8081/hub/api", True),
+    ("http://10.0.0.5:8081/hub/api", False),
+    ("http://hub.example.org/hub/api", False),
+    ("ftp://127.0.0.1/x", False),
+    ("", False),
+    (None, False),
+])
+def test_a_token_url_is_encrypted_or_stays_on_its_host(url, expected):
+    assert mpi_config.is_encrypted_or_local(url) is expected

@@ -26,8 +26,6 @@
 {#- Where the API checks tokens: mpi:api:hub_api_url, else the hub's own. Tokens cross the
     network only over TLS: https, or http to loopback (mpi_config checks the URLs' form). #}
 {%- set token_url = api.get("hub_api_url") or hub_api_url %}
-{%- set token_netloc = token_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0] %}
-{%- set loopback = ("localhost", "127.0.0.1", "[::1]") %}
 {%- set tls = api.get("tls") if api.get("tls") is mapping else {} %}
 {%- set api_dir = "/etc/dockermpi/api-tls" %}
 {%- set tls_files = [
@@ -38,13 +36,13 @@
 {%- set missing = [] %}
 {%- if not token_url %}
 {%-   do missing.append("mpi:api:hub_api_url is required on the master: the API asks the hub there whose token a caller holds") %}
-{%- elif not (token_url.startswith("https://") or token_netloc in loopback) %}
+{%- elif not salt["mpi_config.encrypted_or_local"](token_url) %}
 {%-   do missing.append("mpi:api:hub_api_url must be the hub API's https URL (its proxy's, e.g. https://hub.example.org/hub/api): the API sends users' tokens there, and " ~ token_url ~ " is plain http to another host") %}
 {%- endif %}
 {%- if not api.get("allowed_clients") and not hub_host | is_ip %}
 {%-   do missing.append("mpi:api:allowed_clients must list the hub host's addresses: " ~ (("mpi:hub:hub_api_url names it " ~ hub_host ~ ", not by an IP address") if hub_host else "mpi:hub:hub_api_url, which would name the hub host, is ''")) %}
 {%- endif %}
-{%- if not (tls.get("cert") and tls.get("key")) and api.get("host") not in ("127.0.0.1", "::1") %}
+{%- if not (tls.get("cert") and tls.get("key")) and not salt["mpi_config.is_loopback"](api.get("host")) %}
 {%-   do missing.append("mpi:api:tls:cert and mpi:api:tls:key are required on the master: the hub's proxy sends users' tokens to the API on " ~ (api.get("host") | string) ~ " (a certificate for the host in mpi:hub:api_service_url)") %}
 {%- endif %}
 
