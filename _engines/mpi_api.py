@@ -52,15 +52,16 @@ import time
 
 import salt.loader
 import salt.utils.event
+from dmpi.contract import (API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
+                           JOB_TAG_RE, STATES)
 
 log = logging.getLogger(__name__)
 
 __virtualname__ = "mpi_api"
 
-SERVICE = "dockermpi"
+SERVICE = API_SERVICE_NAME
 SCOPES = ("access:services", f"access:services!service={SERVICE}")
 PREFIX = f"/services/{SERVICE}"
-FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 KEEPALIVE = 15  # seconds between comments on an idle event stream
 FOLLOW_POLL = 1.0  # seconds between reads of a followed job's output
 FOLLOW_CHUNK = 65536  # bytes of output per read while following
@@ -75,8 +76,7 @@ CALLS_PER_USER = 4  # of the worker threads, one user's calls hold at most this 
 POLLED = ("status", "list")  # what users poll: reads of the job store only
 POLLED_WORKERS = 2  # threads of their own for those
 DISCARD_BYTES = 1 << 30  # a body past the limit is read and dropped up to this size
-_JOB_TAG = re.compile(r"^mpi/job/([0-9]{8}-[0-9]{6}-[0-9a-f]{6})/([a-z_]+)\Z")
-_JOB_ID = r"([0-9]{8}-[0-9]{6}-[0-9a-f]{6})"
+_JOB_ID = f"({JOB_ID_PATTERN})"
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}\Z")
 #: what ``limits`` must name (pillar ``mpi:api:limits``, from salt/dockermpi/defaults.yaml)
 LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes", "wait_seconds")
@@ -298,13 +298,13 @@ class Listeners:
             try:
                 with salt.utils.event.get_master_event(self.opts, self.opts["sock_dir"],
                                                        listen=True) as bus:
-                    bus.subscribe("mpi/job/")
+                    bus.subscribe(JOB_TAG_PREFIX)
                     while True:
-                        event = bus.get_event(wait=5, tag="mpi/job/", match_type="startswith",
+                        event = bus.get_event(wait=5, tag=JOB_TAG_PREFIX, match_type="startswith",
                                               full=True)
                         if not event:
                             continue
-                        match = _JOB_TAG.match(event["tag"])
+                        match = JOB_TAG_RE.match(event["tag"])
                         if not match or match.group(2) == "cancel":
                             continue
                         record = store.get(match.group(1))
@@ -325,7 +325,7 @@ class Listeners:
 def _openapi():
     """The API's OpenAPI 3 document."""
     job_id = {"name": "job_id", "in": "path", "required": True,
-              "schema": {"type": "string", "pattern": "^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$"}}
+              "schema": {"type": "string", "pattern": f"^{JOB_ID_PATTERN}$"}}
     epoch = {"type": "number", "description": "seconds since the epoch"}
     error = {"description": "refused: {error, status}",
              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -358,8 +358,7 @@ def _openapi():
                                          "status": {"type": "integer"}}},
                 "Job": {"type": "object", "properties": {
                     "job_id": {"type": "string"}, "name": {"type": "string", "nullable": True},
-                    "user": {"type": "string"}, "state": {"type": "string", "enum": [
-                        "queued", "starting", "running", *FINAL]},
+                    "user": {"type": "string"}, "state": {"type": "string", "enum": list(STATES)},
                     "np": {"type": "integer"}, "exit_code": {"type": "integer", "nullable": True},
                     "reason": {"type": "string", "nullable": True},
                     "placement": {"type": "object"}, "timings": {"type": "object"},

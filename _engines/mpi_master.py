@@ -35,21 +35,20 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import threading
 import time
 
 import salt.client
 import salt.utils.event
+from dmpi.contract import DRAINS_TAG, JOB_TAG_RE, NODE_TAG_RE
 from salt.exceptions import CommandExecutionError
 
 log = logging.getLogger(__name__)
 
 __virtualname__ = "mpi_master"
 
-_JOB_TAG = re.compile(r"^mpi/job/([0-9]{8}-[0-9]{6}-[0-9a-f]{6})/(queued|cancel)\Z")
-_NODE_TAG = re.compile(r"^mpi/node/[^/]+/(report|alive)\Z")
-_DRAINS_TAG = "mpi/drains/changed"
+#: What the runner asks of the engine on the bus (the engine's own transitions are news).
+_REQUESTS = ("queued", "cancel")
 
 
 def __virtual__():
@@ -124,7 +123,7 @@ class SaltTransport:
 
 def _dispatch(engine, tag, data):
     """Hand one event to the engine."""
-    match = _NODE_TAG.match(tag)
+    match = NODE_TAG_RE.match(tag)
     if match:
         node = data.get("id")  # set by the master from the minion's authenticated load
         payload = data.get("data")
@@ -135,10 +134,10 @@ def _dispatch(engine, tag, data):
         else:
             engine.heartbeat(node, payload.get("digest"))
         return
-    match = _JOB_TAG.match(tag)
-    if match:
+    match = JOB_TAG_RE.match(tag)
+    if match and match.group(2) in _REQUESTS:
         engine.job_requested(match.group(1))
-    elif tag == _DRAINS_TAG:
+    elif tag == DRAINS_TAG:
         engine.drains_changed()  # what changed is read from the store, not the event
 
 

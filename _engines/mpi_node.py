@@ -49,6 +49,8 @@ import os
 import threading
 import time
 
+from dmpi.contract import DEFAULT_JOB_ROOT, LABEL_JOB, NODE_TAG_PREFIX
+
 try:
     import docker
 
@@ -61,7 +63,7 @@ log = logging.getLogger(__name__)
 __virtualname__ = "mpi_node"
 
 DEFAULTS = {
-    "job_root": "/var/lib/dockermpi/jobs",
+    "job_root": DEFAULT_JOB_ROOT,
     "interval": 1.0,
     "heartbeat": 2.0,  # well inside the master's 5 s before a silent node is lost
     "refresh": 10.0,
@@ -69,7 +71,6 @@ DEFAULTS = {
     "probe_timeout": 0.5,
     "failures": 2,
 }
-JOB_LABEL = "io.dockermpi.job"  # mpi_job.LABEL_JOB: every job container has it
 # Container events after which the node's evidence has changed.
 _CHANGES = ("start", "die", "destroy", "oom", "kill")
 # Image events after which the node's health (the images it holds) has changed.
@@ -184,7 +185,7 @@ class Reporter:
 
 def _watch_containers(wake):
     """Wake the reporter whenever a job container changes (Docker's event stream)."""
-    _watch(wake, {"type": "container", "label": JOB_LABEL}, _CHANGES)
+    _watch(wake, {"type": "container", "label": LABEL_JOB}, _CHANGES)
 
 
 def _watch_images(wake, health_due):
@@ -225,7 +226,7 @@ def start(**config):
                      name="mpi-node-docker-events").start()
     threading.Thread(target=_watch_images, args=(wake, reporter.health_due), daemon=True,
                      name="mpi-node-image-events").start()
-    prefix = f"mpi/node/{__opts__['id']}/"
+    prefix = NODE_TAG_PREFIX.format(node=__opts__["id"])
     log.info("DockerMPI node reporter started")
     while True:
         wake.wait(conf["interval"])

@@ -10,6 +10,7 @@ themselves live in the ``mpi_config`` utils module, shared with the ``mpi`` runn
 :depends: the ``mpi_config`` utils module
 """
 
+from dmpi.errors import ConfigError
 from salt.exceptions import SaltInvocationError
 
 __virtualname__ = "mpi_config"
@@ -41,7 +42,7 @@ def merge(defaults, pillar=None):
     """
     try:
         return __utils__["mpi_config.merge"](defaults, pillar)
-    except ValueError as exc:  # mpi_config.ConfigError
+    except ConfigError as exc:
         raise SaltInvocationError(str(exc)) from None
 
 
@@ -80,7 +81,7 @@ def validate(config):
     """
     try:
         return __utils__["mpi_config.validate"](config)
-    except ValueError as exc:  # mpi_config.ConfigError
+    except ConfigError as exc:
         raise SaltInvocationError(str(exc)) from None
 
 

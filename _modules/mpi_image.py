@@ -11,9 +11,9 @@ digest cannot.
 import json
 import logging
 import os
-import re
 import tempfile
 
+from dmpi.contract import IMAGE_REFERENCE_RE, LABEL_ROLE, STANDBY_PREFIX, STANDBY_ROLE
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
@@ -31,14 +31,6 @@ __virtualname__ = "mpi_image"
 #: Every reference DockerMPI pulled on this host, so that one no longer approved can be
 #: found and removed (images anyone else pulled are never touched).
 LEDGER = "/var/lib/dockermpi/images.json"
-
-# repository part: lower-case path components, optional registry host[:port];
-# no tag allowed next to the digest.
-_REFERENCE_RE = re.compile(
-    r"^(?P<repo>(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
-    r"@(?P<digest>sha256:[0-9a-f]{64})$"
-)
 
 
 def __virtual__():
@@ -68,7 +60,7 @@ def parse_reference(reference):
         raise SaltInvocationError(
             f"image reference must be a string, got {type(reference).__name__}"
         )
-    match = _REFERENCE_RE.match(reference)
+    match = IMAGE_REFERENCE_RE.match(reference)
     if not match:
         raise SaltInvocationError(
             f"image reference {reference!r} is not pinned by digest: expected "
@@ -187,7 +179,7 @@ def _ledger():
         return []
     except (OSError, ValueError) as exc:
         raise CommandExecutionError(f"cannot read {LEDGER}: {exc}") from exc
-    return sorted({r for r in found if isinstance(r, str) and _REFERENCE_RE.match(r)}) \
+    return sorted({r for r in found if isinstance(r, str) and IMAGE_REFERENCE_RE.match(r)}) \
         if isinstance(found, list) else []
 
 
@@ -260,10 +252,9 @@ def unapproved(approved):
 
 
 def _is_standby_spare(container):
-    contract = __utils__["mpi_config.contract"]()
     labels = container.attrs.get("Config", {}).get("Labels") or {}
-    return (labels.get(contract["LABEL_ROLE"]) == contract["STANDBY_ROLE"]
-            and container.name.startswith(contract["STANDBY_PREFIX"]))
+    return (labels.get(LABEL_ROLE) == STANDBY_ROLE
+            and container.name.startswith(STANDBY_PREFIX))
 
 
 def remove(reference):

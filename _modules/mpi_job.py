@@ -60,6 +60,9 @@ import stat
 import threading
 import time
 
+from dmpi.contract import (DATA_MOUNT, DOCKER_NAME_RE, JOB_ID_RE, JOBS_SUBDIR, LABEL_JOB,
+                           LABEL_ROLE, LABEL_USER, MAX_STANDBY_NAMESPACES, NETNS_NAME,
+                           NETNS_RE, RUN_DIR, STANDBY_PREFIX, STANDBY_ROLE, USER_RE)
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
@@ -76,12 +79,6 @@ log = logging.getLogger(__name__)
 
 __virtualname__ = "mpi_job"
 
-LABEL_JOB = "io.dockermpi.job"
-LABEL_ROLE = "io.dockermpi.role"
-LABEL_USER = "io.dockermpi.user"
-RUN_DIR = "/run/dockermpi"
-DATA_MOUNT = "/data"
-JOBS_SUBDIR = "mpi-jobs"
 SECRET_FILES = {
     "sshd_config",
     "hostfile",
@@ -89,9 +86,6 @@ SECRET_FILES = {
     "group",
     "program",
 }
-_JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
-_USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
-_NETWORK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _PORT_RE = re.compile(r"^\s*Port\s+([0-9]{1,5})\s*$", re.IGNORECASE | re.MULTILINE)
 OUTPUT_STREAMS = ("stdout", "stderr")
 TAIL_BYTES = 65536
@@ -123,11 +117,7 @@ _ENGINE_OUTAGE = {"since": None}
 # Network namespaces made ahead of jobs: containers that only hold one (running `sleep`
 # as nobody), on a node-local internal network until a job start takes one, renames it
 # to NETNS_NAME and gives it the job's address.
-ROLE_STANDBY = "standby"  # mpi_config's STANDBY_ROLE
 STANDBY_NETWORK = "dmpi-standby"
-STANDBY_PREFIX = "dmpi-standby-"  # mpi_config's STANDBY_PREFIX
-NETNS_NAME = "dmpi-{job_id}-netns"
-_NETNS_RE = re.compile(r"^dmpi-([0-9]{8}-[0-9]{6}-[0-9a-f]{6})-netns\Z")
 # Taking and trimming spares, one at a time (in /run: only root may make files there).
 STANDBY_LOCK = "/run/dockermpi-standby.lock"
 STANDBY_LIMITS = {"mem_limit": 32 << 20, "pids_limit": 8, "nano_cpus": 100_000_000}
@@ -153,12 +143,12 @@ def _client():
 
 
 def _check_job_id(job_id):
-    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
         raise SaltInvocationError(f"invalid job id {job_id!r}")
 
 
 def _check_user(user):
-    if not isinstance(user, str) or not _USER_RE.match(user):
+    if not isinstance(user, str) or not USER_RE.match(user):
         raise SaltInvocationError(f"invalid user name {user!r}")
 
 
@@ -315,7 +305,7 @@ def prune_job_dirs(storage_path, user, uid, gid, older_than, keep=None):
     except (TypeError, ValueError):
         raise SaltInvocationError("older_than must be a Unix time") from None
     keep = [str(job_id) for job_id in keep or []]
-    if not all(_JOB_ID_RE.match(job_id) for job_id in keep):
+    if not all(JOB_ID_RE.match(job_id) for job_id in keep):
         raise SaltInvocationError("keep must be a list of job ids")
     return _userfs("prune_job_dirs", uid, gid, root=_users_root(storage_path),
                    parts=[user, JOBS_SUBDIR], older_than=older_than, keep=keep)
@@ -359,7 +349,7 @@ def user_dirs(storage_path):
     root = _users_root(storage_path)
     found = {}
     for name in os.listdir(root):
-        if not _USER_RE.match(name):
+        if not USER_RE.match(name):
             continue
         info = os.lstat(os.path.join(root, name))
         if stat.S_ISDIR(info.st_mode):
@@ -511,7 +501,7 @@ def _standby_network(client):
         return client.networks.create(
             STANDBY_NETWORK, driver="bridge", internal=True,
             options={"com.docker.network.bridge.enable_icc": "false"},
-            labels={LABEL_ROLE: ROLE_STANDBY})
+            labels={LABEL_ROLE: STANDBY_ROLE})
     except docker.errors.APIError:
         # Another call made it meanwhile; anything else raises from get().
         return client.networks.get(STANDBY_NETWORK)
@@ -520,7 +510,7 @@ def _standby_network(client):
 def _standby_spares(client):
     """The standby namespaces not yet taken by a job (any state)."""
     return [c for c in client.containers.list(
-        all=True, filters={"label": f"{LABEL_ROLE}={ROLE_STANDBY}"}, ignore_removed=True)
+        all=True, filters={"label": f"{LABEL_ROLE}={STANDBY_ROLE}"}, ignore_removed=True)
         if c.name.startswith(STANDBY_PREFIX)]
 
 
@@ -531,9 +521,9 @@ def _job_of(container):
     The role is None for a label this module never sets."""
     labels = container.labels or {}
     role = labels.get(LABEL_ROLE)
-    if role == ROLE_STANDBY:
-        taken = _NETNS_RE.match(container.name or "")
-        return (taken.group(1), "netns") if taken else (None, ROLE_STANDBY)
+    if role == STANDBY_ROLE:
+        taken = NETNS_RE.match(container.name or "")
+        return (taken.group(1), "netns") if taken else (None, STANDBY_ROLE)
     return labels.get(LABEL_JOB), role if role in ("worker", "launcher") else None
 
 
@@ -549,7 +539,7 @@ def _namespace_options():
 
 
 def _check_standby_count(count):
-    most = __utils__["mpi_config.contract"]()["MAX_STANDBY_NAMESPACES"]
+    most = MAX_STANDBY_NAMESPACES
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= most:
         raise SaltInvocationError(
             f"the standby count must be a whole number from 0 to {most}, got {count!r}")
@@ -670,7 +660,7 @@ def _keep_standby(image, count):
         try:
             client.containers.run(
                 image, entrypoint=["sleep", "infinity"], name=name, detach=True,
-                labels={LABEL_ROLE: ROLE_STANDBY}, network=network.name,
+                labels={LABEL_ROLE: STANDBY_ROLE}, network=network.name,
                 user="65534:65534", cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 read_only=True, init=True, **_namespace_options(), **STANDBY_LIMITS)
         except docker.errors.APIError as exc:
@@ -872,7 +862,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         raise SaltInvocationError(f"addresses must give this node ({__opts__['id']}) an address")
     address = _check_ipv4(addresses[__opts__["id"]], "address")
     limits = (limits or {}).get(__opts__["id"])
-    if not isinstance(network, str) or not _NETWORK_RE.match(network):
+    if not isinstance(network, str) or not DOCKER_NAME_RE.match(network):
         raise SaltInvocationError(f"invalid network name {network!r}")
     if not isinstance(allowed_sources, dict):
         raise SaltInvocationError(
@@ -1335,14 +1325,14 @@ def _engine_jobs(engine_timeout):
     for container in containers:
         labels = container.labels or {}
         job_id, role = _job_of(container)
-        if role == ROLE_STANDBY:
+        if role == STANDBY_ROLE:
             continue  # a spare: no job's yet
-        if role is None or not _JOB_ID_RE.match(job_id or ""):
+        if role is None or not JOB_ID_RE.match(job_id or ""):
             log.warning("ignoring container %s with labels %s", container.name, labels)
             continue
         job = found.setdefault(job_id, _empty_job())
         user = labels.get(LABEL_USER)
-        if job["user"] is None and user and _USER_RE.match(user):
+        if job["user"] is None and user and USER_RE.match(user):
             job["user"] = user
         job["containers"][role] = container.status
         attrs = container.attrs or {}
@@ -1460,7 +1450,7 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
     except OSError as exc:
         raise CommandExecutionError(f"cannot list {job_root}: {exc}") from exc
     for name in names:
-        if _JOB_ID_RE.match(name) and os.path.isdir(os.path.join(job_root, name)):
+        if JOB_ID_RE.match(name) and os.path.isdir(os.path.join(job_root, name)):
             found.setdefault(name, _empty_job())["secrets"] = True
 
     wanted = {}

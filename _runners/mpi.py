@@ -40,6 +40,9 @@ import salt.utils.event
 import salt.utils.json
 import salt.utils.minions
 import salt.utils.yaml
+from dmpi.contract import (ACTIVE, DATA_MOUNT, DRAINS_TAG, FINAL, JOB_ID_RE,
+                           JOB_TAG_PREFIX, JOBS_SUBDIR, NODE_ROLE, job_tag)
+from dmpi.errors import ConfigError, RequestError, StoreError
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 log = logging.getLogger(__name__)
@@ -47,14 +50,9 @@ log = logging.getLogger(__name__)
 __virtualname__ = "mpi"
 __func_alias__ = {"list_": "list"}
 
-NODE_TARGET = "G@roles:mpi-node"
-ACTIVE = ("starting", "running")
-FINAL = ("succeeded", "failed", "cancelled", "timed_out")
-DATA_MOUNT = "/data"
-JOBS_SUBDIR = "mpi-jobs"
+NODE_TARGET = f"G@roles:{NODE_ROLE}"
 ENGINE_SILENCE = 30  # seconds without a sign of the job engine before submit refuses
 CANCEL_WAIT = 15  # seconds cancel waits for the engine to end the job
-_JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
 
 
@@ -76,7 +74,7 @@ def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env
         return __utils__["mpi_request.validate_request"](
             user, image, np, cmd, nodes, slots_per_node, walltime, env, workdir, limits
         )
-    except ValueError as exc:  # mpi_request.RequestError: a clear one-line reason
+    except RequestError as exc:
         raise SaltInvocationError(str(exc)) from None
 
 
@@ -172,7 +170,7 @@ def _site_config(minion):
     try:
         return __utils__["mpi_config.validate"](
             __utils__["mpi_config.merge"](_defaults(), pillar.get("mpi")))
-    except ValueError as exc:  # mpi_config.ConfigError: one line per problem
+    except ConfigError as exc:
         raise CommandExecutionError(
             f"the site's mpi pillar is invalid, so no job can be accepted:\n{exc}") from None
 
@@ -203,7 +201,7 @@ def _store():
 
 def _fire(job_id, state, data=None):
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-        bus.fire_event(dict(data or {}, job_id=job_id, state=state), f"mpi/job/{job_id}/{state}")
+        bus.fire_event(dict(data or {}, job_id=job_id, state=state), job_tag(job_id, state))
 
 
 def _rejected(exc):
@@ -272,7 +270,7 @@ def _user_uid(store, config, user, check_dir=False, identity=None):
     try:
         uid, _ = store.user_uid(user, int(users["uid_min"]), int(users["uid_max"]),
                                 identity=identity)
-    except RuntimeError as exc:  # mpi_store.StoreError: uid range used up, name taken
+    except StoreError as exc:  # uid range used up, name taken
         raise CommandExecutionError(str(exc)) from None
     if check_dir or not store.users().get(user, {}).get("dir_ready"):
         minion, path = _storage_owner(config)
@@ -492,7 +490,7 @@ def _trap_sigterm():
 def _known_job(store, job_id):
     """The record of an existing job the caller may see (a hub user sees only their
     own); SaltInvocationError for a bad id or any other job, alike."""
-    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
         raise SaltInvocationError(f"{str(job_id)[:40]!r} is not a job id (YYYYMMDD-HHMMSS-xxxxxx)")
     record = store.get(job_id)
     if record is not None and _hub_identity() is not None:
@@ -526,7 +524,7 @@ def wait(job_id, timeout=None):
         return _failed_call(str(exc))
     deadline = None if timeout is None else time.monotonic() + float(timeout)
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
-        bus.subscribe(f"mpi/job/{job_id}/")
+        bus.subscribe(f"{JOB_TAG_PREFIX}{job_id}/")
         while True:
             record = store.get(job_id)
             # The result is known once the state is final; the clean-up (containers,
@@ -536,7 +534,7 @@ def wait(job_id, timeout=None):
                 __context__["retcode"] = view["retcode"]
                 return view
             # Events make this prompt; reading the store each second makes it certain.
-            bus.get_event(wait=1, tag=f"mpi/job/{job_id}/", match_type="startswith")
+            bus.get_event(wait=1, tag=f"{JOB_TAG_PREFIX}{job_id}/", match_type="startswith")
 
 
 def status(job_id):
@@ -767,7 +765,7 @@ def _known_node(node):
 
 def _drains_changed():
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-        bus.fire_event({}, "mpi/drains/changed")
+        bus.fire_event({}, DRAINS_TAG)
 
 
 def drain(node, reason=None):
@@ -1056,7 +1054,7 @@ def restore(path):
             raise SaltInvocationError("path must be the absolute path of a backup file on the master")
         try:
             return _store().restore(path)
-        except RuntimeError as exc:  # mpi_store.StoreError
+        except StoreError as exc:
             raise CommandExecutionError(f"not restored: {exc}") from None
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _failed_call(str(exc))

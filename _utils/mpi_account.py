@@ -16,7 +16,8 @@ Definitions (the ``mpi`` runner's ``history`` and ``usage`` use these only):
 import csv
 import io
 
-FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+from dmpi.contract import FINAL
+
 HISTORY_FIELDS = ("job_id", "name", "user", "state", "exit_code", "reason", "np", "nodes",
                   "submitted", "started", "ended", "queue_wait", "elapsed", "core_hours")
 

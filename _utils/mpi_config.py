@@ -1,6 +1,5 @@
 """
-The DockerMPI site settings (the ``mpi`` pillar over ``salt/dockermpi/defaults.yaml``) and
-the constants master and nodes must agree on.
+The DockerMPI site settings (the ``mpi`` pillar over ``salt/dockermpi/defaults.yaml``).
 
 One merge, one check, for everyone who reads the settings: ``map.jinja`` (through the
 ``mpi_config`` execution module) for the states, the ``mpi_config.valid`` state that every
@@ -15,11 +14,8 @@ other state of the formula requires, and the ``mpi`` runner on the master.
   ranges as ``[first, last]`` of ints, ``cpus_per_slot`` a float) or raises
   :class:`ConfigError` holding every problem, one per line.
 
-Loaded by Salt as ``__utils__["mpi_config.validate"]`` (the constants, which the loader
-does not expose, through :func:`contract`); imported by path in tests. Pure: the standard
-library only, no I/O.
-
-:depends: nothing outside the standard library
+Loaded by Salt as ``__utils__["mpi_config.validate"]``; the names master and nodes agree on
+are in :mod:`dmpi.contract`. Pure: no I/O.
 """
 
 import copy
@@ -29,80 +25,19 @@ import math
 import re
 import urllib.parse
 
+from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
+                           IMAGE_NAME_RE, IMAGE_REFERENCE_RE, MAX_STANDBY_NAMESPACES,
+                           USER_RE)
+from dmpi.errors import ConfigError
+
 __all__ = [
-    "ConfigError",
-    "contract",
-    "container_name",
-    "is_job_id",
     "is_encrypted_or_local",
     "is_loopback",
-    "is_user",
     "user_for_identity",
     "merge",
     "problems",
     "validate",
 ]
-
-# ------------------------------------------------------------- the master/node contract
-
-#: A job id, ``YYYYMMDD-HHMMSS-xxxxxx`` (UTC time of submit, 3 random bytes in hex).
-JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
-#: A user name as JupyterHub hands it over; it becomes a directory name on the storage.
-USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
-#: A POSIX account or group name (the guest account; users' names inside containers).
-ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
-#: A Docker network (or container) name, as DockerMPI accepts it.
-DOCKER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-#: The short name of an approved image (the key under ``mpi:images``; ``image=`` of a job).
-IMAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
-#: An image reference pinned by digest, no tag: ``[registry[:port]/]repo@sha256:<64 hex>``.
-IMAGE_REFERENCE_RE = re.compile(
-    r"^(?P<repo>(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
-    r"@(?P<digest>sha256:[0-9a-f]{64})\Z"
-)
-
-#: Where the user's directory ``<storage path>/users/<user>`` is mounted in job
-#: containers (also the user's HOME there).
-DATA_MOUNT = "/data"
-#: The directory under the shared storage path that holds one directory per user.
-USERS_SUBDIR = "users"
-#: The directory in a user's directory that holds one directory per job.
-JOBS_SUBDIR = "mpi-jobs"
-#: Where the job's node-local secret directory is mounted (read-only) in its containers.
-RUN_DIR = "/run/dockermpi"
-#: The user API's JupyterHub service name (mpi_api.SERVICE, jupyterhub_config.py).
-API_SERVICE_NAME = "dockermpi"
-#: The node-local directory of per-job secrets, unless ``mpi:job_root`` says otherwise.
-DEFAULT_JOB_ROOT = "/var/lib/dockermpi/jobs"
-
-#: Job states: the first, those with containers, and the final ones (a job ends in one).
-QUEUED = "queued"
-ACTIVE = ("starting", "running")
-FINAL = ("succeeded", "failed", "cancelled", "timed_out")
-STATES = (QUEUED,) + ACTIVE + FINAL
-#: The tag every job transition is fired under on the master's event bus.
-JOB_EVENT_TAG = "mpi/job/{job_id}/{state}"
-
-#: A job's containers on a node: ``dmpi-<job id>-worker`` (sshd, the ranks) everywhere,
-#: ``dmpi-<job id>-launcher`` (mpirun) on the first node.
-CONTAINER_ROLES = ("worker", "launcher")
-CONTAINER_NAME = "dmpi-{job_id}-{role}"
-#: Docker labels on every job container: the job id, its role and whose job it is.
-LABEL_JOB = "io.dockermpi.job"
-LABEL_ROLE = "io.dockermpi.role"
-LABEL_USER = "io.dockermpi.user"
-
-#: Network namespaces a node keeps made ahead of jobs (``mpi:job_network:standby``): at
-#: most this many, each held by a container named ``dmpi-standby-<hex>`` with the role
-#: label ``standby`` until a job start takes it (and renames it ``dmpi-<job id>-netns``).
-MAX_STANDBY_NAMESPACES = 16
-STANDBY_ROLE = "standby"
-STANDBY_PREFIX = "dmpi-standby-"
-
-#: Values of the ``roles`` grain: a node that runs jobs, the host exporting NFS storage.
-NODE_ROLE = "mpi-node"
-NFS_SERVER_ROLE = "mpi-nfs-server"
 
 # ------------------------------------------------------------------ limits of settings
 
@@ -200,64 +135,7 @@ _ZERO_MEANS_NONE_LIMITS = ("max_running_jobs_per_user", "max_slots_per_user",
                            "max_queued_jobs_per_user")
 
 
-class ConfigError(ValueError):
-    """The ``mpi`` settings are wrong; ``problems`` holds one line per problem, and the
-    message is those lines."""
-
-    def __init__(self, problems):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("\n".join(self.problems))
-
-
-# ------------------------------------------------------------------------ the contract
-
-
-def contract():
-    """
-    The master/node contract as a mapping of constant name to value (the regular
-    expressions as compiled patterns), for code that reaches this module through Salt's
-    loader, which exposes functions only.
-
-    CLI Example (from a runner or module):
-
-    .. code-block:: python
-
-        jobs_subdir = __utils__["mpi_config.contract"]()["JOBS_SUBDIR"]
-    """
-    names = ("JOB_ID_RE", "USER_RE", "ACCOUNT_RE", "DOCKER_NAME_RE", "IMAGE_NAME_RE",
-             "IMAGE_REFERENCE_RE", "DATA_MOUNT", "USERS_SUBDIR", "JOBS_SUBDIR", "RUN_DIR",
-             "DEFAULT_JOB_ROOT", "QUEUED", "ACTIVE", "FINAL", "STATES", "JOB_EVENT_TAG",
-             "CONTAINER_ROLES", "CONTAINER_NAME", "LABEL_JOB", "LABEL_ROLE", "LABEL_USER",
-             "MAX_STANDBY_NAMESPACES", "STANDBY_ROLE", "STANDBY_PREFIX", "NODE_ROLE",
-             "NFS_SERVER_ROLE", "PORT_MIN", "PORT_MAX", "STORAGE_TYPES")
-    return {name: globals()[name] for name in names}
-
-
-def is_job_id(value):
-    """
-    Whether ``value`` is a job id (``YYYYMMDD-HHMMSS-xxxxxx``).
-
-    CLI Example:
-
-    .. code-block:: python
-
-        __utils__["mpi_config.is_job_id"]("20261130-132321-b26398")  # True
-    """
-    return isinstance(value, str) and bool(JOB_ID_RE.match(value))
-
-
-def is_user(value):
-    """
-    Whether ``value`` is a user name DockerMPI accepts (letters, digits, ``-``, ``_``;
-    at most 64, starting with a letter or digit).
-
-    CLI Example:
-
-    .. code-block:: python
-
-        __utils__["mpi_config.is_user"]("alice")  # True
-    """
-    return isinstance(value, str) and bool(USER_RE.match(value))
+# ------------------------------------------------------------------------ identities
 
 
 def user_for_identity(identity):
@@ -283,24 +161,6 @@ def user_for_identity(identity):
     base = re.sub(r"[^a-z0-9]+", "-", identity.lower()).strip("-")[:40].strip("-")
     digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{base or 'user'}-{digest}"
-
-
-def container_name(job_id, role):
-    """
-    The name of a job's container: ``dmpi-<job id>-worker`` or ``dmpi-<job id>-launcher``.
-    Raises ``ValueError`` for anything but a job id and one of :data:`CONTAINER_ROLES`.
-
-    CLI Example:
-
-    .. code-block:: python
-
-        __utils__["mpi_config.container_name"]("20261130-132321-b26398", "worker")
-    """
-    if not is_job_id(job_id):
-        raise ValueError(f"{_shown(job_id)} is not a job id")
-    if role not in CONTAINER_ROLES:
-        raise ValueError(f"role must be one of {', '.join(CONTAINER_ROLES)}, got {_shown(role)}")
-    return CONTAINER_NAME.format(job_id=job_id, role=role)
 
 
 # ----------------------------------------------------------------------------- merge

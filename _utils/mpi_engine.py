@@ -21,16 +21,15 @@ import functools
 import ipaddress
 import logging
 import posixpath
-import re
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
+
 log = logging.getLogger(__name__)
 
-DATA_MOUNT = "/data"
-JOBS_SUBDIR = "mpi-jobs"
 CLEANUP_TIMEOUT = 5  # seconds a node has to clean up before its reports take over
 CLEANUP_RETRY = 10  # seconds between clean-up requests for leftovers on one node
 FLUSH_SECONDS = 2  # how often heartbeats and reports are written to the store
@@ -40,7 +39,6 @@ STALL_SECONDS = 3  # a pass this late means the engine stalled: give nodes a gra
 MIB = 1 << 20
 SLOT_OVERHEAD_MIB = 64  # sshd and orted beside a node's ranks
 SLOT_OVERHEAD_PIDS = 32
-ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")  # a POSIX account name
 # pillar mpi:engine when a site's settings (read by mpi.submit) predate it
 ENGINE_DEFAULTS = {"probe_port": 22, "silent_grace": 90}
 PROBE_TIMEOUT = 1.0  # seconds a TCP connect to a silent node's host may take
@@ -515,7 +513,7 @@ class JobEngine:
             self._track(self.store.get(record["job_id"]))  # someone else moved it
             return None
         self._track(ended)
-        self.transport.fire(f"mpi/job/{ended['job_id']}/{state}",
+        self.transport.fire(job_tag(ended['job_id'], state),
                             {"job_id": ended["job_id"], "state": state, "reason": reason,
                              "exit_code": ended.get("exit_code")})
         self._plan_soon()  # the queue changed, and a succeeded job's slots are free
@@ -565,7 +563,7 @@ class JobEngine:
                 self.store.update(record["job_id"], timings=timings, closed=True,
                                   cleanup={"cleaned": answered, "pending": pending,
                                            "error": error})
-            self.transport.fire(f"mpi/job/{record['job_id']}/closed",
+            self.transport.fire(job_tag(record["job_id"], "closed"),
                                 {"job_id": record["job_id"], "pending": pending})
         except Exception:  # pylint: disable=broad-except
             log.exception("job %s: cleanup failed", record["job_id"])
@@ -640,7 +638,7 @@ class JobEngine:
             self.settings = engine_settings(site["config"])
             started = self._plan(site["config"], now)
         for record in started:
-            self.transport.fire(f"mpi/job/{record['job_id']}/starting",
+            self.transport.fire(job_tag(record["job_id"], "starting"),
                                 {"job_id": record["job_id"], "state": "starting",
                                  "placement": record["placement"]})
             self.pool.submit(self._start, record)
@@ -802,7 +800,7 @@ class JobEngine:
                     deadline=started + record["walltime"], timings=timings)
                 if running is not None:
                     self._track(running)
-                    self.transport.fire(f"mpi/job/{job_id}/running",
+                    self.transport.fire(job_tag(job_id, "running"),
                                         {"job_id": job_id, "state": "running",
                                          "placement": record["placement"]})
             else:

@@ -31,6 +31,8 @@ import re
 import shlex
 import signal as _signal
 
+from dmpi.contract import ACCOUNT_RE, RUN_DIR
+
 __all__ = [
     "DEFAULT_RUN_DIR",
     "generate_ed25519_keypair",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 #: Where the per-job directory is mounted (read-only) inside job containers.
-DEFAULT_RUN_DIR = "/run/dockermpi"
+DEFAULT_RUN_DIR = RUN_DIR
 #: File names in the per-job directory, shared by the node that writes them and the
 #: configuration that reads them.
 USER_KEY = "id_ed25519"
@@ -63,7 +65,6 @@ USER_CA = "user_ca.pub"
 PRINCIPALS = "principals"
 KNOWN_HOSTS = "known_hosts"
 
-_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _PUBKEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+=*( \S+)?$")
 
@@ -118,7 +119,7 @@ def _check_id(value, what):
 
 
 def _check_name(value, what):
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not ACCOUNT_RE.match(value):
         raise ValueError(
             f"{what} must be a lowercase POSIX name (letters, digits, '_', '-', "
             f"at most 32 characters), got {value!r}"

@@ -20,6 +20,9 @@ import posixpath
 import re
 import shlex
 
+from dmpi.contract import DATA_MOUNT, USER_RE
+from dmpi.errors import RequestError
+
 __all__ = [
     "DATA_MOUNT",
     "DEFAULT_LIMITS",
@@ -33,14 +36,9 @@ __all__ = [
     "valid_user",
 ]
 
-#: Where the user's data directory is mounted in job containers; workdirs stay under it.
-DATA_MOUNT = "/data"
 #: Environment variables DockerMPI or Open MPI set for the job; users may not set them.
 RESERVED_ENV_NAMES = ("HOME",)
 RESERVED_ENV_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_", "DMPI_")
-#: A JupyterHub-style user name (it becomes a directory name on the storage).
-# \Z rather than $: $ also matches before a trailing newline.
-USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 #: Site limits a request is held to; the site's ``mpi:limits`` pillar overrides them.
 DEFAULT_LIMITS = {
     "max_walltime": 86400,  # seconds, as salt/dockermpi/defaults.yaml
@@ -82,10 +80,6 @@ _NODES_FORMS = (
     "nodes= takes a count, a node list or one grain match G@key:value, "
     "never pillar or other targets"
 )
-
-
-class RequestError(ValueError):
-    """An argument of a job request is wrong; the message says which and why."""
 
 
 # --------------------------------------------------------------------------- helpers

@@ -22,6 +22,8 @@ grace (pillar ``mpi:engine:silent_grace``).
 
 import signal
 
+from dmpi.contract import ACTIVE, FINAL
+
 NODE_TIMEOUT = 5  # seconds without a heartbeat before a node counts as lost
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
 RESTART_GRACE = 15  # seconds after the engine starts before silent nodes count as lost
@@ -33,9 +35,6 @@ PROBE_EVERY = 2  # seconds between probes of a host while its node stays silent
 # within PROBE_EVERY + probe timeout + a pass of the clock.
 PROBE_FRESH = 5
 
-QUEUED = "queued"
-ACTIVE = ("starting", "running")
-FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 
 # Exit codes of the job's program script (/bin/sh) that say more than a number.
 SHELL_EXITS = {126: "cannot be executed (permission denied or not a program)",

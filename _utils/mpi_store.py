@@ -16,10 +16,10 @@ import tempfile
 import threading
 import time
 
+from dmpi.contract import FINAL, STATES
+from dmpi.errors import StoreError
+
 SCHEMA_VERSION = 5
-ACTIVE = ("starting", "running")
-FINAL = ("succeeded", "failed", "cancelled", "timed_out")
-STATES = ("queued",) + ACTIVE + FINAL
 
 _OPENED = {}  # path -> ((st_dev, st_ino) of the file, JobStore): open_store's
 _OPENED_LOCK = threading.Lock()
@@ -88,13 +88,6 @@ CREATE TABLE IF NOT EXISTS drains (
     # 5: a user's jobs are found by index: every poll of a user's list reads them.
     4: "CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user, seq);\n",
 }
-
-
-class StoreError(RuntimeError):
-    """The job store cannot be used, or cannot do what was asked (no uid left).
-
-    A RuntimeError, so callers that get the store through Salt's loader (which exports
-    functions, not classes) can still catch it by a built-in type."""
 
 
 class JobStore:

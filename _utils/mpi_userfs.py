@@ -622,6 +622,9 @@ def prune_job_dirs(root, parts, older_than, keep=()):
     return removed
 
 
+# dmpi.contract.JOB_ID_RE, spelled out: this file is also the confined child's whole
+# program, which imports the standard library only (tests/unit/dmpi/test_contract.py
+# holds the two equal).
 _JOB_DIR_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
 
 

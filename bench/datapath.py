@@ -56,7 +56,6 @@ import tarfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "_utils"))
 sys.path.insert(0, str(REPO / "bench"))
 import mpi_launch  # noqa: E402  (pure Python; key generation needs cryptography)
 from dmpi_bench import (  # noqa: E402

@@ -69,9 +69,8 @@ import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "_utils"))
 sys.path.insert(0, str(REPO / "bench"))
-import mpi_config  # noqa: E402  (its contract constants need no Salt)
+from dmpi.contract import DATA_MOUNT, JOBS_SUBDIR  # noqa: E402
 import mpi_request  # noqa: E402  (pure Python, no Salt needed)
 import mpi_sched  # noqa: E402
 from dmpi_bench import (  # noqa: E402
@@ -528,7 +527,7 @@ def check_output(expect, record, stdout):
     lines = [line for line in stdout.splitlines()]
     if "lines" in expect:
         # Without a workdir, a job works in its own directory, mpi-jobs/<job id>.
-        own = posixpath.join(mpi_config.DATA_MOUNT, mpi_config.JOBS_SUBDIR, record["job_id"])
+        own = posixpath.join(DATA_MOUNT, JOBS_SUBDIR, record["job_id"])
         wanted = [own if line == OWN_JOB_DIR else line for line in expect["lines"]]
         if sorted(lines) != sorted(wanted):
             return f"ranks printed {lines[:6]!r}, expected {wanted[:6]!r}"

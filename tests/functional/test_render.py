@@ -147,6 +147,17 @@ def preshared_high(tmp_path_factory):
     return _highstate(cfg)
 
 
+def test_a_sync_delivers_the_cluster_library_with_the_modules(tmp_path):
+    """The Salt modules import dmpi: a node gets it from the master's _utils by the same
+    sync that brings them (on the test cluster's hosts nothing else puts it there)."""
+    cfg = _minion(tmp_path, ["mpi-node"], PRESHARED_PILLAR)
+    synced = json.loads(_run(cfg, "saltutil.sync_all").stdout)["local"]
+    assert "utils.dmpi.contract" in synced["utils"]
+    extmods = tmp_path / "root" / "var/cache/salt/minion/extmods/utils/dmpi"
+    assert sorted(path.name for path in extmods.glob("*.py")) == sorted(
+        path.name for path in (REPO / "_utils" / "dmpi").glob("*.py"))
+
+
 def test_nfs_export_is_cluster_network_only_and_root_squashed(nfs_high):
     exports = _args(nfs_high, "mpi-storage-nfs-server-exports-file", "file.managed")
     assert exports["name"] == "/etc/exports.d/dockermpi.exports"

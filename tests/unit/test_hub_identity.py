@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dmpi.contract import is_user
 from tests.extension import load_extension
 
 mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
@@ -25,14 +26,14 @@ def test_a_valid_user_name_is_its_own_user(name):
 ])
 def test_other_hub_names_get_a_safe_name_with_a_hash(name, expected_start):
     user = mpi_config.user_for_identity(name)
-    assert user.startswith(expected_start) and mpi_config.is_user(user)
+    assert user.startswith(expected_start) and is_user(user)
     assert len(user) == len(expected_start) + 8
 
 
 @settings(deadline=None)  # no timing: other work may share the machine
 @given(st.text(min_size=1, max_size=255))
 def test_every_hub_name_maps_to_a_valid_user_name(name):
-    assert mpi_config.is_user(mpi_config.user_for_identity(name))
+    assert is_user(mpi_config.user_for_identity(name))
 
 
 @pytest.mark.parametrize("bad", ["", None, 5, "x" * 256])

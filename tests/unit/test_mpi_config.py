@@ -1,6 +1,6 @@
 """
-Unit tests for the DockerMPI settings: ``_utils/mpi_config.py`` (the contract constants,
-the merge of the ``mpi`` pillar over defaults.yaml and the check of the result), and the
+Unit tests for the DockerMPI settings: ``_utils/mpi_config.py`` (the merge of the ``mpi``
+pillar over defaults.yaml and the check of the result), and the
 ``mpi_config`` execution and state modules that bring it to the formula.
 
 Every check is held to its exact message: a site admin reads it in the highstate output
@@ -11,7 +11,6 @@ test cluster's pillar, pillar.example) must pass.
 import copy
 import math
 import pathlib
-import re
 
 import pytest
 import salt.utils.dictupdate
@@ -63,126 +62,6 @@ def _leaves(mapping, prefix=()):
             yield from _leaves(value, prefix + (key,))
         else:
             yield prefix + (key,)
-
-
-# ------------------------------------------------------------------------- contract
-
-
-def test_contract_constants():
-    assert mpi_config.DATA_MOUNT == "/data"
-    assert mpi_config.JOBS_SUBDIR == "mpi-jobs"
-    assert mpi_config.STATES == (
-        "queued", "starting", "running", "succeeded", "failed", "cancelled", "timed_out"
-    )
-    assert mpi_config.DEFAULT_JOB_ROOT == DEFAULTS["job_root"]
-    assert mpi_config.JOB_EVENT_TAG.format(job_id="J", state="queued") == "mpi/job/J/queued"
-    contract = mpi_config.contract()
-    assert contract["JOBS_SUBDIR"] == "mpi-jobs"
-    assert contract["JOB_ID_RE"] is mpi_config.JOB_ID_RE
-    assert all(name.isupper() for name in contract)
-
-
-@pytest.mark.parametrize(
-    "value,ok",
-    [
-        ("20261130-132321-b26398", True),
-        ("20261130-132321-B26398", False),
-        ("20261130-132321-b26398\n", False),
-        ("2026113-132321-b26398", False),
-        ("../20261130-132321-b26398", False),
-        (20261130, False),
-        (None, False),
-    ],
-)
-def test_is_job_id(value, ok):
-    assert mpi_config.is_job_id(value) is ok
-
-
-@pytest.mark.parametrize(
-    "value,ok",
-    [("alice", True), ("Bob_2-x", True), ("a" * 64, True), ("a" * 65, False),
-     ("-alice", False), ("al ice", False), ("alice\n", False), ("../x", False),
-     ("", False), (7, False)],
-)
-def test_is_user(value, ok):
-    assert mpi_config.is_user(value) is ok
-
-
-def test_container_name():
-    job = "20261130-132321-b26398"
-    assert mpi_config.container_name(job, "worker") == f"dmpi-{job}-worker"
-    assert mpi_config.container_name(job, "launcher") == f"dmpi-{job}-launcher"
-    with pytest.raises(ValueError, match="is not a job id"):
-        mpi_config.container_name("x; rm -rf /", "worker")
-    with pytest.raises(ValueError, match="role must be one of worker, launcher"):
-        mpi_config.container_name(job, "sidecar")
-
-
-def _copies():
-    """(module, its name for a contract value, the contract's name) for each copy still
-    written out elsewhere; the runner is left out where it has moved on."""
-    mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_for_contract")
-    mpi_request = load_extension("_utils/mpi_request.py", "mpi_request_for_contract")
-    mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch_for_contract")
-    mpi_store = load_extension("_utils/mpi_store.py", "mpi_store_for_contract")
-    mpi_image = load_extension("_modules/mpi_image.py", "mpi_image_for_contract")
-    node_engine = load_extension("_engines/mpi_node.py", "mpi_node_for_contract")
-    rules = load_extension("_utils/mpi_rules.py", "mpi_rules_for_contract")
-    engine = load_extension("_utils/mpi_engine.py", "mpi_engine_for_contract")
-    runner = load_extension("_runners/mpi.py", "mpi_runner_for_contract")
-    return [
-        (mpi_job, "LABEL_JOB", "LABEL_JOB"),
-        (mpi_job, "LABEL_ROLE", "LABEL_ROLE"),
-        (mpi_job, "LABEL_USER", "LABEL_USER"),
-        (mpi_job, "RUN_DIR", "RUN_DIR"),
-        (mpi_job, "DATA_MOUNT", "DATA_MOUNT"),
-        (mpi_job, "JOBS_SUBDIR", "JOBS_SUBDIR"),
-        (mpi_job, "_JOB_ID_RE", "JOB_ID_RE"),
-        (mpi_job, "_USER_RE", "USER_RE"),
-        (mpi_job, "_NETWORK_RE", "DOCKER_NAME_RE"),
-        (mpi_request, "DATA_MOUNT", "DATA_MOUNT"),
-        (mpi_request, "USER_RE", "USER_RE"),
-        (mpi_launch, "DEFAULT_RUN_DIR", "RUN_DIR"),
-        (mpi_launch, "_NAME_RE", "ACCOUNT_RE"),
-        (mpi_store, "ACTIVE", "ACTIVE"),
-        (mpi_store, "FINAL", "FINAL"),
-        (mpi_store, "STATES", "STATES"),
-        (mpi_image, "_REFERENCE_RE", "IMAGE_REFERENCE_RE"),
-        (runner, "ACTIVE", "ACTIVE"),
-        (runner, "FINAL", "FINAL"),
-        (runner, "DATA_MOUNT", "DATA_MOUNT"),
-        (runner, "JOBS_SUBDIR", "JOBS_SUBDIR"),
-        (runner, "_JOB_ID_RE", "JOB_ID_RE"),
-        (runner, "_ACCOUNT_RE", "ACCOUNT_RE"),
-        (node_engine.DEFAULTS, "job_root", "DEFAULT_JOB_ROOT"),
-        (node_engine, "JOB_LABEL", "LABEL_JOB"),
-        (rules, "ACTIVE", "ACTIVE"),
-        (rules, "FINAL", "FINAL"),
-        (engine, "DATA_MOUNT", "DATA_MOUNT"),
-        (engine, "JOBS_SUBDIR", "JOBS_SUBDIR"),
-        (engine, "ACCOUNT_RE", "ACCOUNT_RE"),
-    ]
-
-
-def test_copies_of_the_contract_agree_with_it():
-    """Until every module reads the contract from mpi_config, their own copies must say
-    the same (a regular expression may be anchored with $ or \\Z: same strings match)."""
-    samples = ["20261130-132321-b26398", "alice", "Alice-2", "a" * 64, "dmpi-jobs",
-               "a.b_c-d", "mpiuser", "_x", IMAGE, IMAGE.replace(DIGEST, "latest"), "x\n"]
-    for owner, name, contract_name in _copies():
-        if isinstance(owner, dict):
-            value = owner[name]
-        elif not hasattr(owner, name):
-            continue  # that module has moved to the contract
-        else:
-            value = getattr(owner, name)
-        expected = getattr(mpi_config, contract_name)
-        if isinstance(expected, re.Pattern):
-            for sample in samples:
-                assert bool(value.match(sample)) == bool(expected.match(sample)), (
-                    owner, name, sample)
-        else:
-            assert value == expected, (owner, name)
 
 
 # ---------------------------------------------------------------------------- merge

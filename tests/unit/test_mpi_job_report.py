@@ -639,12 +639,3 @@ def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, 
     assert [w for w in written if w.startswith(str(storage))] == \
         [str(storage / ".dockermpi-health" / ".dockermpi-health-node1")]
     assert os.listdir(storage / ".dockermpi-health") == []
-
-
-def test_the_node_module_names_what_the_contract_names():
-    contract = load_extension("_utils/mpi_config.py", "mpi_config_for_report").contract()
-    for name in ("LABEL_JOB", "LABEL_ROLE", "LABEL_USER", "RUN_DIR", "DATA_MOUNT",
-                 "JOBS_SUBDIR", "STANDBY_PREFIX"):
-        assert getattr(mpi_job, name) == contract[name], name
-    assert mpi_job.ROLE_STANDBY == contract["STANDBY_ROLE"]
-    assert mpi_job._JOB_ID_RE.pattern == contract["JOB_ID_RE"].pattern
