@@ -63,6 +63,7 @@ import time
 from dmpi.contract import (DATA_MOUNT, DOCKER_NAME_RE, JOB_ID_RE, JOBS_SUBDIR, LABEL_JOB,
                            LABEL_ROLE, LABEL_USER, MAX_STANDBY_NAMESPACES, NETNS_NAME,
                            NETNS_RE, RUN_DIR, STANDBY_PREFIX, STANDBY_ROLE, USER_RE)
+from dmpi.errors import StartFailure
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
@@ -235,10 +236,10 @@ def _user_dir_owner(storage_path, user):
 def _require_user_dir(storage_path, user, uid):
     found = _user_dir_owner(storage_path, user)
     if found is None or found[0] != uid or found[1] & 0o077:
-        raise CommandExecutionError(
+        raise CommandExecutionError(StartFailure(
+            "user_dir",
             f"the directory of user {user} is not ready: users/{user} must exist, be owned "
-            f"by uid {uid} and be closed to others (found {found})"
-        )
+            f"by uid {uid} and be closed to others (found {found})").wire())
 
 
 def ensure_user_dir(storage_path, user, uid, gid):
@@ -872,8 +873,11 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     starts_launcher = launcher["node"] == __opts__["id"]
     started = time.monotonic()
     keys = _job_keys(job_id, job_cas, launcher["node"], addresses, sshd_port, valid_seconds)
+    try:
+        users_root = _users_root(storage_path)
+    except CommandExecutionError as exc:
+        raise CommandExecutionError(StartFailure("storage", str(exc)).wire()) from None
     _require_user_dir(storage_path, user, uid)
-    users_root = _users_root(storage_path)
     secret_dir = _secret_dir(job_root, job_id)
     _write_secrets(secret_dir, files, uid, gid, keys)
     options = _container_options(job_id, "worker", user, uid, gid,

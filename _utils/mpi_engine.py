@@ -27,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
+from dmpi.errors import StartFailure
 
 log = logging.getLogger(__name__)
 
@@ -790,8 +791,9 @@ class JobEngine:
             started, timings = self._bring_up(record, timings)
             error = None
         except Exception as exc:  # pylint: disable=broad-except
-            error = str(getattr(exc, "error", None) or exc)[:2000]
-            log.warning("job %s could not start: %s", job_id, error)
+            failure = StartFailure.from_wire(str(getattr(exc, "error", None) or exc))
+            error = failure.message[:2000]
+            log.warning("job %s could not start (%s): %s", job_id, failure.kind, error)
         with self.lock:
             self.starting.discard(job_id)
             if error is None:
@@ -804,7 +806,7 @@ class JobEngine:
                                         {"job_id": job_id, "state": "running",
                                          "placement": record["placement"]})
             else:
-                if "is not ready" in error:
+                if failure.kind == "user_dir":
                     self.store.set_user_dir_ready(record["user"], False)
                 self.store.update(job_id, start_error=error, timings=timings)
             current = self.store.get(job_id)

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from dmpi.errors import StartFailure
 from tests.extension import load_extension
 
 rules = load_extension("_utils/mpi_rules.py", "mpi_rules")
@@ -470,6 +471,30 @@ def test_a_failed_start_is_recorded_once_and_the_queue_goes_on(world):
     engine.tick()
     _settle(engine)
     assert store.get(second)["state"] == "running"
+
+
+@pytest.mark.parametrize("kind, dir_still_ready", [
+    ("user_dir", False), ("storage", True), ("node", True)])
+def test_only_a_start_failing_on_the_users_directory_has_it_made_again(
+        world, kind, dir_still_ready):
+    """A node names why a start failed by kind: the user's directory is checked again
+    before the user's next job only when it was the directory (a missing storage mount
+    reads "not ready" too, and is no fault of the directory)."""
+    store, transport, clock, engine = world
+    store.user_uid("alice", 100000, 100999)
+    store.set_user_dir_ready("alice")
+    message = {"user_dir": "the directory of user alice is not ready: found None",
+               "storage": "shared storage is not ready: /srv/dockermpi/users does not exist",
+               "node": "docker: no space left on device"}[kind]
+    failure = StartFailure(kind, message)
+    transport.failing["mpi_job.start_worker"] = (
+        f"mpi_job.start_worker failed on node2: ERROR: {failure.wire()}")
+    job_id = _started(store, clock, engine, np=4)
+    record = store.get(job_id)
+    assert record["state"] == "failed"
+    assert record["reason"] == (
+        f"could not start: mpi_job.start_worker failed on node2: ERROR: {message}")
+    assert store.users()["alice"]["dir_ready"] is dir_still_ready
 
 
 def test_cancel_while_queued_running_and_starting(world):

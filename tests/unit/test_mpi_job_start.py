@@ -9,10 +9,12 @@ from unittest.mock import MagicMock
 
 import docker.errors
 import pytest
+from dmpi.errors import StartFailure
 from salt.exceptions import CommandExecutionError
 from tests.extension import load_extension
 
 mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module_for_start")
+REQUIRE_USER_DIR = mpi_job._require_user_dir
 mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
 
 JOB = "20261130-120000-abcdef"
@@ -85,6 +87,27 @@ def test_a_standby_namespace_is_sealed_before_the_worker_starts_in_it(steps):
     assert ("firewall", 4242) in steps and ("sshd", 4242) in steps
     assert ("create", "container:holder-id") in steps
     assert ret["phases"]["firewall"] <= ret["phases"]["container"]
+
+
+def test_a_start_without_the_shared_storage_fails_of_kind_storage(steps, tmp_path):
+    (tmp_path / "users" / "alice").rmdir()
+    (tmp_path / "users").rmdir()
+    with pytest.raises(CommandExecutionError) as failed:
+        _start(steps)
+    failure = StartFailure.from_wire(str(failed.value))
+    assert failure.kind == "storage"
+    assert failure.message.startswith("shared storage is not ready: ")
+    assert not steps.client.containers.create.called
+
+
+def test_a_start_in_a_directory_not_the_users_fails_of_kind_user_dir(steps, monkeypatch):
+    monkeypatch.setattr(mpi_job, "_require_user_dir", REQUIRE_USER_DIR)
+    with pytest.raises(CommandExecutionError) as failed:
+        _start(steps)  # users/alice is root's here, not uid 23456's
+    failure = StartFailure.from_wire(str(failed.value))
+    assert failure.kind == "user_dir"
+    assert failure.message.startswith("the directory of user alice is not ready: ")
+    assert not steps.client.containers.create.called
 
 
 def test_a_namespace_that_cannot_leave_the_standby_network_starts_no_worker(steps):
