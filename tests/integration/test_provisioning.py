@@ -415,8 +415,11 @@ def _broken_reference(kind, approved):
 
 
 def _local_images(cluster, node):
+    """The node's images: id, repository, tag and digest of each (not their age, which
+    `docker images` words in minutes: a minute passing is no change)."""
     _, out = cluster.exec(
-        node, ["docker", "images", "--digests", "--no-trunc", "--format", "{{json .}}"]
+        node, ["docker", "images", "--digests", "--no-trunc", "--format",
+               "{{.ID}} {{.Repository}} {{.Tag}} {{.Digest}}"]
     )
     return sorted(out.splitlines())
 
