@@ -23,9 +23,10 @@ Master configuration:
     engines:
       - mpi_master: {}
 
-Optional setting: ``interval`` (seconds between passes of the clock, default 1). The
-site settings the queue uses are those ``mpi.submit`` read last (it reads them at every
-submission).
+Optional settings: ``interval`` (seconds between passes of the clock, default 1) and
+``settings_interval`` (seconds between reads of the site's settings, default 60). The
+queue is planned with the site's settings as the nodes see them, read every
+``settings_interval`` by a thread of the engine (``mpi.settings``) and at each submit.
 
 :depends: the ``mpi_engine``, ``mpi_rules``, ``mpi_store``, ``mpi_sched`` and
     ``mpi_launch`` utils modules; the ``mpi_node`` engine on the nodes
@@ -148,13 +149,38 @@ def _loaded(dunder):
     return dunder.value() if hasattr(dunder, "value") else dunder
 
 
-def start(interval=1.0):
+def _read_settings(runners, every):
+    """Read the site's settings every ``every`` seconds (``mpi.settings`` stores them
+    for the engine's next plan); a failure is logged when it changes, the settings the
+    engine has are kept."""
+    last_error = None
+    while True:
+        time.sleep(every)  # a new master has no mpi runner before its first sync
+        try:
+            answer = runners["mpi.settings"]()
+            error = answer.get("error") if isinstance(answer, dict) and "retcode" in answer \
+                else None
+        except Exception as exc:  # pylint: disable=broad-except
+            error = str(exc)
+        if error != last_error:
+            if error:
+                log.warning("DockerMPI job engine: the site's settings were not read "
+                            "again, the last ones stay: %s", error)
+            elif last_error:
+                log.info("DockerMPI job engine: the site's settings are read again")
+        last_error = error
+
+
+def start(interval=1.0, settings_interval=60.0):
     """Run the job engine until the master stops."""
     opts, utils = _loaded(__opts__), _loaded(__utils__)
     store = utils["mpi_store.open_store"](os.path.join(opts["cachedir"], "dockermpi",
                                                        "jobs.sqlite"))
-    transport = SaltTransport(opts, _loaded(__runners__), utils)
+    runners = _loaded(__runners__)
+    transport = SaltTransport(opts, runners, utils)
     engine = utils["mpi_engine.new_engine"](store, transport, utils)
+    threading.Thread(target=_read_settings, args=(runners, float(settings_interval)),
+                     name="mpi-settings", daemon=True).start()
     interval = float(interval)
     next_pass = time.monotonic()
     log.info("DockerMPI job engine started")

@@ -995,6 +995,28 @@ def _prune_job_dirs(store, days, now):
     return removed
 
 
+def settings():
+    """
+    Read the site's settings again, as the nodes see them (the pillar the master renders
+    for the first MPI node, over the defaults, checked), and hand them to the job engine,
+    which plans the queue with them from its next pass. The engine reads them itself
+    every minute and each submit reads them, so a pillar change reaches an idle queue
+    without a submit; this is the way to have it at once. Returns the settings, or fails
+    naming every problem of a bad pillar (the engine then keeps the settings it has).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.settings
+    """
+    try:
+        _require_admin("mpi.settings")
+        return _fresh_site(_store())
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        return _failed_call(str(exc))
+
+
 def backup(path=None):
     """
     Copy the master's job store (records, users and their uids) to a new file with

@@ -2,6 +2,7 @@
 a start that fails, and the master's event-driven evidence."""
 
 import json
+import time
 
 import pytest
 import yaml
@@ -29,6 +30,37 @@ def test_the_newcomer_path_finds_the_engine_serving(cluster):
     # What `up` checks before it says the cluster is up: the runner answers a dict and
     # every node's evidence reaches the engine.
     assert cluster.engine_answers() is None
+
+
+def _node_slots(cluster):
+    """The slots per node the engine plans with (mpi.nodes shows the engine's settings)."""
+    _, nodes = cluster.run_json("mpi.nodes")
+    return {info["slots"] for info in nodes.values()}
+
+
+def _until_node_slots(cluster, slots, timeout=120):
+    deadline = time.monotonic() + timeout
+    while _node_slots(cluster) != {slots}:
+        assert time.monotonic() < deadline, (
+            f"the engine still plans with {_node_slots(cluster)} slots per node, not {slots}")
+        time.sleep(1)
+
+
+def test_a_pillar_change_reaches_the_idle_engine_without_a_submit(cluster):
+    """Nothing is submitted: the engine reads the site's settings itself (every 5 s on
+    this cluster), so an idle queue plans with what the pillar says now."""
+    _, original = cluster.exec("master", ["cat", SITE_PILLAR])
+    (slots,) = _node_slots(cluster)
+    changed = yaml.safe_load(original)
+    changed["mpi"]["slots_per_node"] = slots + 1
+    try:
+        cluster.put_file("master", SITE_PILLAR, yaml.safe_dump(changed).encode())
+        _until_node_slots(cluster, slots + 1)
+    finally:
+        cluster.put_file("master", SITE_PILLAR, original.encode())
+    code, settings = cluster.run_json("mpi.settings")
+    assert code == 0 and settings["slots_per_node"] == slots, settings
+    assert _node_slots(cluster) == {slots}
 
 
 def test_a_bad_pillar_fails_submit_and_highstate_with_a_clear_message(cluster):

@@ -88,8 +88,9 @@ def test_drain_refuses_bad_arguments(master, args, words):
 
 
 @pytest.mark.parametrize("call", [lambda: runner.drain("node1", reason="mine now"),
-                                  lambda: runner.resume("node1"), runner.nodes])
-def test_hub_users_cannot_drain_resume_or_see_nodes(master, call):
+                                  lambda: runner.resume("node1"), runner.nodes,
+                                  runner.settings])
+def test_hub_users_cannot_drain_resume_see_nodes_or_reread_settings(master, call):
     store, fired = master
     store.drain("node1", "maintenance")
     with caller.as_hub_user("alice"):  # as the API engine calls for a hub user
