@@ -100,6 +100,22 @@ def encrypted_or_local(url):
     return __utils__["mpi_config.is_encrypted_or_local"](url)
 
 
+def endpoint(url):
+    """
+    Return ``[host, port]`` that ``url`` connects to (the scheme's port when the URL names
+    none), or None when it is no http(s) URL with a host: the hub's firewall state lets
+    notebooks reach the API's endpoint (``mpi:hub:api_service_url``) alone.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_config.endpoint https://10.0.0.2:8001
+    """
+    found = __utils__["mpi_config.endpoint"](url)
+    return list(found) if found else None
+
+
 def is_loopback(host):
     """
     Return whether ``host`` (an address or ``localhost``) is its machine's loopback.

@@ -31,6 +31,7 @@ from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
 from dmpi.errors import ConfigError
 
 __all__ = [
+    "endpoint",
     "is_encrypted_or_local",
     "is_loopback",
     "user_for_identity",
@@ -711,6 +712,12 @@ class _Checker:
             self.url(("hub", key), schemes, required)
         self.token_hop(("hub", "api_service_url"), "the hub's proxy and spawner send users' "
                        "tokens there", "mpi:api:tls")
+        service_url = self.get("hub", "api_service_url")
+        found = endpoint(service_url)
+        if found and not is_loopback(found[0]) and not _is_address(found[0]):
+            self.problem("mpi:hub:api_service_url must name the API's host by its IPv4 address "
+                         "(notebooks call the API there, and the hub host's firewall lets "
+                         f"them reach that address alone), got {_shown(service_url)}")
         if parts.get("tls") is not None:
             self.pem("hub", "tls")
         self.check_hub_origins()
@@ -925,6 +932,26 @@ def is_encrypted_or_local(url):
     a loopback address)."""
     parsed = urllib.parse.urlsplit(url if isinstance(url, str) else "")
     return parsed.scheme == "https" or (parsed.scheme == "http" and is_loopback(parsed.hostname))
+
+
+def endpoint(url):
+    """``(host, port)`` a URL connects to (the scheme's port when it names none), or None
+    for what is no http(s) URL with a host.
+
+    CLI Example:
+
+    .. code-block:: python
+
+        __utils__["mpi_config.endpoint"]("https://10.0.0.2:8001")  # ("10.0.0.2", 8001)
+    """
+    parsed = urllib.parse.urlsplit(url if isinstance(url, str) else "")
+    try:
+        port = parsed.port
+    except ValueError:
+        return None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return None
+    return parsed.hostname, port or (443 if parsed.scheme == "https" else 80)
 
 
 def is_loopback(host):

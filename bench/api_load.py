@@ -2,8 +2,10 @@
 """How does DockerMPI's user API hold up under a class of users?
 
 For each user count (``--users 20,50,100``), that many hub users, each with a real token
-of their own from the test cluster's hub, call the API the way notebooks do (through the
-hub's proxy, on the API's own origin dockermpi--service.hub.dmpi.test): most poll their jobs (``GET
+of their own from the test cluster's hub, call the API the way notebooks do (on the
+master, directly over TLS, a new connection per call as the ``mpi`` client makes them;
+``--through-proxy``: the way browsers do, through the hub's proxy on the API's own origin
+dockermpi--service.hub.dmpi.test): most poll their jobs (``GET
 /jobs``, ``GET /jobs/<id>`` of a job of their own, alternately, ``--rate`` calls a second
 each, spread evenly over the period; ``--in-step``: all at the same instants),
 ``--followers`` of them
@@ -26,6 +28,7 @@ import asyncio
 import json
 import os
 import pathlib
+import ssl
 import statistics
 import sys
 import tempfile
@@ -37,12 +40,16 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import tornado.httpclient  # noqa: E402  (a dependency of Salt, in .venv)
 
 from bench.dmpi_bench import MASTER, fmt, log, run, table  # noqa: E402
-from tests.cluster.testcluster import (API_PORT, API_PUBLIC_URL, HUB_ADDR,  # noqa: E402
-                                       HUB_API_URL, TestCluster, api_process, hub_admin_token)
+from tests.cluster.testcluster import (API_NOTEBOOK_URL, API_PUBLIC_URL,  # noqa: E402
+                                       HUB_ADDR, HUB_API_URL, TestCluster, api_process,
+                                       hub_admin_token)
 
-#: The API on its own origin, as notebooks call it: the proxy on the hub host (the test
-#: cluster has no DNS: the client maps the name), its certificate checked.
-API = f"{API_PUBLIC_URL}/api/v1"
+#: The API as notebooks call it (this machine is among the test API's allowed clients),
+#: and on its own origin as browsers call it: the proxy on the hub host (the test cluster
+#: has no DNS: the client maps the name). Certificates checked either way.
+API_DIRECT = f"{API_NOTEBOOK_URL}/api/v1"
+API_PROXIED = f"{API_PUBLIC_URL}/api/v1"
+API = API_DIRECT
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 USER_PREFIX = "apiload-"
 
@@ -85,17 +92,15 @@ class User:
     async def call(self, method, path, body=None, timeout=90):
         """(status, answer, seconds)."""
         started = time.perf_counter()
-        answer = await self.http.fetch(
-            API + path, method=method, raise_error=False, request_timeout=timeout,
-            headers={"Authorization": f"token {self.token}",
-                     "Content-Type": "application/json"},
-            body=("" if method == "POST" else None) if body is None else json.dumps(body))
+        code, text = await asyncio.wait_for(
+            one_call(method, API + path, self.token, None if body is None else json.dumps(body)),
+            timeout)
         seconds = time.perf_counter() - started
         try:
-            found = json.loads(answer.body) if answer.body else None
+            found = json.loads(text) if text else None
         except ValueError:
-            found = answer.body[:200]
-        return answer.code, found, seconds
+            found = text[:200]
+        return code, found, seconds
 
     async def submit(self, cmd, np=1, nodes=None):
         status, job, _ = await self.call("POST", "/jobs", {
@@ -111,6 +116,40 @@ class User:
                 raise RuntimeError(f"{self.name}: wait answered {status}: {job}")
             if job["state"] in FINAL:
                 return job
+
+
+TLS = {}  # the one client context of the run (the test cluster's CA)
+
+
+async def one_call(method, url, token, body):
+    """``(status, body)`` of one HTTP/1.1 request on a connection of its own, closed after
+    it: what the ``mpi`` client (urllib) does for every call. Asyncio's streams rather than
+    a full HTTP client, so one process can stand for many users' notebooks without its own
+    overhead in the figures. A name the test cluster has no DNS for goes to the hub host,
+    as the client's hostname mapping says (the certificate is checked against the name)."""
+    parts = urllib.parse.urlsplit(url)
+    address = HUB_ADDR if parts.hostname == urllib.parse.urlsplit(API_PUBLIC_URL).hostname \
+        else parts.hostname
+    reader, writer = await asyncio.open_connection(address, parts.port or 443,
+                                                   ssl=TLS["context"],
+                                                   server_hostname=parts.hostname)
+    try:
+        data = (body or "").encode()
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        writer.write(f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                     f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+                     + data)
+        status = int((await reader.readline()).split()[1])
+        length = None
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        text = await (reader.readexactly(length) if length is not None else reader.read())
+        return status, text
+    finally:
+        writer.close()
 
 
 def api_cpu_seconds():
@@ -203,9 +242,12 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
 
 
 async def main(args):
+    global API  # noqa: PLW0603 (one switch for every call of the run)
+    API = API_PROXIED if args.through_proxy else API_DIRECT
     ca_file = tempfile.NamedTemporaryFile("w", suffix=".pem")  # noqa: SIM115 (kept open)
     ca_file.write(TestCluster().tls["ca"])
     ca_file.flush()
+    TLS["context"] = ssl.create_default_context(cafile=ca_file.name)
     tornado.httpclient.AsyncHTTPClient.configure(
         None, max_clients=400,
         hostname_mapping={urllib.parse.urlsplit(API_PUBLIC_URL).hostname: HUB_ADDR},
@@ -223,7 +265,8 @@ async def main(args):
         for user in users:
             await user.wait(own[user.name])
         for count in args.users:
-            log(f"{count} users for {args.seconds:g} s ({args.followers} following a job)")
+            log(f"{count} users for {args.seconds:g} s ({args.followers} following a job), "
+                f"{'through the proxy' if args.through_proxy else 'directly'}")
             found = await one_round(users[:count], launcher, own, args.seconds,
                                     args.followers, args.launches, args.rate, args.in_step)
             failed += found["errors"]
@@ -249,10 +292,14 @@ def parse():
     parser.add_argument("--users", default="20,50,100",
                         type=lambda t: [int(x) for x in t.split(",")])
     parser.add_argument("--seconds", type=float, default=30)
-    parser.add_argument("--followers", type=int, default=5)
+    # Each follower's job holds a slot: the test cluster's 6 leave the launcher's 2-node
+    # job two nodes with a slot free only with at most 3 of them running (pack placement).
+    parser.add_argument("--followers", type=int, default=2)
     parser.add_argument("--launches", type=int, default=3)
     parser.add_argument("--rate", type=float, default=5,
                         help="calls a second of each polling user (the site's limit is 20)")
+    parser.add_argument("--through-proxy", action="store_true",
+                        help="call through the hub's proxy, as browsers do, not directly")
     parser.add_argument("--in-step", action="store_true",
                         help="every poller calls at the same instants (bursts), not spread "
                              "over the period")

@@ -42,6 +42,10 @@ mpi:
       pids: 256
       cpus: 1.0
   api:
+    # The hub host (its proxy, and notebooks, which call the API directly) and this test
+    # machine's address on the cluster network, from which bench/api_load.py calls as
+    # notebooks do.
+    allowed_clients: [10.251.1.5, 10.251.1.1]
     # The API checks tokens with the hub through its proxy, over TLS.
     hub_api_url: https://hub.dmpi.test:8000/hub/api
     # Short enough that the tests see a revoked token refused soon.

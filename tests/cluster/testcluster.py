@@ -77,6 +77,8 @@ HUB_DOMAIN = "hub.dmpi.test"
 HUB_PUBLIC_PORT = 8000
 HUB_PUBLIC_URL = f"https://{HUB_DOMAIN}:{HUB_PUBLIC_PORT}"
 API_PUBLIC_URL = f"https://dockermpi--service.{HUB_DOMAIN}:{HUB_PUBLIC_PORT}/services/dockermpi"
+#: The API as notebooks call it: on the master, directly over TLS (DOCKERMPI_API_URL).
+API_NOTEBOOK_URL = f"https://{MASTER_ADDR}:8001/services/dockermpi"
 #: The generated pillar on the master holding the cluster's certificates and their CA
 #: (tests/cluster/tls.py), and the private keys' files (pillar/top.sls gives each to one host).
 TLS_PILLAR = "/srv/pillar-local/testcluster_tls.sls"

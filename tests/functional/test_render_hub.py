@@ -202,14 +202,24 @@ def test_without_an_admin_token_the_api_is_the_only_service(hub_high, tmp_path, 
     assert [r["name"] for r in hub.load_roles] == ["user", "server"]
 
 
-def test_notebooks_are_told_the_proxys_url_and_the_spawner_the_masters(
+def test_notebooks_and_the_spawner_call_the_api_on_the_master_directly(
         hub_high, tmp_path, monkeypatch):
     settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
     spawner = _hub_config(tmp_path, monkeypatch, settings)["DockerMPISpawner"]
-    assert spawner.api_url == "http://172.30.0.5:8000/services/dockermpi"
+    assert spawner.api_url == "https://172.30.0.2:8001/services/dockermpi"
     assert spawner.api_service_url == "https://172.30.0.2:8001"
     # no CA of the site's: notebooks and the spawner trust the system's CAs
     assert (spawner.api_ca, spawner.api_service_ca) == ("", "")
+
+
+def test_an_api_on_the_hub_host_itself_is_called_through_the_proxy(
+        hub_high, tmp_path, monkeypatch):
+    """A notebook's loopback is its own: an API on the hub host's loopback is reached the
+    way browsers reach it."""
+    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    spawner = _hub_config(tmp_path, monkeypatch, dict(
+        settings, api_service_url="http://127.0.0.1:8001"))["DockerMPISpawner"]
+    assert spawner.api_url == "http://172.30.0.5:8000/services/dockermpi"
 
 
 PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIBhub\n-----END CERTIFICATE-----\n"
@@ -241,8 +251,9 @@ def test_the_proxy_serves_users_over_tls_and_checks_the_apis_certificate(
     assert config["ConfigurableHTTPProxy"].command == [
         "/usr/bin/configurable-http-proxy", "--client-ssl-ca", "/etc/dockermpi/hub/api-ca.pem"]
     spawner = config["DockerMPISpawner"]
+    # notebooks and the spawner call the API itself: its CA is the one they check
     assert (spawner.api_ca, spawner.api_service_ca) == (
-        "/etc/dockermpi/hub/hub-ca.pem", "/etc/dockermpi/hub/api-ca.pem")
+        "/etc/dockermpi/hub/api-ca.pem", "/etc/dockermpi/hub/api-ca.pem")
 
 
 def test_without_tls_the_proxy_is_plain_and_leaves_no_key_behind(hub_high, tmp_path,
@@ -290,7 +301,7 @@ def test_subdomain_host_gives_each_server_and_the_api_an_origin_of_its_own(
     settings = _args(high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
     config = _hub_config(tmp_path, monkeypatch, settings)
     assert config["JupyterHub"].subdomain_host == "https://hub.example.org"
-    assert config["DockerMPISpawner"].api_url == api
+    assert settings["api_url"] == api  # what browsers call; notebooks call the master
     assert config["DockerMPISpawner"].extra_host_config["extra_hosts"] == {
         "dockermpi--service.hub.example.org": "172.30.0.5"}
 
@@ -310,14 +321,28 @@ def test_notebooks_reach_no_other_host_of_the_cluster_network(hub_high):
     assert rule["save"] is False
 
 
-def test_the_notebooks_rule_comes_back_with_every_start_of_docker(hub_high):
+def test_notebooks_reach_the_api_and_nothing_else_of_the_master(hub_high):
+    rule = _args(hub_high, "mpi-hub-firewall-notebooks-reach-the-api", "iptables.insert")
+    assert (rule["table"], rule["chain"], rule["position"]) == ("filter", "DOCKER-USER", 1)
+    assert (rule["in-interface"], rule["destination"]) == ("docker0", "172.30.0.2/32")
+    assert (rule["proto"], rule["dport"]) == ("tcp", 8001)
+    assert (rule["match"], rule["ctstate"], rule["jump"]) == ("conntrack", "NEW", "RETURN")
+    # inserted at the top after the refusal of the rest, so it comes first
+    assert {"iptables": "mpi-hub-firewall-notebooks-reach-only-the-hub"} in rule["require"]
+
+
+def test_the_notebooks_rules_come_back_with_every_start_of_docker(hub_high):
     """A boot starts with an empty DOCKER-USER chain: a unit that Docker's start pulls in
-    puts the same rule back, once, at the top."""
+    puts the same rules back, once each, the API's above the refusal."""
     unit = _args(hub_high, "mpi-hub-firewall-boot-unit-file", "file.managed")
     lines = unit["contents"].splitlines()
-    rule = "DOCKER-USER -i docker0 -d 172.30.0.0/16 -m conntrack --ctstate NEW -j REJECT"
-    assert f"ExecStart=-/usr/sbin/iptables -w -D {rule}" in lines
-    assert "ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 " + rule.split(" ", 1)[1] in lines
+    refuse = "-i docker0 -d 172.30.0.0/16 -m conntrack --ctstate NEW -j REJECT"
+    api = "-i docker0 -d 172.30.0.2/32 -p tcp --dport 8001 -m conntrack --ctstate NEW -j RETURN"
+    starts = [line for line in lines if line.startswith("ExecStart=")]
+    assert starts == [f"ExecStart=-/usr/sbin/iptables -w -D DOCKER-USER {refuse}",
+                      f"ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 {refuse}",
+                      f"ExecStart=-/usr/sbin/iptables -w -D DOCKER-USER {api}",
+                      f"ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 {api}"]
     assert {"After=docker.service", "PartOf=docker.service", "WantedBy=docker.service",
             "Before=dockermpi-hub.service"} <= set(lines)
     assert _args(hub_high, "mpi-hub-firewall-boot-unit-enabled", "service.enabled")["name"] == \

@@ -506,19 +506,26 @@ except urllib.error.HTTPError as exc:
 # --------------------------------------------------------------------- nothing else
 
 
-def test_salt_is_not_reachable_from_a_notebook(cluster, notebooks):
+def test_a_notebook_reaches_the_api_on_the_master_and_nothing_else_there(cluster, notebooks):
+    """Of the master, a notebook reaches DockerMPI's API alone: not Salt's publisher and
+    request server, salt-api's port or the registry (which listens: its refusal is the
+    hub host's firewall)."""
     probe = r"""
 import socket, sys
-for port in (4505, 4506, 8000):
+for port in (8001, 4505, 4506, 8000, 5000):
     try:
         socket.create_connection((sys.argv[1], port), timeout=5).close()
-        print("open", port)
+        print(port, "open")
     except OSError as exc:
-        print("closed", port, exc)
+        print(port, "closed")
 """
     code, output = cluster.notebook_exec(ANN, ["python3", "-c", probe, MASTER_ADDR])
     assert code == 0, output
-    assert "open" not in output.split(), output
+    assert output.split() == ["8001", "open", "4505", "closed", "4506", "closed", "8000",
+                              "closed", "5000", "closed"], output
+    code, _ = cluster.exec("hub", ["timeout", "5", "bash", "-c", f"</dev/tcp/{MASTER_ADDR}/5000"],
+                           check=False)
+    assert code == 0, "the registry is not open from the hub host: nothing to prove"
     _, units = cluster.exec("master", ["systemctl", "is-active", "salt-api"], check=False)
     assert units.strip() != "active"
 

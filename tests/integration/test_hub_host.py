@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.cluster.testcluster import (API_PUBLIC_URL, HUB_DOMAIN, HUB_HOST_PORT,
-                                       HUB_PUBLIC_PORT, NOTEBOOK_PREFIX)
+from tests.cluster.testcluster import (API_NOTEBOOK_URL, API_PUBLIC_URL, HUB_DOMAIN,
+                                       HUB_HOST_PORT, HUB_PUBLIC_PORT, NOTEBOOK_PREFIX)
 
 pytestmark = pytest.mark.cluster
 
@@ -148,15 +148,15 @@ def test_notebook_mounts_only_the_users_directory(hub, notebooks, name):
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", account)
     assert container == f"{NOTEBOOK_PREFIX}-{account}"
     mounts = sorted((m["Type"], m["Source"], m["Destination"], m["RW"]) for m in found["Mounts"])
-    assert mounts == [("bind", "/etc/dockermpi/hub/hub-ca.pem", "/etc/dockermpi/hub-ca.pem",
+    assert mounts == [("bind", "/etc/dockermpi/hub/api-ca.pem", "/etc/dockermpi/api-ca.pem",
                        False),
                       ("bind", f"/srv/dockermpi/users/{account}", "/data", True)]
     assert found["Config"]["WorkingDir"] == "/data"
     env = _env(found)
     assert env["HOME"] == "/data"
-    assert env["DOCKERMPI_API_URL"] == API_PUBLIC_URL
-    # The site's CA of the proxy's certificate, read-only beside the user's directory.
-    assert env["DOCKERMPI_API_CA"] == "/etc/dockermpi/hub-ca.pem"
+    assert env["DOCKERMPI_API_URL"] == API_NOTEBOOK_URL
+    # The site's CA of the API's certificate, read-only beside the user's directory.
+    assert env["DOCKERMPI_API_CA"] == "/etc/dockermpi/api-ca.pem"
     code, out = hub.notebook_exec(name, ["cat", env["DOCKERMPI_API_CA"]])
     assert code == 0 and out == hub.tls["ca"]
     assert env["DOCKERMPI_IMAGE"] == "notebook"

@@ -699,9 +699,9 @@ def test_hub_checks_name_the_key_and_the_problem(hub, expected):
     {"api_url": "http://10.0.0.5:8000/services/dockermpi"},
     {"bind_url": "https://0.0.0.0:443", "api_url": "https://hub.example.org/services/dockermpi"},
     {"bind_url": "https://0.0.0.0:443", "api_url": "https://[fd00::5]:8443/services/dockermpi"},
-    # the proxy reaches the API over TLS, or on the same host
+    # the proxy and notebooks reach the API over TLS, or the proxy on the same host
     {"api_service_url": "https://10.0.0.2:8001"},
-    {"api_service_url": "https://master.example.org:8001"},
+    {"api_service_url": "https://10.0.0.2"},
     {"api_service_url": "http://127.0.0.1:8001"},
     {"api_url": "", "api_service_url": ""},  # hosts other than the hub need neither
 ])
@@ -709,6 +709,24 @@ def test_hub_api_urls_accepted(hub):
     assert _problems(hub=hub) == []
     config = mpi_config.validate(_site(hub=hub))
     assert {key: config["hub"][key] for key in hub} == hub
+
+
+@pytest.mark.parametrize("url", ["https://master.example.org:8001", "https://[fd00::2]:8001"])
+def test_the_api_service_url_names_the_api_by_its_address(url):
+    """Notebooks call the API there, and the hub host's firewall opens that address alone
+    to them: a name would be resolved once, when the rule is made."""
+    assert _problems(hub={"api_service_url": url}) == [
+        "mpi:hub:api_service_url must name the API's host by its IPv4 address (notebooks "
+        "call the API there, and the hub host's firewall lets them reach that address "
+        f"alone), got {url!r}"]
+
+
+@pytest.mark.parametrize("url, found", [
+    ("https://10.0.0.2:8001", ("10.0.0.2", 8001)), ("https://10.0.0.2", ("10.0.0.2", 443)),
+    ("http://127.0.0.1/x", ("127.0.0.1", 80)), ("ftp://10.0.0.2", None), ("", None),
+    ("https://10.0.0.2:99999", None), (None, None)])
+def test_endpoint(url, found):
+    assert mpi_config.endpoint(url) == found
 
 
 def test_hub_github_needs_its_oauth_client():

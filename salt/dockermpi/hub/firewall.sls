@@ -1,15 +1,20 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
-{#- Notebooks reach the hub host (its proxy, through which they call DockerMPI's API,
-    and the hub's API) and nothing else of the cluster network: not the master's Salt
-    ports or registry, not the API's own port, not a node host. Docker sends every
+{#- Notebooks reach the hub host (its proxy and the hub's API) and, of the rest of the
+    cluster network, DockerMPI's API alone (mpi:hub:api_service_url, which they call
+    directly): not the master's Salt ports or registry, not a node host. Docker sends every
     container's forwarded traffic through DOCKER-USER first and never flushes that
-    chain; the hub host itself is reached through INPUT, which this leaves alone.
-    The rule is put in place now (iptables.insert) and at every start of Docker
-    (dockermpi-hub-firewall, ordered before the hub and its notebooks), since a boot
-    starts with an empty DOCKER-USER chain. #}
-{%- set rule = ["DOCKER-USER", "-i", "docker0", "-d", mpi.cluster_network, "-m", "conntrack",
-                "--ctstate", "NEW", "-j", "REJECT"] %}
+    chain; the hub host itself is reached through INPUT, which this leaves alone. The API's
+    rule returns to Docker's own rules (which let a container's connections out) before
+    the refusal of the rest. The rules are put in place now (iptables.insert) and at every
+    start of Docker (dockermpi-hub-firewall, ordered before the hub and its notebooks),
+    since a boot starts with an empty DOCKER-USER chain. #}
+{%- set refuse = ["-i", "docker0", "-d", mpi.cluster_network, "-m", "conntrack",
+                  "--ctstate", "NEW", "-j", "REJECT"] %}
+{%- set api = salt["mpi_config.endpoint"](mpi.hub.api_service_url) %}
+{%- set api_is_remote = api and not salt["mpi_config.is_loopback"](api[0]) %}
+{%- set allow_api = ["-i", "docker0", "-d", api[0] ~ "/32", "-p", "tcp", "--dport", api[1] | string,
+                     "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"] if api_is_remote else [] %}
 
 include:
   - {{ tplroot }}.config
@@ -31,6 +36,26 @@ mpi-hub-firewall-notebooks-reach-only-the-hub:
       - sls: {{ tplroot }}.config
       - sls: {{ tplroot }}.hub.settings
       - service: mpi-docker-service-running
+{%- if api_is_remote %}
+
+mpi-hub-firewall-notebooks-reach-the-api:
+  iptables.insert:
+    - table: filter
+    - chain: DOCKER-USER
+    - position: 1
+    - in-interface: docker0
+    - destination: {{ (api[0] ~ "/32") | json }}
+    - proto: tcp
+    - dport: {{ api[1] }}
+    - match: conntrack
+    - ctstate: NEW
+    - jump: RETURN
+    - save: False
+    - require:
+      - sls: {{ tplroot }}.config
+      - sls: {{ tplroot }}.hub.settings
+      - iptables: mpi-hub-firewall-notebooks-reach-only-the-hub
+{%- endif %}
 
 mpi-hub-firewall-boot-unit-file:
   file.managed:
@@ -41,7 +66,7 @@ mpi-hub-firewall-boot-unit-file:
     - contents: |
         # Managed by Salt (dockermpi.hub.firewall).
         [Unit]
-        Description=DockerMPI: notebooks reach only the hub host on the cluster network
+        Description=DockerMPI: notebooks reach only the hub host and the API on the cluster network
         After=docker.service
         PartOf=docker.service
         Before=dockermpi-hub.service
@@ -49,8 +74,12 @@ mpi-hub-firewall-boot-unit-file:
         [Service]
         Type=oneshot
         RemainAfterExit=yes
-        ExecStart=-/usr/sbin/iptables -w -D {{ rule | join(" ") }}
-        ExecStart=/usr/sbin/iptables -w -I {{ rule[0] }} 1 {{ rule[1:] | join(" ") }}
+        ExecStart=-/usr/sbin/iptables -w -D DOCKER-USER {{ refuse | join(" ") }}
+        ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 {{ refuse | join(" ") }}
+{%- if api_is_remote %}
+        ExecStart=-/usr/sbin/iptables -w -D DOCKER-USER {{ allow_api | join(" ") }}
+        ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 {{ allow_api | join(" ") }}
+{%- endif %}
 
         [Install]
         WantedBy=docker.service

@@ -9,8 +9,8 @@ user's account (a name safe for Docker), uid, gid and directory on the shared st
 which the master has created and owns by that uid before it answers. The container then
 runs as ``uid:gid`` with that directory alone bind-mounted at ``/data`` (HOME and working
 directory), every capability dropped, no-new-privileges, memory, pids and CPU limits;
-``DOCKERMPI_API_URL`` tells the ``mpi`` client inside where the API is (through the
-hub's proxy).
+``DOCKERMPI_API_URL`` tells the ``mpi`` client inside where the API is (on the master,
+called directly over TLS), ``DOCKERMPI_API_CA`` which CA signs its certificate.
 
 Installed by the dockermpi.hub state next to jupyterhub_config.py (on PYTHONPATH of the
 dockermpi-hub service).
@@ -29,8 +29,8 @@ from traitlets import Float, Unicode
 
 #: Where the user's directory appears in the notebook (as in job containers).
 DATA_MOUNT = "/data"
-#: The proxy's CA in a notebook (DOCKERMPI_API_CA), where the site gives one.
-NOTEBOOK_CA_FILE = "/etc/dockermpi/hub-ca.pem"
+#: The CA of the API's certificate in a notebook (DOCKERMPI_API_CA), where the site gives one.
+NOTEBOOK_CA_FILE = "/etc/dockermpi/api-ca.pem"
 #: The answer of mpi.whoami: every key the spawner needs.
 WHOAMI_KEYS = ("user", "account", "uid", "gid", "dir", "dir_in_job")
 #: An account as the master hands it out (it names a container and a directory).
@@ -89,7 +89,7 @@ class DockerMPISpawner(DockerSpawner):
     ``image_name`` (besides DockerSpawner's ``image``, the approved reference by digest)."""
 
     api_url = Unicode(
-        help="DockerMPI's API as notebooks reach it (through the proxy): DOCKERMPI_API_URL."
+        help="DockerMPI's API as notebooks reach it: DOCKERMPI_API_URL."
     ).tag(config=True)
     api_service_url = Unicode(
         help="DockerMPI's API as the hub reaches it on the master (the service's url)."
@@ -98,7 +98,7 @@ class DockerMPISpawner(DockerSpawner):
         help="PEM file of the CA that signs the API's certificate ('': the system's CAs)."
     ).tag(config=True)
     api_ca = Unicode(
-        help="PEM file of the CA that signs the proxy's certificate, given to notebooks "
+        help="PEM file of the CA that signs the certificate of api_url, given to notebooks "
         "as DOCKERMPI_API_CA ('': they use the system's CAs)."
     ).tag(config=True)
     users_dir = Unicode(
