@@ -21,8 +21,8 @@ local disk:
 - :func:`jobs` lists what of which job is on this node.
 - :func:`report` is the node's evidence about every job on it (containers, launcher
   exit and the failing rank, limits hit, Docker engine, reachability of the job's other
-  nodes); the ``mpi_jobs`` beacon fires it as an event every interval. It never raises
-  on anything a job wrote.
+  nodes); the ``mpi_node`` engine sends it to the master when it changes. It never
+  raises on anything a job wrote.
 - :func:`health` is the node's fitness for new jobs: the Docker engine answering, the
   shared storage mounted and writable, the image digests present, the job CA's public
   key; the ``mpi_node``

@@ -866,7 +866,8 @@ class _Checker:
         # Longer than a node's heartbeat timeout, or the grace could never apply; a day
         # at most, so a node that never comes back still ends its jobs.
         self.whole("engine", "silent_grace", minimum=0, maximum=86400,
-                   note=" (seconds; 0: a silent node's jobs fail after 5 s, as before)")
+                   note=" (seconds; 0: a silent node's jobs fail after 5 s, whatever its "
+                        "host answers)")
 
     def check_api(self):
         """``mpi:api``: DockerMPI's user API on the master (salt/dockermpi/api)."""

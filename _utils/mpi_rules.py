@@ -240,7 +240,7 @@ def verdict(record, nodes, now, judge_silence=True, silent_grace=0):
         silent node is then not yet a lost one.
     silent_grace
         Seconds a silent node whose host still answers is given (see :func:`silence`);
-        0 judges silence alone, as before the engine probed hosts.
+        0 judges silence alone, whatever the probe of the host says.
 
     In order: a cancel request; while starting, a failed start or the start timeout; then the launcher's
     exit (the program's own verdict, named after a limit when one was hit), a memory or

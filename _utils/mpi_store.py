@@ -3,7 +3,7 @@ The master's durable record of DockerMPI jobs and nodes: one SQLite file.
 
 Every job is a row whose ``state`` only moves forward (queued -> starting -> running ->
 succeeded / failed / cancelled / timed_out); :meth:`JobStore.transition` makes each move
-atomic and exclusive, so when the reactor, the schedule and a ``salt-run`` race to end
+atomic and exclusive, so when the job engine's threads and a ``salt-run`` race to end
 the same job exactly one of them wins and does the clean-up. Several processes and
 threads share the file; writers serialise on SQLite's lock (``BEGIN IMMEDIATE``).
 """

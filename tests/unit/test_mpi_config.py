@@ -171,10 +171,10 @@ CASES = [
      "node's host answers or refuses on), got 'ssh'"),
     ({"engine": {"silent_grace": -1}},
      "mpi:engine:silent_grace must be a whole number from 0 to 86400 (seconds; 0: a silent "
-     "node's jobs fail after 5 s, as before), got -1"),
+     "node's jobs fail after 5 s, whatever its host answers), got -1"),
     ({"engine": {"silent_grace": 90.5}},
      "mpi:engine:silent_grace must be a whole number from 0 to 86400 (seconds; 0: a silent "
-     "node's jobs fail after 5 s, as before), got 90.5"),
+     "node's jobs fail after 5 s, whatever its host answers), got 90.5"),
     ({"engine": {"grace": 30}},
      "mpi:engine:grace is not a DockerMPI setting (the keys of mpi:engine are: probe_port, "
      "silent_grace)"),

@@ -16,7 +16,8 @@ include:
   - {{ tplroot }}.config
   - .jobs
 
-{#- Releases before the engine sent the same evidence from the mpi_jobs beacon. #}
+{#- The node's evidence goes by the mpi_node engine alone: a host that still has the
+    mpi_jobs beacon loses it, or it would send every report twice. #}
 mpi-node-beacon-absent:
   beacon.absent:
     - name: mpi_jobs
