@@ -145,15 +145,17 @@ def _defaults():
 def _node_pillar(minion):
     """The pillar the master renders for a node now: its pillar tree over the node's
     grains (as the master last received them). Never the pillar the master cached for
-    the node: a dry run with ``pillar=...`` (``state.apply test=True pillar=...``) leaves
-    its override there until the next refresh. Rendered by ``pillar.show_pillar`` when
+    the node, nor written there: a dry run with ``pillar=...`` (``state.apply test=True
+    pillar=...``) leaves its override there until the next refresh. Rendered by ``pillar.show_pillar`` when
     the master holds no grains of the node."""
     grains = salt.cache.factory(__opts__).fetch("grains", minion)
     if not grains:
         return __salt__["pillar.show_pillar"](minion) or {}
     saltenv = __opts__.get("pillarenv") or __opts__.get("saltenv") or "base"
-    pillar = salt.pillar.get_pillar(__opts__, grains, minion, saltenv=saltenv,
-                                    pillarenv=__opts__.get("pillarenv"))
+    # salt.pillar.Pillar itself, not get_pillar's PillarCache: reading the settings (every
+    # minute by the job engine) must not write the master's cache of the node's pillar.
+    pillar = salt.pillar.Pillar(__opts__, grains, minion, saltenv,
+                                pillarenv=__opts__.get("pillarenv"))
     rendered = pillar.compile_pillar()
     if rendered.get("_errors"):
         raise CommandExecutionError(
