@@ -212,14 +212,16 @@ def test_notebooks_and_the_spawner_call_the_api_on_the_master_directly(
     assert (spawner.api_ca, spawner.api_service_ca) == ("", "")
 
 
-def test_an_api_on_the_hub_host_itself_is_called_through_the_proxy(
-        hub_high, tmp_path, monkeypatch):
+def test_an_api_on_the_hub_host_itself_is_called_through_the_proxy(tmp_path, monkeypatch):
     """A notebook's loopback is its own: an API on the hub host's loopback is reached the
-    way browsers reach it."""
-    settings = _args(hub_high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
-    spawner = _hub_config(tmp_path, monkeypatch, dict(
-        settings, api_service_url="http://127.0.0.1:8001"))["DockerMPISpawner"]
+    way browsers reach it, and the firewall opens nothing for it."""
+    (tmp_path / "minion").mkdir()
+    high = _highstate(_minion(tmp_path / "minion", ["mpi-hub"],
+                              _pillar(api_service_url="http://127.0.0.1:8001")))
+    settings = _args(high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    spawner = _hub_config(tmp_path, monkeypatch, settings)["DockerMPISpawner"]
     assert spawner.api_url == "http://172.30.0.5:8000/services/dockermpi"
+    assert "mpi-hub-firewall-notebooks-reach-the-api" not in high
 
 
 PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIBhub\n-----END CERTIFICATE-----\n"

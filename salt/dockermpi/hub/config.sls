@@ -36,6 +36,17 @@
 {%- for setting, path, pem, mode in tls_files %}
 {%-   do settings.update({setting: path if pem else ""}) %}
 {%- endfor %}
+{#- Notebooks call the API on the master directly (firewall.sls opens its endpoint to
+    them); an API on this host's loopback, which a notebook's loopback is not, through
+    the proxy as browsers do. #}
+{%- set api = salt["mpi_config.endpoint"](hub.api_service_url) %}
+{%- if api and not salt["mpi_config.is_loopback"](api[0]) %}
+{%-   do settings.update({"notebook_api_url": hub.api_service_url.rstrip("/") ~ "/services/dockermpi",
+                          "notebook_api_ca_file": settings["api_ca_file"]}) %}
+{%- else %}
+{%-   do settings.update({"notebook_api_url": hub.api_url,
+                          "notebook_api_ca_file": settings["hub_ca_file"]}) %}
+{%- endif %}
 
 include:
   - {{ tplroot }}.config

@@ -3,11 +3,9 @@
 # The site's choices come from settings.json next to this file, which the state renders
 # from the `mpi:hub` pillar (mode 0600: it holds the admin token and the login secrets).
 # Nothing here is edited per site.
-import ipaddress
 import json
 import os
 import pathlib
-import urllib.parse
 
 from dockermpi_spawner import DockerMPISpawner
 
@@ -98,19 +96,9 @@ c.DockerMPISpawner.pull_policy = "never"  # the state pulled it by digest
 # them reach its address and port alone): through the proxy, which opens a connection to
 # the API for every request, each call would cost two TLS handshakes and wait behind the
 # proxy's one thread (bench/api_load.py). Browsers reach the API through the proxy, on its
-# own origin (api_url). An API on this very host (a loopback api_service_url) is reached
-# through the proxy: a notebook's loopback is its own.
-_service_host = urllib.parse.urlsplit(settings["api_service_url"]).hostname or ""
-try:
-    _api_on_this_host = ipaddress.ip_address(_service_host).is_loopback
-except ValueError:
-    _api_on_this_host = _service_host == "localhost"
-if _api_on_this_host:
-    c.DockerMPISpawner.api_url = settings["api_url"]
-    c.DockerMPISpawner.api_ca = settings["hub_ca_file"]
-else:
-    c.DockerMPISpawner.api_url = settings["api_service_url"].rstrip("/") + "/services/dockermpi"
-    c.DockerMPISpawner.api_ca = settings["api_ca_file"]
+# own origin (api_url). The state (hub/config.sls) decides which URL and CA they get.
+c.DockerMPISpawner.api_url = settings["notebook_api_url"]
+c.DockerMPISpawner.api_ca = settings["notebook_api_ca_file"]
 c.DockerMPISpawner.api_service_url = settings["api_service_url"]
 c.DockerMPISpawner.api_service_ca = settings["api_ca_file"]
 c.DockerMPISpawner.users_dir = settings["users_dir"]
