@@ -20,7 +20,7 @@ import posixpath
 import re
 import shlex
 
-from dmpi.contract import DATA_MOUNT, USER_RE
+from dmpi.contract import DATA_MOUNT, IMAGE_NAME_RE, USER_RE
 from dmpi.errors import RequestError
 
 __all__ = [
@@ -63,7 +63,6 @@ IMAGE_MAX_CHARS = 128
 SHOWN_CHARS = 60
 
 # Character classes are spelled out: \d and \w also match other scripts' digits and letters.
-_IMAGE_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NODE_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _NODE_LIST_RE = re.compile(r"[A-Za-z0-9_.-]+(?:\s*,\s*[A-Za-z0-9_.-]+)*")
@@ -386,7 +385,7 @@ def _check_user(user):
 def _check_image(image):
     if image is None or image == "":
         raise RequestError("image is required: the short name of an approved image")
-    if not isinstance(image, str) or not _IMAGE_RE.fullmatch(image):
+    if not isinstance(image, str) or not IMAGE_NAME_RE.match(image):
         raise RequestError(
             f"image {_shown(image)} is not an image name: letters, digits, '.', '_' and '-' "
             f"only, at most {IMAGE_MAX_CHARS} characters"

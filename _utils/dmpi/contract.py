@@ -8,8 +8,10 @@ here does I/O.
 
 import re
 
-#: A job id, ``YYYYMMDD-HHMMSS-xxxxxx`` (UTC time of submit, 3 random bytes in hex).
-JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")
+#: A job id, ``YYYYMMDD-HHMMSS-xxxxxx`` (UTC time of submit, 3 random bytes in hex), and
+#: the same inside other patterns (no anchors).
+JOB_ID_PATTERN = r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}"
+JOB_ID_RE = re.compile(r"^" + JOB_ID_PATTERN + r"\Z")
 #: A user name as JupyterHub hands it over; it becomes a directory name on the storage.
 USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 #: A POSIX account or group name (the guest account; users' names inside containers).
@@ -70,10 +72,9 @@ NFS_SERVER_ROLE = "mpi-nfs-server"
 #: The job engine's own events on the master's bus: a job's transitions, and the runner's
 #: requests to the engine (``queued``, ``cancel``).
 JOB_TAG_PREFIX = "mpi/job/"
-#: A job id inside other patterns (no anchors).
-JOB_ID_PATTERN = r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}"
 #: ``mpi/job/<job id>/<state or request>``: group 1 the job id, group 2 what happened.
-JOB_TAG_RE = re.compile(r"^mpi/job/(" + JOB_ID_PATTERN + r")/([a-z_]+)\Z")
+JOB_TAG_RE = re.compile(
+    r"^" + re.escape(JOB_TAG_PREFIX) + r"(" + JOB_ID_PATTERN + r")/([a-z_]+)\Z")
 #: A node's events (``mpi/node/<id>/report``, ``.../alive``) and the drain list's change.
 NODE_TAG_PREFIX = "mpi/node/{node}/"
 NODE_TAG_RE = re.compile(r"^mpi/node/[^/]+/(report|alive)\Z")
