@@ -3,8 +3,10 @@
 
 For each user count (``--users 20,50,100``), that many hub users, each with a real token
 of their own from the test cluster's hub, call the API the way notebooks do (on the
-master, directly over TLS, a new connection per call as the ``mpi`` client makes them;
-``--through-proxy``: the way browsers do, through the hub's proxy on the API's own origin
+master, directly over TLS, each user on a connection kept between calls as
+``dockermpi.Client`` keeps it, a submit on a new one; ``--new-connections``: a new
+connection per call, as a one-shot ``mpi`` command makes; ``--through-proxy``: the way
+browsers do, through the hub's proxy on the API's own origin
 dockermpi--service.hub.dmpi.test): most poll their jobs (``GET
 /jobs``, ``GET /jobs/<id>`` of a job of their own, alternately, ``--rate`` calls a second
 each, spread evenly over the period; ``--in-step``: all at the same instants),
@@ -88,12 +90,16 @@ class User:
         self.http = http
         self.name = name
         self.token = token
+        self.connection = None  # (reader, writer) kept between calls, as the client keeps it
 
     async def call(self, method, path, body=None, timeout=90):
         """(status, answer, seconds)."""
         started = time.perf_counter()
+        # As dockermpi.Client: a submit always starts on a new connection.
+        keeper = self if KEEP_CONNECTIONS["on"] and (method, path) != ("POST", "/jobs") else None
         code, text = await asyncio.wait_for(
-            one_call(method, API + path, self.token, None if body is None else json.dumps(body)),
+            one_call(method, API + path, self.token, None if body is None else json.dumps(body),
+                     keeper),
             timeout)
         seconds = time.perf_counter() - started
         try:
@@ -119,26 +125,32 @@ class User:
 
 
 TLS = {}  # the one client context of the run (the test cluster's CA)
+KEEP_CONNECTIONS = {"on": True}  # --new-connections turns it off for the run
 
 
-async def one_call(method, url, token, body):
-    """``(status, body)`` of one HTTP/1.1 request on a connection of its own, closed after
-    it: what the ``mpi`` client (urllib) does for every call. Asyncio's streams rather than
-    a full HTTP client, so one process can stand for many users' notebooks without its own
-    overhead in the figures. A name the test cluster has no DNS for goes to the hub host,
+async def one_call(method, url, token, body, keeper=None):
+    """``(status, body)`` of one HTTP/1.1 request: on ``keeper``'s kept connection (opened
+    when it has none), or on a connection of its own closed after it. Asyncio's streams
+    rather than a full HTTP client, so one process can stand for many users' notebooks
+    without its own overhead in the figures. A name the test cluster has no DNS for goes to the hub host,
     as the client's hostname mapping says (the certificate is checked against the name)."""
     parts = urllib.parse.urlsplit(url)
     address = HUB_ADDR if parts.hostname == urllib.parse.urlsplit(API_PUBLIC_URL).hostname \
         else parts.hostname
-    reader, writer = await asyncio.open_connection(address, parts.port or 443,
-                                                   ssl=TLS["context"],
-                                                   server_hostname=parts.hostname)
+    if keeper is not None and keeper.connection is not None:
+        reader, writer = keeper.connection
+    else:
+        reader, writer = await asyncio.open_connection(address, parts.port or 443,
+                                                       ssl=TLS["context"],
+                                                       server_hostname=parts.hostname)
+    kept = False
     try:
         data = (body or "").encode()
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         writer.write(f"{method} {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                      f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+                     f"Content-Length: {len(data)}\r\n"
+                     f"Connection: {'keep-alive' if keeper else 'close'}\r\n\r\n".encode()
                      + data)
         status = int((await reader.readline()).split()[1])
         length = None
@@ -147,9 +159,15 @@ async def one_call(method, url, token, body):
             if name.strip().lower() == "content-length":
                 length = int(value)
         text = await (reader.readexactly(length) if length is not None else reader.read())
+        kept = keeper is not None and length is not None
         return status, text
     finally:
-        writer.close()
+        if kept:
+            keeper.connection = (reader, writer)
+        else:
+            writer.close()
+            if keeper is not None:
+                keeper.connection = None
 
 
 def api_cpu_seconds():
@@ -244,6 +262,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
 async def main(args):
     global API  # noqa: PLW0603 (one switch for every call of the run)
     API = API_PROXIED if args.through_proxy else API_DIRECT
+    KEEP_CONNECTIONS["on"] = not args.new_connections
     ca_file = tempfile.NamedTemporaryFile("w", suffix=".pem")  # noqa: SIM115 (kept open)
     ca_file.write(TestCluster().tls["ca"])
     ca_file.flush()
@@ -266,7 +285,8 @@ async def main(args):
             await user.wait(own[user.name])
         for count in args.users:
             log(f"{count} users for {args.seconds:g} s ({args.followers} following a job), "
-                f"{'through the proxy' if args.through_proxy else 'directly'}")
+                f"{'through the proxy' if args.through_proxy else 'directly'}, "
+                f"{'a new connection per call' if args.new_connections else 'kept connections'}")
             found = await one_round(users[:count], launcher, own, args.seconds,
                                     args.followers, args.launches, args.rate, args.in_step)
             failed += found["errors"]
@@ -300,6 +320,9 @@ def parse():
                         help="calls a second of each polling user (the site's limit is 20)")
     parser.add_argument("--through-proxy", action="store_true",
                         help="call through the hub's proxy, as browsers do, not directly")
+    parser.add_argument("--new-connections", action="store_true",
+                        help="a new TLS connection per call (a one-shot mpi command), not "
+                             "one kept per user (dockermpi.Client)")
     parser.add_argument("--in-step", action="store_true",
                         help="every poller calls at the same instants (bursts), not spread "
                              "over the period")

@@ -233,7 +233,7 @@ JOB_FIELDS = {"image", "np", "cmd", "name", "nodes", "slots_per_node", "walltime
 IDENTITY = {"user": "alice", "account": "alice", "uid": 20001, "gid": 20001,
             "dir": "/srv/dockermpi/users/alice", "dir_in_job": "/data"}
 
-Seen = collections.namedtuple("Seen", "method path query headers body at")
+Seen = collections.namedtuple("Seen", "method path query headers body at peer")
 
 
 class Refused(Exception):
@@ -287,6 +287,8 @@ class FakeAPI(http.server.ThreadingHTTPServer):
         self.instant_waits = 0  # waits answered at once, as when their time ran out
         self.released = threading.Event()  # ends the streams that hang
         self.expired_hangs = 0  # hanging streams that no reconnection ended
+        self.drop_unanswered = None  # (method, path): its connection closes, unanswered
+        self.hang_up_after_next = False  # the next answer's connection closes after it
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], ssl.SSLError):  # expected: an unknown CA
@@ -454,8 +456,16 @@ class FakeAPIHandler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         with api.changed:
             api.requests.append(Seen(method, url.path, query, dict(self.headers), body,
-                                     time.monotonic()))
+                                     time.monotonic(), self.client_address))
             api.changed.notify_all()
+            drop = api.drop_unanswered and (method, url.path) == api.drop_unanswered
+            hang_up = api.hang_up_after_next
+            api.hang_up_after_next = False
+        if drop:
+            # The connection breaks before any answer: the client cannot know whether
+            # the request was carried out.
+            self.close_connection = True
+            return
         if not url.path.startswith(PREFIX + "/api/v1/"):
             # What the hub answers for a path that is no service of its: an HTML page.
             return self.send(404, b"<html><body><h1>404 : Not Found</h1></body></html>",
@@ -476,6 +486,10 @@ class FakeAPIHandler(http.server.BaseHTTPRequestHandler):
             return self.send(refused.status, json.dumps(refused.body).encode(),
                              headers=refused.headers)
         self.send(status, json.dumps(answer).encode())
+        if hang_up:
+            # Closed after the answer without saying so, as a server closes a connection
+            # that was idle too long: the client learns it on its next request.
+            self.close_connection = True
 
     def check_token(self):
         kind, _, token = self.headers.get("Authorization", "").partition(" ")
@@ -636,6 +650,38 @@ def follow(client, job_id=JOB, **kwargs):
 
 
 # --- requests ------------------------------------------------------------------------------
+def test_calls_share_one_kept_connection(api):
+    api.jobs[JOB] = record()
+    client = Client()
+    client.whoami()
+    client.list()
+    client.status(JOB)
+    assert len({seen.peer for seen in api.seen()}) == 1
+
+
+def test_a_read_on_a_connection_the_api_closed_is_sent_again_on_a_new_one(api):
+    api.jobs[JOB] = record()
+    client = Client()
+    api.hang_up_after_next = True
+    client.whoami()
+    assert client.status(JOB)["state"] == "succeeded"
+    first, *again = api.seen()
+    assert len(again) == 1 and again[0].peer != first.peer
+
+
+def test_a_submit_starts_on_a_new_connection_and_is_never_sent_twice(api):
+    client = Client()
+    client.whoami()
+    api.drop_unanswered = ("POST", PREFIX + "/api/v1/jobs")
+    with pytest.raises(dockermpi.APIUnreachableError, match="cannot reach the DockerMPI API"):
+        client.submit(["hostname"], np=2)
+    (submitted,) = api.seen("POST", "/jobs")
+    assert submitted.peer != api.seen("GET", "/whoami")[0].peer
+    api.drop_unanswered = None
+    assert client.submit(["hostname"], np=2)["state"] == "queued"
+    assert len(api.seen("POST", "/jobs")) == 2
+
+
 def test_every_call_sends_the_hub_token_and_never_a_user(api):
     api.jobs[JOB] = record()
     client = Client()

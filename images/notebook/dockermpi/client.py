@@ -21,10 +21,9 @@ import os
 import shlex
 import ssl
 import sys
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from dockermpi.render import outcome_line
 
@@ -88,12 +87,12 @@ def retry_after_seconds(value):
     return min(max(seconds, 0), RETRY_AFTER_CAP)
 
 
-def error_body(error):
-    """The JSON error body ``{"error": ..., "status": ...}`` of an HTTP error, or None
-    when it has none (an HTML page of the hub or its proxy, say)."""
+def error_body(text):
+    """The JSON error body ``{"error": ..., "status": ...}`` of an HTTP error's answer
+    ``text``, or None when it has none (an HTML page of the hub or its proxy, say)."""
     try:
-        body = json.loads(error.read().decode("utf-8", "replace"))
-    except (OSError, ValueError, http.client.HTTPException):
+        body = json.loads(text.decode("utf-8", "replace"))
+    except ValueError:
         return None
     return body if isinstance(body, dict) and isinstance(body.get("error"), str) else None
 
@@ -141,6 +140,7 @@ class Client:
                 "sets them in the servers it starts; outside one, set them yourself)"
             )
         self._tls = None
+        self._local = threading.local()  # each thread's kept connection
 
     def __repr__(self):
         return f"Client(url={self.url!r}, user={self.user!r})"
@@ -158,10 +158,77 @@ class Client:
     def _unreachable(self, reason):
         return f"cannot reach the DockerMPI API at {self.url}: {reason or 'no reason given'}"
 
+    def _new_connection(self, timeout):
+        """A connection to the API, opened by its first request."""
+        parts = urllib.parse.urlsplit(self.url)
+        try:
+            port = parts.port
+        except ValueError as error:
+            raise APIUnreachableError(self._unreachable(error)) from None
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(parts.hostname, port, timeout=timeout,
+                                               context=self._tls_context())
+        if parts.scheme == "http":
+            return http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+        raise APIUnreachableError(self._unreachable(
+            "DOCKERMPI_API_URL must start with https:// or http://"))
+
+    def _kept_connection(self, timeout, fresh):
+        """This thread's connection to the API, kept open between calls: a notebook
+        polling its jobs pays for one TLS handshake, not one per call (which costs the
+        API, and every user waiting behind it, far more than the call itself). ``fresh``
+        closes the kept one first."""
+        kept = getattr(self._local, "connection", None)
+        if kept is not None and (fresh or kept[0] != os.getpid()):
+            kept[1].close()
+            kept = None
+        if kept is None:
+            kept = (os.getpid(), self._new_connection(timeout))
+            self._local.connection = kept
+        kept[1].timeout = timeout
+        if kept[1].sock is not None:
+            kept[1].sock.settimeout(timeout)
+        return kept[1]
+
+    def close(self):
+        """Close this thread's kept connection (it is opened again when needed)."""
+        kept = getattr(self._local, "connection", None)
+        if kept is not None:
+            kept[1].close()
+            self._local.connection = None
+
+    def _exchange(self, method, path, params, data, headers, timeout, stream):
+        """The API's answer (any status) to one request. A call goes on this thread's
+        kept connection; a repeatable one (GET, cancel) that finds it closed by the other
+        end is sent again once on a new one, while a submit always starts on a new
+        connection, so it can never be sent twice. An event stream gets a connection of
+        its own, handed to the answer."""
+        target = urllib.parse.urlsplit(self.url).path + API + path + query_string(params or {})
+        repeatable = method == "GET" or path.endswith("/cancel")
+        for attempt in (0, 1):
+            if stream:
+                connection = self._new_connection(timeout)
+                headers = dict(headers, Connection="close")
+            else:
+                connection = self._kept_connection(timeout, fresh=attempt > 0 or not repeatable)
+            reused = connection.sock is not None
+            try:
+                connection.request(method, target, body=data, headers=headers)
+                return connection.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError,
+                    BrokenPipeError) as error:
+                connection.close()
+                if not (reused and repeatable and attempt == 0):
+                    raise APIUnreachableError(self._unreachable(error)) from None
+            except (OSError, http.client.HTTPException) as error:  # refused, a timeout, TLS
+                connection.close()
+                raise APIUnreachableError(self._unreachable(error)) from None
+
     def open(self, method, path, params=None, body=None, timeout=HTTP_TIMEOUT,
-             accept="application/json"):
+             accept="application/json", stream=False):
         """The API's open answer to ``method path`` (a 2xx): HTTP errors raised as what
-        they stand for, 429s waited out and retried."""
+        they stand for, 429s waited out and retried. Read it whole (``call`` does) before
+        the next call, or pass ``stream`` for an answer read for long."""
         what = f"{method} {API}{path}"
         headers = {"Authorization": f"token {self.token}", "Accept": accept}
         data = None
@@ -170,40 +237,36 @@ class Client:
             headers["Content-Type"] = "application/json"
         elif method == "POST":
             data = b""
-        context = self._tls_context() if self.url.startswith("https:") else None
         for attempt in range(RATE_LIMIT_RETRIES + 1):
-            request = urllib.request.Request(self.url + API + path + query_string(params or {}),
-                                             data=data, headers=headers, method=method)
+            answer = self._exchange(method, path, params, data, headers, timeout, stream)
+            if 200 <= answer.status < 300:
+                return answer
             try:
-                return urllib.request.urlopen(request, timeout=timeout, context=context)
-            except urllib.error.HTTPError as error:
-                with error:
-                    if error.code != 429:
-                        raise self._http_error(what, error) from None
-                    if attempt == RATE_LIMIT_RETRIES:
-                        raise RateLimitedError(
-                            f"{what}: the DockerMPI API's rate limit refused "
-                            f"{RATE_LIMIT_RETRIES + 1} requests in a row (HTTP 429); try "
-                            "again later, or make fewer calls") from None
-                    wait = retry_after_seconds(error.headers.get("Retry-After"))
-                pause(wait)
-            except urllib.error.URLError as error:
-                raise APIUnreachableError(self._unreachable(error.reason)) from None
-            except (OSError, http.client.HTTPException) as error:  # a timeout, a reset
+                with answer:
+                    text = answer.read()
+            except (OSError, http.client.HTTPException) as error:
                 raise APIUnreachableError(self._unreachable(error)) from None
+            if answer.status != 429:
+                raise self._http_error(what, answer.status, answer.reason, text)
+            if attempt == RATE_LIMIT_RETRIES:
+                raise RateLimitedError(
+                    f"{what}: the DockerMPI API's rate limit refused "
+                    f"{RATE_LIMIT_RETRIES + 1} requests in a row (HTTP 429); try "
+                    "again later, or make fewer calls")
+            pause(retry_after_seconds(answer.getheader("Retry-After")))
 
     @staticmethod
-    def _http_error(what, error):
+    def _http_error(what, status, reason, text):
         """The exception an HTTP error answer stands for."""
-        body = error_body(error)
+        body = error_body(text)
         said = one_line(body["error"]) if body else None
-        if error.code in (401, 403):
+        if status in (401, 403):
             return TokenRefusedError(TOKEN_REFUSED + (f" (the API said: {said})" if said else ""))
-        if error.code in (400, 404) and body:
+        if status in (400, 404) and body:
             return JobError(said, body)
         # Without the API's JSON error the answer is the hub's or its proxy's: a 404 of a
         # DOCKERMPI_API_URL that names no service, say.
-        return APIError(f"{what}: the DockerMPI API answered HTTP {error.code} {error.reason}"
+        return APIError(f"{what}: the DockerMPI API answered HTTP {status} {reason}"
                         + (f": {said}" if said else ""))
 
     def call(self, method, path, params=None, body=None, timeout=HTTP_TIMEOUT):
@@ -214,6 +277,7 @@ class Client:
             with answer:
                 text = answer.read()
         except (OSError, http.client.HTTPException) as error:
+            self.close()
             raise APIUnreachableError(self._unreachable(error)) from None
         try:
             return json.loads(text)
@@ -363,7 +427,7 @@ class Client:
             try:
                 with self.open("GET", "/events", {"job": job_id},
                                timeout=self.stream_idle_timeout,
-                               accept="text/event-stream") as stream:
+                               accept="text/event-stream", stream=True) as stream:
                     kind = stream.headers.get_content_type()
                     if kind != "text/event-stream":
                         raise APIError(f"GET {API}/events: the DockerMPI API answered {kind}, "
