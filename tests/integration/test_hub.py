@@ -423,6 +423,53 @@ def test_forged_expired_revoked_and_unscoped_tokens_are_refused(cluster, noteboo
           "the revoked token to be refused")
 
 
+#: Calls of the API on a connection kept open, as dockermpi.Client makes them: argv[1]
+#: is a JSON list of [path, token] ('' the notebook's own token, '-' none); prints, per
+#: call, [status, answer, the connection's local port]. A call that finds the connection
+#: closed by the API (it closes one after refusing a call) is sent again on a new one.
+_KEPT_CONNECTION_CALLS = r"""
+import http.client, json, os, ssl, sys, urllib.parse
+url = urllib.parse.urlsplit(os.environ["DOCKERMPI_API_URL"])
+CA = ssl.create_default_context(cafile=os.environ.get("DOCKERMPI_API_CA"))
+connection = http.client.HTTPSConnection(url.hostname, url.port, context=CA, timeout=60)
+answers = []
+for path, token in json.loads(sys.argv[1]):
+    token = os.environ["JUPYTERHUB_API_TOKEN"] if token == "" else token
+    headers = {} if token == "-" else {"Authorization": "token " + token}
+    for attempt in (0, 1):
+        try:
+            connection.request("GET", url.path + "/api/v1" + path, headers=headers)
+            answer = connection.getresponse()
+            break
+        except http.client.RemoteDisconnected:
+            connection.close()
+    port = connection.sock.getsockname()[1]
+    answers.append([answer.status, json.loads(answer.read()), port])
+print(json.dumps(answers))
+"""
+
+
+def test_a_kept_connection_carries_no_identity_from_one_call_to_the_next(
+        cluster, notebooks, bobs_job):
+    """Every call on a kept connection is judged by its own token alone: right after
+    Ann's own call, on the same connection, a call without a token, with a forged one or
+    asking for Bob's job gets nothing."""
+    own = ["/whoami", ""]
+    calls = [own, ["/whoami", "-"], own, ["/whoami", "f" * 32], own,
+             [f"/jobs/{bobs_job}", ""], own, [f"/jobs/{bobs_job}", "-"]]
+    code, output = cluster.notebook_exec(
+        ANN, ["python3", "-c", _KEPT_CONNECTION_CALLS, json.dumps(calls)])
+    assert code == 0, output
+    answers = json.loads(output)
+    for (status, me, port), (_, _, next_port) in zip(answers[::2], answers[1::2]):
+        assert status == 200 and me["user"] == ANN
+        assert next_port == port, answers  # the attempt rode on Ann's own connection
+    (none, _, _), forged, (bobs, found, _), (bobs_anon, _, _) = answers[1::2]
+    assert none == 401 and token_refused(*forged[:2])
+    assert bobs == 404 and found["error"] == f"no such job: {bobs_job}"
+    assert bobs_anon == 401
+
+
 def test_a_token_of_a_user_the_hub_deleted_is_refused(cluster, notebooks):
     token = cluster.hub_token("leaver")
     status, me = api(cluster, ANN, "GET", "/whoami", token=token)
