@@ -770,7 +770,7 @@ def report(args, cases, results, left, failure, elapsed):
     if len(bad) > args.show:
         problems.append(f"... and {len(bad) - args.show} more bad cases")
     if in_salt:
-        # A fault of Salt 3008 itself (README): --short notes it, the full run fails on it.
+        # A fault of Salt 3008 itself (docs/benchmarks.md): --short notes it, the full run fails on it.
         (notes if args.short else problems).append(
             f"{len(in_salt)} cases never reached mpi.submit: Salt's RunnerClient raised "
             "UnboundLocalError ('proc_fn') on their lone surrogates (cases "

@@ -75,7 +75,7 @@ def test_place_count_spreads_ranks_evenly(np, count, expected):
 
 
 def test_place_count_uses_exactly_that_many_nodes():
-    # README: nodes=3 is "a count (spread evenly)"; the docstring: "Exactly this many nodes".
+    # docs/users.md: nodes=3 is "a count (spread evenly)"; the docstring: "Exactly this many nodes".
     placement = mpi_sched.place(4, {"n1": 4, "n2": 4, "n3": 4}, count=3)
     assert len(placement) == 3
     assert sum(placement.values()) == 4

@@ -97,7 +97,7 @@ def test_vagrant_up_runs_a_job_over_every_node_and_destroy_leaves_nothing(clean_
         # What destroy must remove is really there now (so the final check can fail).
         assert set(leftovers(clean_docker)) == {"containers", "volumes", "networks", "keys"}
 
-        # The README's command, through vagrant ssh, as an admin would type it.
+        # docs/testing.md's command, through vagrant ssh, as an admin would type it.
         launch = ["sudo", "salt-run", "mpi.launch", "user=demo", "image=mpi",
                   f"np={2 * len(NODES)}", "cmd=python3 /data/pi.py", "--out=json"]
         started = time.monotonic()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Vagrant's Salt provisioner runs this instead of the upstream bootstrap-salt.sh, which
-# downloads Salt from the internet. It installs Salt the way README "Provisioning real
+# downloads Salt from the internet. It installs Salt the way docs/admin.md "Provisioning real
 # hosts" says (a venv at /opt/saltstack/salt from a wheelhouse, pinned by
 # images/host/requirements.txt, systemd units from images/host), offline, then applies
 # the configuration the provisioner uploaded. It takes the upstream options Vagrant passes:
@@ -59,7 +59,7 @@ done
 
 mkdir -p /etc/salt/master.d /etc/salt/minion.d
 if ((master)); then
-    # README: the package's master config goes to /etc/salt/master.d/dockermpi.conf.
+    # docs/admin.md: the package's master config goes to /etc/salt/master.d/dockermpi.conf.
     [[ -n $config_dir && -f $config_dir/master ]] && install -m 0644 "$config_dir/master" \
         /etc/salt/master.d/dockermpi.conf
     if [[ -n $seed_dir ]]; then

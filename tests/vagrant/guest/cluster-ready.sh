@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README's workflow for a new image, after the host pushed it: approve it by digest in
+# docs/admin.md's workflow for a new image, after the host pushed it: approve it by digest in
 # the site pillar, apply dockermpi.images on every node (each pulls and checks the
 # digest), then wait until the job engine hears every node, and give the demo user pi.py.
 # Arguments: the image's short name, its reference pinned by digest, the nodes' minion ids.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The master's part of README "Provisioning real hosts", between installing Salt and the
+# The master's part of docs/admin.md "Provisioning real hosts", between installing Salt and the
 # first highstate: the site pillar in /srv/pillar, the cluster's image registry, every
 # node's minion answering, and the package's modules synced (the master restarted so its
 # job engine runs them). Arguments: the nodes' minion ids.
@@ -56,7 +56,7 @@ salt-run saltutil.sync_all >/dev/null
 systemctl restart salt-master
 wait_for_nodes 120
 salt -L "$nodes" saltutil.sync_all >/dev/null
-# README: the NFS server's highstate first, so its export exists before any node mounts it.
+# docs/admin.md: the NFS server's highstate first, so its export exists before any node mounts it.
 if salt -G roles:mpi-nfs-server test.ping --out=json --static 2>/dev/null | grep -q true; then
     log "highstate on the NFS server first"
     salt -G roles:mpi-nfs-server state.apply --state-output=terse --state-verbose=False
