@@ -23,6 +23,7 @@ when not.
     ``mpi_sched``, ``mpi_store``, ``mpi_account`` and ``mpi_caller`` utils modules
 """
 
+import copy
 import datetime
 import logging
 import os
@@ -30,6 +31,7 @@ import posixpath
 import re
 import secrets
 import signal
+import threading
 import time
 
 import salt.cache
@@ -54,6 +56,12 @@ NODE_TARGET = f"G@roles:{NODE_ROLE}"
 ENGINE_SILENCE = 30  # seconds without a sign of the job engine before submit refuses
 CANCEL_WAIT = 15  # seconds cancel waits for the engine to end the job
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
+DEFAULTS_FILE = "dockermpi/defaults.yaml"
+# Seconds a rendering of the settings is used again while none of its sources changed:
+# a bound on what no file here shows (a pillar that reads something else as it renders).
+SETTINGS_REUSE = 60
+_SETTINGS = {}  # minion -> (sources, when rendered, settings)
+_THREAD = threading.local()  # each thread's LocalClient
 
 
 def __virtual__():
@@ -113,7 +121,12 @@ def _require_admin(what):
 
 
 def _client():
-    return salt.client.get_local_client(mopts=__opts__)
+    """This thread's LocalClient, made once: making one costs more than most calls made
+    with it (the user API follows jobs' output with a call a second per stream)."""
+    client = getattr(_THREAD, "client", None)
+    if client is None:
+        client = _THREAD.client = salt.client.get_local_client(mopts=__opts__)
+    return client
 
 
 def _call(client, minions, fun, timeout, **kwargs):
@@ -133,22 +146,26 @@ def _call(client, minions, fun, timeout, **kwargs):
 def _defaults():
     client = salt.fileclient.FSClient(__opts__)
     try:
-        path = client.cache_file("salt://dockermpi/defaults.yaml")
+        path = client.cache_file(f"salt://{DEFAULTS_FILE}")
     finally:
         client.destroy()
     if not path:
-        raise CommandExecutionError("salt://dockermpi/defaults.yaml is not on the master's file server")
+        raise CommandExecutionError(f"salt://{DEFAULTS_FILE} is not on the master's file server")
     with open(path) as handle:
         return salt.utils.yaml.safe_load(handle)["mpi"]
 
 
-def _node_pillar(minion):
+def _node_grains(minion):
+    """The node's grains as the master last received them (None when it holds none)."""
+    return salt.cache.factory(__opts__).fetch("grains", minion) or None
+
+
+def _node_pillar(minion, grains):
     """The pillar the master renders for a node now: its pillar tree over the node's
-    grains (as the master last received them). Never the pillar the master cached for
-    the node, nor written there: a dry run with ``pillar=...`` (``state.apply test=True
-    pillar=...``) leaves its override there until the next refresh. Rendered by ``pillar.show_pillar`` when
-    the master holds no grains of the node."""
-    grains = salt.cache.factory(__opts__).fetch("grains", minion)
+    ``grains``. Never the pillar the master cached for the node, nor written there: a
+    dry run with ``pillar=...`` (``state.apply test=True pillar=...``) leaves its override
+    there until the next refresh. Rendered by ``pillar.show_pillar`` when the master
+    holds no grains of the node."""
     if not grains:
         return __salt__["pillar.show_pillar"](minion) or {}
     saltenv = __opts__.get("pillarenv") or __opts__.get("saltenv") or "base"
@@ -164,17 +181,74 @@ def _node_pillar(minion):
     return rendered
 
 
-def _site_config(minion):
+def _file_stats(paths):
+    """(path, inode, size, mtime, ctime) of each of ``paths`` that is a file and of every
+    file under those that are directories, in order: any write, replacement or removal
+    changes them (ctime whatever a writer sets mtime to); a path that is missing is
+    (path, None)."""
+    stats = []
+
+    def add(path):
+        try:
+            found = os.stat(path)
+        except OSError:
+            stats.append((path, None))
+            return
+        stats.append((path, found.st_ino, found.st_size, found.st_mtime_ns,
+                      found.st_ctime_ns))
+
+    for top in paths:
+        if not os.path.isdir(top):
+            add(top)
+            continue
+        for directory, dirs, files in os.walk(top):
+            dirs.sort()
+            for name in sorted(files):
+                add(os.path.join(directory, name))
+    return stats
+
+
+def _settings_sources(grains):
+    """What the settings are rendered from, to tell when a rendering is still good: every
+    file under the pillar roots, the formula's defaults file in the file roots, the
+    node's grains. None when the master has sources of pillar or files that files here
+    cannot speak for (ext_pillar, a file server backend other than roots): then the
+    settings are rendered every time."""
+    if __opts__.get("ext_pillar") or list(__opts__.get("fileserver_backend") or ["roots"]) \
+            != ["roots"]:
+        return None
+    saltenv = __opts__.get("saltenv") or "base"
+    file_roots = (__opts__.get("file_roots") or {}).get(saltenv) or []
+    defaults = [os.path.join(root, DEFAULTS_FILE) for root in file_roots]
+    pillar_roots = [root for roots in (__opts__.get("pillar_roots") or {}).values()
+                    for root in roots]
+    return salt.utils.json.dumps([_file_stats(pillar_roots), _file_stats(defaults), grains],
+                                 sort_keys=True, default=str)
+
+
+def _site_config(minion, fresh=False):
     """The ``mpi`` settings as the nodes see them: their pillar merged over the defaults
     and checked (``mpi_config``); CommandExecutionError naming every problem of a bad
-    pillar."""
-    pillar = _node_pillar(minion)
+    pillar. A rendering is used again while nothing it was rendered from changed, for at
+    most SETTINGS_REUSE seconds (rendering a node's pillar costs the caller's process a
+    tenth of a second of CPU, and every submit, whoami and images call needs the
+    settings); ``fresh`` renders them whatever."""
+    grains = _node_grains(minion)
+    sources = _settings_sources(grains)
+    kept = _SETTINGS.get(minion)
+    if not fresh and sources is not None and kept and kept[0] == sources \
+            and time.monotonic() - kept[1] < SETTINGS_REUSE:
+        return copy.deepcopy(kept[2])
+    pillar = _node_pillar(minion, grains)
     try:
-        return __utils__["mpi_config.validate"](
+        config = __utils__["mpi_config.validate"](
             __utils__["mpi_config.merge"](_defaults(), pillar.get("mpi")))
     except ConfigError as exc:
         raise CommandExecutionError(
             f"the site's mpi pillar is invalid, so no job can be accepted:\n{exc}") from None
+    if sources is not None:
+        _SETTINGS[minion] = (sources, time.monotonic(), copy.deepcopy(config))
+    return config
 
 
 def _public(record, store=None):
@@ -292,18 +366,21 @@ def _job_name(name):
     return name
 
 
-def _refresh_site(store, minion):
-    config = _site_config(minion)
-    store.set_meta("site", {"config": config, "read": time.time()})
+def _refresh_site(store, minion, fresh=False):
+    """The site settings as the nodes see them now, handed to the job engine (in the
+    store) when they are not what it has."""
+    config = _site_config(minion, fresh)
+    if fresh or (store.get_meta("site") or {}).get("config") != config:
+        store.set_meta("site", {"config": config, "read": time.time()})
     return config
 
 
-def _fresh_site(store):
+def _fresh_site(store, fresh=False):
     """The site settings read now, as the nodes see them."""
     all_nodes = _mpi_nodes()
     if not all_nodes:
         raise SaltInvocationError("there are no MPI nodes (grain roles:mpi-node)")
-    return _refresh_site(store, all_nodes[0])
+    return _refresh_site(store, all_nodes[0], fresh)
 
 
 # -------------------------------------------------------------------- public: jobs
@@ -1014,7 +1091,7 @@ def settings():
     """
     try:
         _require_admin("mpi.settings")
-        return _fresh_site(_store())
+        return _fresh_site(_store(), fresh=True)
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _failed_call(str(exc))
 
