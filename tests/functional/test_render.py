@@ -154,8 +154,10 @@ def test_a_sync_delivers_the_cluster_library_with_the_modules(tmp_path):
     synced = json.loads(_run(cfg, "saltutil.sync_all").stdout)["local"]
     assert "utils.dmpi.contract" in synced["utils"]
     extmods = tmp_path / "root" / "var/cache/salt/minion/extmods/utils/dmpi"
-    assert sorted(path.name for path in extmods.glob("*.py")) == sorted(
-        path.name for path in (REPO / "_utils" / "dmpi").glob("*.py"))
+    # every module of the package, in its subpackages too
+    assert sorted(str(path.relative_to(extmods)) for path in extmods.rglob("*.py")) == sorted(
+        str(path.relative_to(REPO / "_utils" / "dmpi"))
+        for path in (REPO / "_utils" / "dmpi").rglob("*.py"))
 
 
 def test_nfs_export_is_cluster_network_only_and_root_squashed(nfs_high):
