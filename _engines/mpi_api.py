@@ -33,7 +33,7 @@ Master configuration (written by the ``dockermpi.api`` state from pillar ``mpi:a
                    body_bytes: 1048576, log_bytes: 1048576, wait_seconds: 60}
 
 :depends: tornado (a dependency of Salt); the ``mpi`` runner; the ``mpi_caller``,
-    ``mpi_config``, ``mpi_engine`` and ``mpi_store`` utils modules
+    ``mpi_config`` and ``mpi_engine`` utils modules; ``dmpi.jobs.store``
 """
 
 import asyncio
@@ -54,6 +54,7 @@ import salt.loader
 import salt.utils.event
 from dmpi.contract import (API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
                            JOB_TAG_RE, STATES)
+from dmpi.jobs import store as job_store
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ class Listeners:
 
     def run(self):
         """Follow the bus until the process ends (in a thread of its own)."""
-        store = self.utils["mpi_store.open_store"](
+        store = job_store.open_store(
             os.path.join(self.opts["cachedir"], "dockermpi", "jobs.sqlite"))
         while True:
             try:

@@ -19,8 +19,8 @@ after a restart, running jobs are kept when their nodes report them alive and fa
 when not.
 
 :depends: the ``mpi_master`` engine on the master; the ``mpi_job`` execution module and
-    ``mpi_node`` engine on the nodes; the ``mpi_engine``, ``mpi_request``, ``mpi_rules``,
-    ``mpi_sched``, ``mpi_store``, ``mpi_account`` and ``mpi_caller`` utils modules
+    ``mpi_node`` engine on the nodes; the ``dmpi.jobs`` package; the ``mpi_engine`` and
+    ``mpi_caller`` utils modules
 """
 
 import datetime
@@ -43,6 +43,9 @@ import salt.utils.yaml
 from dmpi.contract import (ACTIVE, DATA_MOUNT, DRAINS_TAG, FINAL, JOB_ID_RE,
                            JOB_TAG_PREFIX, JOBS_SUBDIR, NODE_ROLE, job_tag)
 from dmpi.errors import ConfigError, RequestError, StoreError
+from dmpi.jobs import accounting, rules, sched
+from dmpi.jobs import request as job_request
+from dmpi.jobs import store as job_store
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 log = logging.getLogger(__name__)
@@ -69,9 +72,9 @@ class _Interrupted(Exception):
 
 def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env, workdir,
                       limits):
-    """Every check that needs no cluster state (``mpi_request``); SaltInvocationError."""
+    """Every check that needs no cluster state (``dmpi.jobs.request``); SaltInvocationError."""
     try:
-        return __utils__["mpi_request.validate_request"](
+        return job_request.validate_request(
             user, image, np, cmd, nodes, slots_per_node, walltime, env, workdir, limits
         )
     except RequestError as exc:
@@ -183,7 +186,7 @@ def _public(record, store=None):
 
 
 def _alive(store, now):
-    return __utils__["mpi_rules.alive"](store.nodes(), now)
+    return rules.alive(store.nodes(), now)
 
 
 def _check_engine(store):
@@ -196,7 +199,7 @@ def _check_engine(store):
 
 
 def _store():
-    return __utils__["mpi_store.open_store"](
+    return job_store.open_store(
         os.path.join(__opts__["cachedir"], "dockermpi", "jobs.sqlite")
     )
 
@@ -344,8 +347,8 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         candidates, count = _candidates(request["nodes"], all_nodes)
         node_slots = int(config["slots_per_node"])
         try:
-            __utils__["mpi_sched.place"](request["np"], {n: node_slots for n in candidates},
-                                         count, request["slots_per_node"], node_slots)
+            sched.place(request["np"], {n: node_slots for n in candidates},
+                        count, request["slots_per_node"], node_slots)
         except ValueError as exc:
             raise SaltInvocationError(
                 f"this job can never run: {exc} (each node has {node_slots} slots)"
@@ -716,7 +719,7 @@ def nodes():
     store = _store()
     now = time.time()
     seen = store.nodes()
-    alive = __utils__["mpi_rules.alive"](seen, now)
+    alive = rules.alive(seen, now)
     site = store.get_meta("site") or {}
     config = site.get("config") or {}
     slots = int(config.get("slots_per_node", 0))
@@ -730,7 +733,7 @@ def nodes():
         mine = [j for j in jobs if node in (j.get("placement") or {})]
         health = (info or {}).get("report", {}).get("health")
         drain = drains.get(node)
-        problem = __utils__["mpi_rules.node_problem"]({"health": health}, drain) \
+        problem = rules.node_problem({"health": health}, drain) \
             if info and node in alive else "not reporting"
         result[node] = {
             "slots": slots,
@@ -844,16 +847,16 @@ def _moment(value, what):
 
 
 def _ended_rows(user, since, until, state):
-    """History rows (``mpi_account``) of the caller's ended jobs in the window."""
+    """History rows (``dmpi.jobs.accounting``) of the caller's ended jobs in the window."""
     user, _ = _acting_user(user)
     start, end = _moment(since, "since"), _moment(until, "until")
     states = _states(state) or list(FINAL)
     if set(states) - set(FINAL):
         raise SaltInvocationError(f"history holds ended jobs only: {', '.join(FINAL)}")
-    rows = [__utils__["mpi_account.history_row"](record)
+    rows = [accounting.history_row(record)
             for record in _store().jobs(states, user=user)]
     return user, end, [row for row in rows
-                       if __utils__["mpi_account.in_window"](row, start, end)]
+                       if accounting.in_window(row, start, end)]
 
 
 def history(user=None, since=None, until=None, state=None, format=None):  # pylint: disable=redefined-builtin
@@ -887,7 +890,7 @@ def history(user=None, since=None, until=None, state=None, format=None):  # pyli
         _, _, rows = _ended_rows(user, since, until, state)
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
-    return __utils__["mpi_account.to_csv"](rows) if format == "csv" else rows
+    return accounting.to_csv(rows) if format == "csv" else rows
 
 
 def usage(user=None, since=None, until=None):
@@ -916,7 +919,7 @@ def usage(user=None, since=None, until=None):
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
     active = _store().jobs(["queued"] + list(ACTIVE), user=user) if end is None else []
-    return __utils__["mpi_account.usage"](rows, active)
+    return accounting.usage(rows, active)
 
 
 # ------------------------------------------------------------------ public: admin
@@ -1146,7 +1149,7 @@ def add_user(user):
     """
     try:
         _require_admin("mpi.add_user")
-        if not __utils__["mpi_request.valid_user"](user):
+        if not job_request.valid_user(user):
             raise SaltInvocationError(
                 "user is not a valid user name: letters, digits, '-' and '_' only, starting "
                 "with a letter or digit, at most 64 characters")

@@ -2,11 +2,11 @@
 DockerMPI's job engine: one long-lived object on the master that owns every job's life.
 
 It takes evidence in (node reports and heartbeats, queued and cancel requests, the
-clock), and for each job one reconcile step decides from the rules (``mpi_rules``)
+clock), and for each job one reconcile step decides from the rules (``dmpi.jobs.rules``)
 whether it ends; every end of a job goes through that step. Ending records the final
 state and announces it at once; the clean-up of containers and keys follows in the
 background, off the path of whoever waits for the result. Planning starts what the
-queue allows (``mpi_sched``); a start runs in a worker thread, and a start that fails is
+queue allows (``dmpi.jobs.sched``); a start runs in a worker thread, and a start that fails is
 recorded on the job and reconciled like any other evidence, never retried or recursed
 into.
 
@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
 from dmpi.errors import StartFailure
+from dmpi.jobs import rules, sched
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def job_environment(record, job_addresses):
 
 
 def new_engine(store, transport, lib, clock=time.time):
-    """The job engine over ``store`` (``mpi_store``), reaching nodes through
+    """The job engine over ``store`` (``dmpi.jobs.store``), reaching nodes through
     ``transport`` (see :class:`JobEngine`), with the utils modules in ``lib`` (the
     caller's ``__utils__``: Salt does not give utils modules one of their own)."""
     return JobEngine(store, transport, lib, clock)
@@ -262,7 +263,7 @@ class JobEngine:
         now = self.clock()
         with self.lock:
             seen = self.nodes.get(node)
-            was_alive = seen is not None and node in self.lib["mpi_rules.alive"]({node: seen},
+            was_alive = seen is not None and node in rules.alive({node: seen},
                                                                                  now)
             health = report.get("health")
             if not isinstance(health, dict):
@@ -301,7 +302,7 @@ class JobEngine:
                                     "usable": False}
                 self.plan_due = True
             else:
-                if now - seen["last_seen"] > self.lib["mpi_rules.timeouts"]()["node"]:
+                if now - seen["last_seen"] > rules.timeouts()["node"]:
                     self.plan_due = True
                 seen["last_seen"] = now
                 if evidence_digest != seen["digest"]:
@@ -335,7 +336,7 @@ class JobEngine:
             if now - self.last_pass > STALL_SECONDS:
                 # The engine stalled, so heartbeats may not have been read: grace.
                 self.grace_until = max(self.grace_until,
-                                       now + self.lib["mpi_rules.timeouts"]()["node"])
+                                       now + rules.timeouts()["node"])
             self.last_pass = now
             if now - self.last_reload >= RELOAD_SECONDS:
                 self._reload(now)  # catches a cancel whose event was missed
@@ -353,16 +354,16 @@ class JobEngine:
             self.plan()
 
     def alive(self, now=None):
-        return self.lib["mpi_rules.alive"](self.nodes, self.clock() if now is None else now)
+        return rules.alive(self.nodes, self.clock() if now is None else now)
 
     # ---------------------------------------------------------------- host probes
 
     def _probe_silent(self, now):
         """Probe the hosts of silent nodes that run jobs, in the probe threads: the
-        answer is in before the node's silence is judged (``mpi_rules.silence``)."""
+        answer is in before the node's silence is judged (``rules.silence``)."""
         due = [node for node, jobs in self.on_node.items()
                if jobs and node in self.nodes
-               and self.lib["mpi_rules.probe_due"](self.nodes[node], now, self.probes.get(node))]
+               and rules.probe_due(self.nodes[node], now, self.probes.get(node))]
         if not due:
             return
         site = self.store.get_meta("site") or {}
@@ -399,7 +400,7 @@ class JobEngine:
         for node, jobs in self.on_node.items():
             seen = self.nodes.get(node)
             if not jobs or seen is None or now - seen["last_seen"] <= \
-                    self.lib["mpi_rules.timeouts"]()["node"]:
+                    rules.timeouts()["node"]:
                 continue
             probe = seen.get("probe") or {}
             view[node] = {"since": seen["last_seen"], "host_answers": probe.get("answered"),
@@ -413,7 +414,7 @@ class JobEngine:
         self.queue, self.active, self.on_node = {}, {}, {}
         self.last_seq = self.store.last_seq()
         for _, record in self.store.jobs_after(
-                0, ("queued",) + self.lib["mpi_rules.active_states"]()):
+                0, ("queued",) + rules.active_states()):
             self._track(record)
         self.last_reload = now
 
@@ -435,7 +436,7 @@ class JobEngine:
             self.queue[job_id] = record  # an update keeps its place in the queue
             return
         self.queue.pop(job_id, None)
-        if record["state"] in self.lib["mpi_rules.active_states"]():
+        if record["state"] in rules.active_states():
             self.active[job_id] = record
             for node in record.get("placement") or {}:
                 self.on_node.setdefault(node, set()).add(job_id)
@@ -443,7 +444,7 @@ class JobEngine:
     def _evidence(self, now, names):
         """What the rules see of the nodes ``names``: a node not heard since this engine
         started counts as alive (without evidence) until restart_grace has passed."""
-        grace = self.lib["mpi_rules.timeouts"]()["restart_grace"]
+        grace = rules.timeouts()["restart_grace"]
         judge_all = now - self.started_at > grace
         view = {}
         for node in names:
@@ -459,12 +460,12 @@ class JobEngine:
 
     def _reconcile(self, record, now):
         """The one step that ends jobs: apply the rules to the job's evidence."""
-        if self.lib["mpi_rules.is_final"](record["state"]):
+        if rules.is_final(record["state"]):
             return None
         evidence = self._evidence(now, record.get("placement") or ())
         grace = int(self.settings["silent_grace"])
         judge_silence = now >= self.grace_until
-        verdict = self.lib["mpi_rules.verdict"](record, evidence, now,
+        verdict = rules.verdict(record, evidence, now,
                                                  judge_silence=judge_silence,
                                                  silent_grace=grace)
         if verdict is None:
@@ -478,7 +479,7 @@ class JobEngine:
         """Say on a job's record which of its silent nodes it is kept for, and why
         (``silent_nodes`` while it lasts; ``silences`` keeps each one for the record)."""
         kept = {node: {k: v for k, v in judged.items() if k != "lost"}
-                for node, judged in self.lib["mpi_rules.silence"](record, evidence, now,
+                for node, judged in rules.silence(record, evidence, now,
                                                                    grace).items()
                 if not judged["lost"]}
         if kept == (record.get("silent_nodes") or {}):
@@ -501,7 +502,7 @@ class JobEngine:
         with self.store.transaction() as conn:
             ended = self.store.transition(
                 record["job_id"], state, reason, conn=conn,
-                expect=("queued",) + self.lib["mpi_rules.active_states"](), ended=now, **fields)
+                expect=("queued",) + rules.active_states(), ended=now, **fields)
             if ended is not None:
                 timings = ended["timings"]
                 if ended.get("started"):
@@ -597,7 +598,7 @@ class JobEngine:
         """Containers or keys of jobs that are over (e.g. on a node that was cut off)."""
         records = {job_id: self.active.get(job_id) or self.queue.get(job_id)
                    or self.store.get(job_id) for job_id in jobs}
-        for job_id in self.lib["mpi_rules.leftovers"]({"jobs": jobs}, records):
+        for job_id in rules.leftovers({"jobs": jobs}, records):
             if job_id in self.cleaning:
                 continue  # its own clean-up is under way
             if now - self.cleanup_asked.get((node, job_id), 0) < CLEANUP_RETRY:
@@ -667,12 +668,11 @@ class JobEngine:
             mine["slots"] += job["np"]
             running.append({"placement": job["placement"],
                             "end": job.get("deadline") or now + job["walltime"]})
-        rules = self.lib
         alive = sorted(self.alive(now))
         # Drained and unhealthy nodes take no new job; running ones go on there.
         problems = {}
         for node in alive:
-            problem = rules["mpi_rules.node_problem"](self.nodes[node], self.drains.get(node))
+            problem = rules.node_problem(self.nodes[node], self.drains.get(node))
             if problem:
                 problems[node] = problem
         free = {n: node_slots - used.get(n, 0) for n in alive if n not in problems}
@@ -687,7 +687,7 @@ class JobEngine:
                  "walltime": j["walltime"], "candidates": fit["holders"],
                  "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]})
         self._ask_pulls(images, now)
-        starts, blocked = self.lib["mpi_sched.plan"](
+        starts, blocked = sched.plan(
             waiting, free, running, now, node_slots,
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),
              "max_slots": limits.get("max_slots_per_user")},
@@ -733,7 +733,7 @@ class JobEngine:
         key = (id(candidates), image_ref)
         fit = images.get(key)
         if fit is None:
-            has_image = self.lib["mpi_rules.has_image"]
+            has_image = rules.has_image
             holders = [n for n in candidates if has_image(self.nodes.get(n) or {}, image_ref)]
             if len(holders) == len(candidates):
                 holders = candidates
@@ -775,7 +775,7 @@ class JobEngine:
             key = (id(candidates), job["spec"]["image_ref"], job["image"])
             if key not in texts:
                 fit = images[key[:2]]
-                texts[key] = self.lib["mpi_rules.waiting_reason"](
+                texts[key] = rules.waiting_reason(
                     base, candidates, problems, set(fit["missing"]), job["image"])
             explained[job["job_id"]] = texts[key]
         return explained
@@ -813,7 +813,7 @@ class JobEngine:
             self._track(current)
             self._reconcile(current, self.clock())
             current = self.store.get(job_id)
-            if self.lib["mpi_rules.is_final"](current["state"]) and not current.get("closed"):
+            if rules.is_final(current["state"]) and not current.get("closed"):
                 self._clean_up_soon(current)
             self.plan_due = True
 

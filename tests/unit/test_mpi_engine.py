@@ -11,9 +11,9 @@ import pytest
 from dmpi.errors import StartFailure
 from tests.extension import load_extension
 
-rules = load_extension("_utils/mpi_rules.py", "mpi_rules")
-sched = load_extension("_utils/mpi_sched.py", "mpi_sched")
-store_module = load_extension("_utils/mpi_store.py", "mpi_store")
+from dmpi.jobs import rules
+from dmpi.jobs import sched
+from dmpi.jobs import store as store_module
 launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
 engine_module = load_extension("_utils/mpi_engine.py", "mpi_engine")
 
