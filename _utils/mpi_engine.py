@@ -17,8 +17,6 @@ in memory (heartbeats cost a dict update) and written to the store every few sec
 The object is not a Salt function: nothing here is callable by users.
 """
 
-import functools
-import ipaddress
 import logging
 import posixpath
 import socket
@@ -28,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
 from dmpi.errors import StartFailure
-from dmpi.jobs import rules, sched
+from dmpi.jobs import addresses, rules, sched
 
 log = logging.getLogger(__name__)
 
@@ -137,35 +135,6 @@ def node_limits(config, ranks):
     }
 
 
-@functools.lru_cache(maxsize=16)
-def _pool_bounds(cidr):
-    """(address class, first host as an int, number of hosts) of a job address pool."""
-    network = ipaddress.ip_network(cidr)
-    size = network.num_addresses - (2 if network.num_addresses > 2 else 0)
-    first = int(network.network_address) + (1 if network.num_addresses > 2 else 0)
-    return type(network.network_address), first, size
-
-
-def pick_addresses(cidr, start, count, taken):
-    """
-    ``count`` addresses of the pool ``cidr`` not in ``taken``, going round from index
-    ``start``: ``(addresses, index after the last one)``, or ``(None, start)`` when
-    the pool has fewer free. Round-robin, so an address just freed is reused last (peers
-    may still cache the link-layer address of a container that just left). Costs the
-    addresses looked at, not the size of the pool.
-    """
-    kind, first, size = _pool_bounds(cidr)
-    found = []
-    for step in range(min(size, count + len(taken))):
-        index = (start + step) % size
-        address = str(kind(first + index))
-        if address not in taken:
-            found.append(address)
-            if len(found) == count:
-                return found, (index + 1) % size
-    return None, start
-
-
 def job_environment(record, job_addresses):
     """What every rank is told about its job (like Slurm's SLURM_JOB_ID and friends)."""
     return {
@@ -263,8 +232,7 @@ class JobEngine:
         now = self.clock()
         with self.lock:
             seen = self.nodes.get(node)
-            was_alive = seen is not None and node in rules.alive({node: seen},
-                                                                                 now)
+            was_alive = seen is not None and node in rules.alive({node: seen}, now)
             health = report.get("health")
             if not isinstance(health, dict):
                 # Health travels with reports when the node has it; keep the last.
@@ -465,9 +433,8 @@ class JobEngine:
         evidence = self._evidence(now, record.get("placement") or ())
         grace = int(self.settings["silent_grace"])
         judge_silence = now >= self.grace_until
-        verdict = rules.verdict(record, evidence, now,
-                                                 judge_silence=judge_silence,
-                                                 silent_grace=grace)
+        verdict = rules.verdict(record, evidence, now, judge_silence=judge_silence,
+                                silent_grace=grace)
         if verdict is None:
             if record["state"] == "running" and judge_silence:
                 self._note_silence(record, evidence, now, grace)
@@ -479,8 +446,7 @@ class JobEngine:
         """Say on a job's record which of its silent nodes it is kept for, and why
         (``silent_nodes`` while it lasts; ``silences`` keeps each one for the record)."""
         kept = {node: {k: v for k, v in judged.items() if k != "lost"}
-                for node, judged in rules.silence(record, evidence, now,
-                                                                   grace).items()
+                for node, judged in rules.silence(record, evidence, now, grace).items()
                 if not judged["lost"]}
         if kept == (record.get("silent_nodes") or {}):
             return
@@ -702,8 +668,8 @@ class JobEngine:
             next_address = store.get_meta("next_job_address", 0, conn=conn)
             for job_id, placement in starts:
                 cidr = self.queue[job_id]["spec"]["config"]["job_network"]["addresses"]
-                free_addresses, next_address = pick_addresses(cidr, next_address,
-                                                              len(placement), taken)
+                free_addresses, next_address = addresses.pick(cidr, next_address,
+                                                          len(placement), taken)
                 if free_addresses is None:
                     blocked[job_id] = "job addresses"
                     continue

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """What does the master's job engine cost at scale, with no containers?
 
-The real engine (``_utils/mpi_engine.py`` with the real rules (``dmpi.jobs``), scheduler, launch builders
-and SQLite job store) is fed synthetic node evidence as the ``mpi_node`` engines send it,
-for 100, 1000 and 5000 nodes of 8 slots. Nodes are reached through a transport that
-answers at once (no Salt, no Docker): what is measured is the engine's own work.
+The real engine (``_utils/mpi_engine.py`` with the real rules, scheduler and SQLite job
+store of ``dmpi.jobs`` and the real launch builders) is fed synthetic node evidence as
+the ``mpi_node`` engines send it, for 100, 1000 and 5000 nodes of 8 slots. Nodes are
+reached through a transport that answers at once (no Salt, no Docker): what is measured
+is the engine's own work.
 
 idle
     Every node sends a heartbeat every 2 s and its full report every 10 s (the
