@@ -41,9 +41,10 @@ import salt.utils.json
 import salt.utils.minions
 import salt.utils.yaml
 from dmpi.contract import (ACTIVE, DATA_MOUNT, DRAINS_TAG, FINAL, JOB_ID_RE,
-                           JOB_TAG_PREFIX, JOBS_SUBDIR, NODE_ROLE, job_tag)
+                           JOB_TAG_PREFIX, NODE_ROLE, job_tag)
 from dmpi.errors import ConfigError, RequestError, StoreError
 from dmpi.jobs import accounting, rules, sched
+from dmpi.jobs import record as job_record
 from dmpi.jobs import request as job_request
 from dmpi.jobs import store as job_store
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -182,7 +183,7 @@ def _site_config(minion):
 
 def _public(record, store=None):
     waiting = store.get_meta("waiting", {}) if store and record["state"] == "queued" else None
-    return __utils__["mpi_engine.public"](record, waiting)
+    return job_record.public(record, waiting)
 
 
 def _alive(store, now):
@@ -363,46 +364,12 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _rejected(exc)
     job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-    job_dir = posixpath.join(config["storage"]["path"], "users", request["user"], JOBS_SUBDIR,
-                             job_id)
-    now = time.time()
-    record = {
-        "job_id": job_id,
-        "name": job_name,
-        "user": request["user"],
-        "uid": uid,
-        "image": request["image"],
-        "np": request["np"],
-        "cmd": request["program"],
-        "walltime": request["walltime"],
-        "state": "queued",
-        "reason": None,
-        "submitted": now,
-        "history": [{"state": "queued", "at": now, "reason": None}],
-        "output": {
-            "dir": job_dir,
-            "dir_in_job": posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
-            "stdout": posixpath.join(job_dir, "stdout"),
-            "stderr": posixpath.join(job_dir, "stderr"),
-            "status": posixpath.join(job_dir, "status.json"),
-        },
-        "timings": {},
-        "spec": {
-            "image_ref": images[request["image"]],
-            # None: any MPI node, as the queue finds them (not a copy of today's list).
-            "candidates": None if request["nodes"] is None or "count" in request["nodes"]
-            else candidates,
-            "count": count,
-            "per_node": request["slots_per_node"],
-            "env": request["env"],
-            # Concurrent jobs never share a default working directory: each gets its own.
-            "workdir": request["workdir"] if workdir not in (None, "")
-            else posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
-            "config": {k: config[k] for k in ("cluster_network", "job_network", "ports",
-                                             "storage", "job_root", "slots_per_node",
-                                             "limits")},
-        },
-    }
+    record = job_record.new(
+        job_id, request, name=job_name, uid=uid, image_ref=images[request["image"]],
+        # None: any MPI node, as the queue finds them (not a copy of today's list).
+        candidates=None if request["nodes"] is None or "count" in request["nodes"]
+        else candidates,
+        count=count, workdir=workdir, config=config, now=time.time())
     store.add(record)
     _fire(job_id, "queued", {"user": request["user"]})
     return dict(_public(record), retcode=0)  # queued is what submit promises

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
 from dmpi.errors import StartFailure
 from dmpi.jobs import addresses, rules, sched
+from dmpi.jobs import record as job_record
 
 log = logging.getLogger(__name__)
 
@@ -93,20 +94,6 @@ def minion_returns(returns, minions):
 def failed_calls_message(fun, errors):
     """One line naming each minion a call of ``fun`` failed on, and why."""
     return f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))
-
-
-def public(record, waiting=None):
-    """The job record as users see it (no internal scheduling data). ``closed`` is true
-    once the job's clean-up is done (containers gone, status.json written);
-    ``waiting_for`` says why a queued job waits, from ``waiting`` (the engine's last
-    plan: ``{job_id: reason}``)."""
-    view = {k: v for k, v in record.items()
-            if k not in ("spec", "port_slot", "cancel_requested", "start_error")}
-    view["retcode"] = 0 if record["state"] == "succeeded" else 1
-    view["closed"] = bool(record.get("closed"))
-    if record["state"] == "queued":
-        view["waiting_for"] = (waiting or {}).get(record["job_id"])
-    return view
 
 
 def account_name(user, pattern):
@@ -514,7 +501,8 @@ class JobEngine:
                     answered = list(self.transport.call(
                         reachable, "mpi_job.cleanup", timeout=CLEANUP_TIMEOUT,
                         job_id=record["job_id"], job_root=config["job_root"],
-                        status=public(dict(record, closed=True)), status_node=reachable[0],
+                        status=job_record.public(dict(record, closed=True)),
+                        status_node=reachable[0],
                         storage_path=config["storage"]["path"], user=record["user"],
                         uid=record.get("uid"), gid=record.get("uid"),
                         standby=config["job_network"].get("standby", 0),
@@ -820,7 +808,7 @@ class JobEngine:
         # and the launcher's node starts mpirun once every peer's sshd is proven. That
         # node runs its ranks in the launcher container, so its worker gets the small
         # default limits.
-        view = public(dict(record, state="running", started=self.clock(), timings=timings))
+        view = job_record.public(dict(record, state="running", started=self.clock(), timings=timings))
         workers = self.transport.call(
             nodes, "mpi_job.start_worker", timeout=30,
             network=config["job_network"]["name"], addresses=job_addresses,

@@ -326,9 +326,7 @@ def real_runner(tmp_path, monkeypatch):
     """(base URL of the API, the job store): the API serving the real runner's status
     and list over a real store, with two users' jobs."""
     runner = load_extension("_runners/mpi.py", "mpi_runner_for_api")
-    engine = load_extension("_utils/mpi_engine.py", "mpi_engine_for_api")
     monkeypatch.setattr(runner, "__utils__", {
-        "mpi_engine.public": engine.public,
         "mpi_caller.hub_user": mpi_caller.hub_user,
         "mpi_config.user_for_identity": mpi_config.user_for_identity}, raising=False)
     monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path)}, raising=False)
