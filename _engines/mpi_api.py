@@ -33,7 +33,7 @@ Master configuration (written by the ``dockermpi.api`` state from pillar ``mpi:a
                    body_bytes: 1048576, log_bytes: 1048576, wait_seconds: 60}
 
 :depends: tornado (a dependency of Salt); the ``mpi`` runner; the ``mpi_caller``,
-    ``mpi_config``, ``mpi_engine`` and ``mpi_store`` utils modules
+    ``mpi_config`` utils module; ``dmpi.jobs.record`` and ``dmpi.jobs.store``
 """
 
 import asyncio
@@ -54,6 +54,8 @@ import salt.loader
 import salt.utils.event
 from dmpi.contract import (API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
                            JOB_TAG_RE, STATES)
+from dmpi.jobs import record as job_record
+from dmpi.jobs import store as job_store
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +294,7 @@ class Listeners:
 
     def run(self):
         """Follow the bus until the process ends (in a thread of its own)."""
-        store = self.utils["mpi_store.open_store"](
+        store = job_store.open_store(
             os.path.join(self.opts["cachedir"], "dockermpi", "jobs.sqlite"))
         while True:
             try:
@@ -312,7 +314,7 @@ class Listeners:
                             continue
                         waiting = store.get_meta("waiting", {}) if record["state"] == "queued" \
                             else None
-                        view = self.utils["mpi_engine.public"](record, waiting)
+                        view = job_record.public(record, waiting)
                         self.loop.call_soon_threadsafe(self._deliver, record["user"], view)
             except Exception:  # pylint: disable=broad-except
                 log.exception("mpi_api: reading the event bus failed; reconnecting")

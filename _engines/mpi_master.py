@@ -28,8 +28,8 @@ Optional settings: ``interval`` (seconds between passes of the clock, default 1)
 queue is planned with the site's settings as the nodes see them, read every
 ``settings_interval`` by a thread of the engine (``mpi.settings``) and at each submit.
 
-:depends: the ``mpi_engine``, ``mpi_rules``, ``mpi_store``, ``mpi_sched`` and
-    ``mpi_launch`` utils modules; the ``mpi_node`` engine on the nodes
+:depends: the ``dmpi.jobs`` package; the ``mpi_engine`` and ``mpi_launch`` utils
+    modules; the ``mpi_node`` engine on the nodes
 """
 
 import ipaddress
@@ -42,6 +42,7 @@ import time
 import salt.client
 import salt.utils.event
 from dmpi.contract import DRAINS_TAG, JOB_TAG_RE, NODE_TAG_RE
+from dmpi.jobs import store as job_store
 from salt.exceptions import CommandExecutionError
 
 log = logging.getLogger(__name__)
@@ -174,8 +175,7 @@ def _read_settings(runners, every):
 def start(interval=1.0, settings_interval=60.0):
     """Run the job engine until the master stops."""
     opts, utils = _loaded(__opts__), _loaded(__utils__)
-    store = utils["mpi_store.open_store"](os.path.join(opts["cachedir"], "dockermpi",
-                                                       "jobs.sqlite"))
+    store = job_store.open_store(os.path.join(opts["cachedir"], "dockermpi", "jobs.sqlite"))
     runners = _loaded(__runners__)
     transport = SaltTransport(opts, runners, utils)
     engine = utils["mpi_engine.new_engine"](store, transport, utils)

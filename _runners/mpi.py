@@ -19,8 +19,8 @@ after a restart, running jobs are kept when their nodes report them alive and fa
 when not.
 
 :depends: the ``mpi_master`` engine on the master; the ``mpi_job`` execution module and
-    ``mpi_node`` engine on the nodes; the ``mpi_engine``, ``mpi_request``, ``mpi_rules``,
-    ``mpi_sched``, ``mpi_store``, ``mpi_account`` and ``mpi_caller`` utils modules
+    ``mpi_node`` engine on the nodes; the ``dmpi.jobs`` package; the ``mpi_engine`` and
+    ``mpi_caller`` utils modules
 """
 
 import copy
@@ -43,8 +43,12 @@ import salt.utils.json
 import salt.utils.minions
 import salt.utils.yaml
 from dmpi.contract import (ACTIVE, DATA_MOUNT, DRAINS_TAG, FINAL, JOB_ID_RE,
-                           JOB_TAG_PREFIX, JOBS_SUBDIR, NODE_ROLE, job_tag)
+                           JOB_TAG_PREFIX, NODE_ROLE, job_tag)
 from dmpi.errors import ConfigError, RequestError, StoreError
+from dmpi.jobs import accounting, rules, sched
+from dmpi.jobs import record as job_record
+from dmpi.jobs import request as job_request
+from dmpi.jobs import store as job_store
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 log = logging.getLogger(__name__)
@@ -77,9 +81,9 @@ class _Interrupted(Exception):
 
 def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env, workdir,
                       limits):
-    """Every check that needs no cluster state (``mpi_request``); SaltInvocationError."""
+    """Every check that needs no cluster state (``dmpi.jobs.request``); SaltInvocationError."""
     try:
-        return __utils__["mpi_request.validate_request"](
+        return job_request.validate_request(
             user, image, np, cmd, nodes, slots_per_node, walltime, env, workdir, limits
         )
     except RequestError as exc:
@@ -253,11 +257,11 @@ def _site_config(minion, fresh=False):
 
 def _public(record, store=None):
     waiting = store.get_meta("waiting", {}) if store and record["state"] == "queued" else None
-    return __utils__["mpi_engine.public"](record, waiting)
+    return job_record.public(record, waiting)
 
 
 def _alive(store, now):
-    return __utils__["mpi_rules.alive"](store.nodes(), now)
+    return rules.alive(store.nodes(), now)
 
 
 def _check_engine(store):
@@ -270,7 +274,7 @@ def _check_engine(store):
 
 
 def _store():
-    return __utils__["mpi_store.open_store"](
+    return job_store.open_store(
         os.path.join(__opts__["cachedir"], "dockermpi", "jobs.sqlite")
     )
 
@@ -421,8 +425,8 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         candidates, count = _candidates(request["nodes"], all_nodes)
         node_slots = int(config["slots_per_node"])
         try:
-            __utils__["mpi_sched.place"](request["np"], {n: node_slots for n in candidates},
-                                         count, request["slots_per_node"], node_slots)
+            sched.place(request["np"], {n: node_slots for n in candidates},
+                        count, request["slots_per_node"], node_slots)
         except ValueError as exc:
             raise SaltInvocationError(
                 f"this job can never run: {exc} (each node has {node_slots} slots)"
@@ -437,46 +441,12 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _rejected(exc)
     job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-    job_dir = posixpath.join(config["storage"]["path"], "users", request["user"], JOBS_SUBDIR,
-                             job_id)
-    now = time.time()
-    record = {
-        "job_id": job_id,
-        "name": job_name,
-        "user": request["user"],
-        "uid": uid,
-        "image": request["image"],
-        "np": request["np"],
-        "cmd": request["program"],
-        "walltime": request["walltime"],
-        "state": "queued",
-        "reason": None,
-        "submitted": now,
-        "history": [{"state": "queued", "at": now, "reason": None}],
-        "output": {
-            "dir": job_dir,
-            "dir_in_job": posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
-            "stdout": posixpath.join(job_dir, "stdout"),
-            "stderr": posixpath.join(job_dir, "stderr"),
-            "status": posixpath.join(job_dir, "status.json"),
-        },
-        "timings": {},
-        "spec": {
-            "image_ref": images[request["image"]],
-            # None: any MPI node, as the queue finds them (not a copy of today's list).
-            "candidates": None if request["nodes"] is None or "count" in request["nodes"]
-            else candidates,
-            "count": count,
-            "per_node": request["slots_per_node"],
-            "env": request["env"],
-            # Concurrent jobs never share a default working directory: each gets its own.
-            "workdir": request["workdir"] if workdir not in (None, "")
-            else posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
-            "config": {k: config[k] for k in ("cluster_network", "job_network", "ports",
-                                             "storage", "job_root", "slots_per_node",
-                                             "limits")},
-        },
-    }
+    record = job_record.new(
+        job_id, request, name=job_name, uid=uid, image_ref=images[request["image"]],
+        # None: any MPI node, as the queue finds them (not a copy of today's list).
+        candidates=None if request["nodes"] is None or "count" in request["nodes"]
+        else candidates,
+        count=count, workdir=workdir, config=config, now=time.time())
     store.add(record)
     _fire(job_id, "queued", {"user": request["user"]})
     return dict(_public(record), retcode=0)  # queued is what submit promises
@@ -793,7 +763,7 @@ def nodes():
     store = _store()
     now = time.time()
     seen = store.nodes()
-    alive = __utils__["mpi_rules.alive"](seen, now)
+    alive = rules.alive(seen, now)
     site = store.get_meta("site") or {}
     config = site.get("config") or {}
     slots = int(config.get("slots_per_node", 0))
@@ -807,7 +777,7 @@ def nodes():
         mine = [j for j in jobs if node in (j.get("placement") or {})]
         health = (info or {}).get("report", {}).get("health")
         drain = drains.get(node)
-        problem = __utils__["mpi_rules.node_problem"]({"health": health}, drain) \
+        problem = rules.node_problem({"health": health}, drain) \
             if info and node in alive else "not reporting"
         result[node] = {
             "slots": slots,
@@ -921,16 +891,16 @@ def _moment(value, what):
 
 
 def _ended_rows(user, since, until, state):
-    """History rows (``mpi_account``) of the caller's ended jobs in the window."""
+    """History rows (``dmpi.jobs.accounting``) of the caller's ended jobs in the window."""
     user, _ = _acting_user(user)
     start, end = _moment(since, "since"), _moment(until, "until")
     states = _states(state) or list(FINAL)
     if set(states) - set(FINAL):
         raise SaltInvocationError(f"history holds ended jobs only: {', '.join(FINAL)}")
-    rows = [__utils__["mpi_account.history_row"](record)
+    rows = [accounting.history_row(record)
             for record in _store().jobs(states, user=user)]
     return user, end, [row for row in rows
-                       if __utils__["mpi_account.in_window"](row, start, end)]
+                       if accounting.in_window(row, start, end)]
 
 
 def history(user=None, since=None, until=None, state=None, format=None):  # pylint: disable=redefined-builtin
@@ -964,7 +934,7 @@ def history(user=None, since=None, until=None, state=None, format=None):  # pyli
         _, _, rows = _ended_rows(user, since, until, state)
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
-    return __utils__["mpi_account.to_csv"](rows) if format == "csv" else rows
+    return accounting.to_csv(rows) if format == "csv" else rows
 
 
 def usage(user=None, since=None, until=None):
@@ -993,7 +963,7 @@ def usage(user=None, since=None, until=None):
     except SaltInvocationError as exc:
         return _failed_call(str(exc))
     active = _store().jobs(["queued"] + list(ACTIVE), user=user) if end is None else []
-    return __utils__["mpi_account.usage"](rows, active)
+    return accounting.usage(rows, active)
 
 
 # ------------------------------------------------------------------ public: admin
@@ -1223,7 +1193,7 @@ def add_user(user):
     """
     try:
         _require_admin("mpi.add_user")
-        if not __utils__["mpi_request.valid_user"](user):
+        if not job_request.valid_user(user):
             raise SaltInvocationError(
                 "user is not a valid user name: letters, digits, '-' and '_' only, starting "
                 "with a letter or digit, at most 64 characters")

@@ -77,7 +77,7 @@ _REGISTRY_RE = re.compile(r"^[^\s/]+(?:/[0-9]{1,2})?\Z")
 _URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])"
                      r"(?::[0-9]{1,5})?(?:/[^\s]*)?\Z")
 _PINNED_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*\Z")
-#: Where the scheduler puts a job's ranks (``mpi:placement``; ``mpi_sched.PLACEMENTS``).
+#: Where the scheduler puts a job's ranks (``mpi:placement``; ``dmpi.jobs.sched.PLACEMENTS``).
 PLACEMENTS = ("pack", "spread")
 
 #: Per-user limits of the user API (``mpi:api:limits``).
@@ -93,7 +93,7 @@ _PEM_KINDS = {"cert": ("CERTIFICATE",), "ca": ("CERTIFICATE",),
               "key": ("PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY")}
 
 #: Every setting: the keys of each mapping under ``mpi`` (the limits that are not in
-#: defaults.yaml are read by ``mpi_request`` when a site sets them).
+#: defaults.yaml are read by ``dmpi.jobs.request`` when a site sets them).
 _KEYS = {
     "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "placement", "limits",
          "retention", "storage", "docker", "job_network", "images", "job_root", "firewall",
@@ -856,7 +856,7 @@ class _Checker:
                                  f"got {_shown(address)}")
 
     def check_engine(self):
-        """``mpi:engine``: how the master's job engine judges a silent node (mpi_rules)."""
+        """``mpi:engine``: how the master's job engine judges a silent node (dmpi.jobs.rules)."""
         engine = self.mapping("engine")
         if engine is None:
             return

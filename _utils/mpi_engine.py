@@ -2,11 +2,11 @@
 DockerMPI's job engine: one long-lived object on the master that owns every job's life.
 
 It takes evidence in (node reports and heartbeats, queued and cancel requests, the
-clock), and for each job one reconcile step decides from the rules (``mpi_rules``)
+clock), and for each job one reconcile step decides from the rules (``dmpi.jobs.rules``)
 whether it ends; every end of a job goes through that step. Ending records the final
 state and announces it at once; the clean-up of containers and keys follows in the
 background, off the path of whoever waits for the result. Planning starts what the
-queue allows (``mpi_sched``); a start runs in a worker thread, and a start that fails is
+queue allows (``dmpi.jobs.sched``); a start runs in a worker thread, and a start that fails is
 recorded on the job and reconciled like any other evidence, never retried or recursed
 into.
 
@@ -17,8 +17,6 @@ in memory (heartbeats cost a dict update) and written to the store every few sec
 The object is not a Salt function: nothing here is callable by users.
 """
 
-import functools
-import ipaddress
 import logging
 import posixpath
 import socket
@@ -28,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
 from dmpi.errors import StartFailure
+from dmpi.jobs import addresses, rules, sched
+from dmpi.jobs import record as job_record
 
 log = logging.getLogger(__name__)
 
@@ -96,20 +96,6 @@ def failed_calls_message(fun, errors):
     return f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))
 
 
-def public(record, waiting=None):
-    """The job record as users see it (no internal scheduling data). ``closed`` is true
-    once the job's clean-up is done (containers gone, status.json written);
-    ``waiting_for`` says why a queued job waits, from ``waiting`` (the engine's last
-    plan: ``{job_id: reason}``)."""
-    view = {k: v for k, v in record.items()
-            if k not in ("spec", "port_slot", "cancel_requested", "start_error")}
-    view["retcode"] = 0 if record["state"] == "succeeded" else 1
-    view["closed"] = bool(record.get("closed"))
-    if record["state"] == "queued":
-        view["waiting_for"] = (waiting or {}).get(record["job_id"])
-    return view
-
-
 def account_name(user, pattern):
     """The POSIX account name the user has inside job containers."""
     lowered = user.lower()
@@ -136,35 +122,6 @@ def node_limits(config, ranks):
     }
 
 
-@functools.lru_cache(maxsize=16)
-def _pool_bounds(cidr):
-    """(address class, first host as an int, number of hosts) of a job address pool."""
-    network = ipaddress.ip_network(cidr)
-    size = network.num_addresses - (2 if network.num_addresses > 2 else 0)
-    first = int(network.network_address) + (1 if network.num_addresses > 2 else 0)
-    return type(network.network_address), first, size
-
-
-def pick_addresses(cidr, start, count, taken):
-    """
-    ``count`` addresses of the pool ``cidr`` not in ``taken``, going round from index
-    ``start``: ``(addresses, index after the last one)``, or ``(None, start)`` when
-    the pool has fewer free. Round-robin, so an address just freed is reused last (peers
-    may still cache the link-layer address of a container that just left). Costs the
-    addresses looked at, not the size of the pool.
-    """
-    kind, first, size = _pool_bounds(cidr)
-    found = []
-    for step in range(min(size, count + len(taken))):
-        index = (start + step) % size
-        address = str(kind(first + index))
-        if address not in taken:
-            found.append(address)
-            if len(found) == count:
-                return found, (index + 1) % size
-    return None, start
-
-
 def job_environment(record, job_addresses):
     """What every rank is told about its job (like Slurm's SLURM_JOB_ID and friends)."""
     return {
@@ -178,7 +135,7 @@ def job_environment(record, job_addresses):
 
 
 def new_engine(store, transport, lib, clock=time.time):
-    """The job engine over ``store`` (``mpi_store``), reaching nodes through
+    """The job engine over ``store`` (``dmpi.jobs.store``), reaching nodes through
     ``transport`` (see :class:`JobEngine`), with the utils modules in ``lib`` (the
     caller's ``__utils__``: Salt does not give utils modules one of their own)."""
     return JobEngine(store, transport, lib, clock)
@@ -262,8 +219,7 @@ class JobEngine:
         now = self.clock()
         with self.lock:
             seen = self.nodes.get(node)
-            was_alive = seen is not None and node in self.lib["mpi_rules.alive"]({node: seen},
-                                                                                 now)
+            was_alive = seen is not None and node in rules.alive({node: seen}, now)
             health = report.get("health")
             if not isinstance(health, dict):
                 # Health travels with reports when the node has it; keep the last.
@@ -301,7 +257,7 @@ class JobEngine:
                                     "usable": False}
                 self.plan_due = True
             else:
-                if now - seen["last_seen"] > self.lib["mpi_rules.timeouts"]()["node"]:
+                if now - seen["last_seen"] > rules.timeouts()["node"]:
                     self.plan_due = True
                 seen["last_seen"] = now
                 if evidence_digest != seen["digest"]:
@@ -335,7 +291,7 @@ class JobEngine:
             if now - self.last_pass > STALL_SECONDS:
                 # The engine stalled, so heartbeats may not have been read: grace.
                 self.grace_until = max(self.grace_until,
-                                       now + self.lib["mpi_rules.timeouts"]()["node"])
+                                       now + rules.timeouts()["node"])
             self.last_pass = now
             if now - self.last_reload >= RELOAD_SECONDS:
                 self._reload(now)  # catches a cancel whose event was missed
@@ -353,16 +309,16 @@ class JobEngine:
             self.plan()
 
     def alive(self, now=None):
-        return self.lib["mpi_rules.alive"](self.nodes, self.clock() if now is None else now)
+        return rules.alive(self.nodes, self.clock() if now is None else now)
 
     # ---------------------------------------------------------------- host probes
 
     def _probe_silent(self, now):
         """Probe the hosts of silent nodes that run jobs, in the probe threads: the
-        answer is in before the node's silence is judged (``mpi_rules.silence``)."""
+        answer is in before the node's silence is judged (``rules.silence``)."""
         due = [node for node, jobs in self.on_node.items()
                if jobs and node in self.nodes
-               and self.lib["mpi_rules.probe_due"](self.nodes[node], now, self.probes.get(node))]
+               and rules.probe_due(self.nodes[node], now, self.probes.get(node))]
         if not due:
             return
         site = self.store.get_meta("site") or {}
@@ -399,7 +355,7 @@ class JobEngine:
         for node, jobs in self.on_node.items():
             seen = self.nodes.get(node)
             if not jobs or seen is None or now - seen["last_seen"] <= \
-                    self.lib["mpi_rules.timeouts"]()["node"]:
+                    rules.timeouts()["node"]:
                 continue
             probe = seen.get("probe") or {}
             view[node] = {"since": seen["last_seen"], "host_answers": probe.get("answered"),
@@ -413,7 +369,7 @@ class JobEngine:
         self.queue, self.active, self.on_node = {}, {}, {}
         self.last_seq = self.store.last_seq()
         for _, record in self.store.jobs_after(
-                0, ("queued",) + self.lib["mpi_rules.active_states"]()):
+                0, ("queued",) + rules.active_states()):
             self._track(record)
         self.last_reload = now
 
@@ -435,7 +391,7 @@ class JobEngine:
             self.queue[job_id] = record  # an update keeps its place in the queue
             return
         self.queue.pop(job_id, None)
-        if record["state"] in self.lib["mpi_rules.active_states"]():
+        if record["state"] in rules.active_states():
             self.active[job_id] = record
             for node in record.get("placement") or {}:
                 self.on_node.setdefault(node, set()).add(job_id)
@@ -443,7 +399,7 @@ class JobEngine:
     def _evidence(self, now, names):
         """What the rules see of the nodes ``names``: a node not heard since this engine
         started counts as alive (without evidence) until restart_grace has passed."""
-        grace = self.lib["mpi_rules.timeouts"]()["restart_grace"]
+        grace = rules.timeouts()["restart_grace"]
         judge_all = now - self.started_at > grace
         view = {}
         for node in names:
@@ -459,14 +415,13 @@ class JobEngine:
 
     def _reconcile(self, record, now):
         """The one step that ends jobs: apply the rules to the job's evidence."""
-        if self.lib["mpi_rules.is_final"](record["state"]):
+        if rules.is_final(record["state"]):
             return None
         evidence = self._evidence(now, record.get("placement") or ())
         grace = int(self.settings["silent_grace"])
         judge_silence = now >= self.grace_until
-        verdict = self.lib["mpi_rules.verdict"](record, evidence, now,
-                                                 judge_silence=judge_silence,
-                                                 silent_grace=grace)
+        verdict = rules.verdict(record, evidence, now, judge_silence=judge_silence,
+                                silent_grace=grace)
         if verdict is None:
             if record["state"] == "running" and judge_silence:
                 self._note_silence(record, evidence, now, grace)
@@ -478,8 +433,7 @@ class JobEngine:
         """Say on a job's record which of its silent nodes it is kept for, and why
         (``silent_nodes`` while it lasts; ``silences`` keeps each one for the record)."""
         kept = {node: {k: v for k, v in judged.items() if k != "lost"}
-                for node, judged in self.lib["mpi_rules.silence"](record, evidence, now,
-                                                                   grace).items()
+                for node, judged in rules.silence(record, evidence, now, grace).items()
                 if not judged["lost"]}
         if kept == (record.get("silent_nodes") or {}):
             return
@@ -501,7 +455,7 @@ class JobEngine:
         with self.store.transaction() as conn:
             ended = self.store.transition(
                 record["job_id"], state, reason, conn=conn,
-                expect=("queued",) + self.lib["mpi_rules.active_states"](), ended=now, **fields)
+                expect=("queued",) + rules.active_states(), ended=now, **fields)
             if ended is not None:
                 timings = ended["timings"]
                 if ended.get("started"):
@@ -547,7 +501,8 @@ class JobEngine:
                     answered = list(self.transport.call(
                         reachable, "mpi_job.cleanup", timeout=CLEANUP_TIMEOUT,
                         job_id=record["job_id"], job_root=config["job_root"],
-                        status=public(dict(record, closed=True)), status_node=reachable[0],
+                        status=job_record.public(dict(record, closed=True)),
+                        status_node=reachable[0],
                         storage_path=config["storage"]["path"], user=record["user"],
                         uid=record.get("uid"), gid=record.get("uid"),
                         standby=config["job_network"].get("standby", 0),
@@ -597,7 +552,7 @@ class JobEngine:
         """Containers or keys of jobs that are over (e.g. on a node that was cut off)."""
         records = {job_id: self.active.get(job_id) or self.queue.get(job_id)
                    or self.store.get(job_id) for job_id in jobs}
-        for job_id in self.lib["mpi_rules.leftovers"]({"jobs": jobs}, records):
+        for job_id in rules.leftovers({"jobs": jobs}, records):
             if job_id in self.cleaning:
                 continue  # its own clean-up is under way
             if now - self.cleanup_asked.get((node, job_id), 0) < CLEANUP_RETRY:
@@ -667,12 +622,11 @@ class JobEngine:
             mine["slots"] += job["np"]
             running.append({"placement": job["placement"],
                             "end": job.get("deadline") or now + job["walltime"]})
-        rules = self.lib
         alive = sorted(self.alive(now))
         # Drained and unhealthy nodes take no new job; running ones go on there.
         problems = {}
         for node in alive:
-            problem = rules["mpi_rules.node_problem"](self.nodes[node], self.drains.get(node))
+            problem = rules.node_problem(self.nodes[node], self.drains.get(node))
             if problem:
                 problems[node] = problem
         free = {n: node_slots - used.get(n, 0) for n in alive if n not in problems}
@@ -687,7 +641,7 @@ class JobEngine:
                  "walltime": j["walltime"], "candidates": fit["holders"],
                  "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]})
         self._ask_pulls(images, now)
-        starts, blocked = self.lib["mpi_sched.plan"](
+        starts, blocked = sched.plan(
             waiting, free, running, now, node_slots,
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),
              "max_slots": limits.get("max_slots_per_user")},
@@ -702,8 +656,8 @@ class JobEngine:
             next_address = store.get_meta("next_job_address", 0, conn=conn)
             for job_id, placement in starts:
                 cidr = self.queue[job_id]["spec"]["config"]["job_network"]["addresses"]
-                free_addresses, next_address = pick_addresses(cidr, next_address,
-                                                              len(placement), taken)
+                free_addresses, next_address = addresses.pick(cidr, next_address,
+                                                          len(placement), taken)
                 if free_addresses is None:
                     blocked[job_id] = "job addresses"
                     continue
@@ -733,7 +687,7 @@ class JobEngine:
         key = (id(candidates), image_ref)
         fit = images.get(key)
         if fit is None:
-            has_image = self.lib["mpi_rules.has_image"]
+            has_image = rules.has_image
             holders = [n for n in candidates if has_image(self.nodes.get(n) or {}, image_ref)]
             if len(holders) == len(candidates):
                 holders = candidates
@@ -775,7 +729,7 @@ class JobEngine:
             key = (id(candidates), job["spec"]["image_ref"], job["image"])
             if key not in texts:
                 fit = images[key[:2]]
-                texts[key] = self.lib["mpi_rules.waiting_reason"](
+                texts[key] = rules.waiting_reason(
                     base, candidates, problems, set(fit["missing"]), job["image"])
             explained[job["job_id"]] = texts[key]
         return explained
@@ -813,7 +767,7 @@ class JobEngine:
             self._track(current)
             self._reconcile(current, self.clock())
             current = self.store.get(job_id)
-            if self.lib["mpi_rules.is_final"](current["state"]) and not current.get("closed"):
+            if rules.is_final(current["state"]) and not current.get("closed"):
                 self._clean_up_soon(current)
             self.plan_due = True
 
@@ -854,7 +808,7 @@ class JobEngine:
         # and the launcher's node starts mpirun once every peer's sshd is proven. That
         # node runs its ranks in the launcher container, so its worker gets the small
         # default limits.
-        view = public(dict(record, state="running", started=self.clock(), timings=timings))
+        view = job_record.public(dict(record, state="running", started=self.clock(), timings=timings))
         workers = self.transport.call(
             nodes, "mpi_job.start_worker", timeout=30,
             network=config["job_network"]["name"], addresses=job_addresses,

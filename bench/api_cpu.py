@@ -63,8 +63,8 @@ import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO / "_utils"), str(REPO), str(REPO / "bench")]  # this checkout first
+from dmpi.jobs import store as job_store  # noqa: E402
 from dmpi_bench import fmt, log, table  # noqa: E402
 
 SCOPE = "access:services!service=dockermpi"
@@ -176,8 +176,7 @@ def serve(args):
     opts["__role"] = "master"
     utils = salt.loader.utils(opts)
     runners = salt.loader.runner(opts, utils=utils)
-    store = utils["mpi_store.open_store"](os.path.join(opts["cachedir"], "dockermpi",
-                                                       "jobs.sqlite"))
+    store = job_store.open_store(os.path.join(opts["cachedir"], "dockermpi", "jobs.sqlite"))
     ids = _fill(store, args.users, args.jobs)
     mpi_api = load_extension(str(source / "_engines" / "mpi_api.py"), "mpi_api_bench")
     profiles = []
@@ -375,8 +374,6 @@ async def _hub(port_holder):
 async def main(args):
     import tornado.httpclient  # pylint: disable=import-outside-toplevel
 
-    from tests.extension import load_extension  # pylint: disable=import-outside-toplevel
-
     tornado.httpclient.AsyncHTTPClient.configure(None, max_clients=1000)
     http = tornado.httpclient.AsyncHTTPClient()
     hub_port = []
@@ -394,9 +391,7 @@ async def main(args):
             raise RuntimeError("the API process ended before it listened")
         found = json.loads(ready)
         api, ids = Api(proc, found["port"]), found["ids"]
-        store_module = load_extension(str(pathlib.Path(args.source) / "_utils/mpi_store.py"),
-                                      "mpi_store_bench")
-        store = store_module.JobStore(found["store"])
+        store = job_store.JobStore(found["store"])
         users = sorted(ids)
 
         def mixed(user):

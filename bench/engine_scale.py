@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """What does the master's job engine cost at scale, with no containers?
 
-The real engine (``_utils/mpi_engine.py`` with the real rules, scheduler, launch builders
-and SQLite job store) is fed synthetic node evidence as the ``mpi_node`` engines send it,
-for 100, 1000 and 5000 nodes of 8 slots. Nodes are reached through a transport that
-answers at once (no Salt, no Docker): what is measured is the engine's own work.
+The real engine (``_utils/mpi_engine.py`` with the real rules, scheduler and SQLite job
+store of ``dmpi.jobs`` and the real launch builders) is fed synthetic node evidence as
+the ``mpi_node`` engines send it, for 100, 1000 and 5000 nodes of 8 slots. Nodes are
+reached through a transport that answers at once (no Salt, no Docker): what is measured
+is the engine's own work.
 
 idle
     Every node sends a heartbeat every 2 s and its full report every 10 s (the
@@ -19,7 +20,7 @@ busy
     20th node) and 10 000 queued jobs of 1-256 ranks, mostly small: the cluster nearly
     full. Figures
     ``engine_pass_<n>_nodes_ms``: one scheduling pass of the engine (store reads,
-    ``mpi_sched.plan``, the store writes of the jobs that start), median of ``--repeat``;
+    ``sched.plan``, the store writes of the jobs that start), median of ``--repeat``;
     and ``engine_busy_cpu_<n>_nodes``: CPU per wall second as in idle, with the running
     jobs reconciled on every report and every pass.
 
@@ -34,7 +35,7 @@ No assertions on time; exits non-zero only on bad arguments.
 """
 
 import argparse
-import importlib.util
+import json
 import pathlib
 import random
 import sys
@@ -45,7 +46,10 @@ import time
 import msgpack
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+sys.path[:0] = [str(REPO / "_utils"), str(REPO / "bench")]  # this checkout's modules first
+import mpi_engine  # noqa: E402
+import mpi_launch  # noqa: E402
+from dmpi.jobs import store as job_store  # noqa: E402
 from dmpi_bench import log, median, parse_args, table  # noqa: E402
 
 NODE_SLOTS = 8
@@ -56,18 +60,10 @@ REFRESH = 10.0
 SHORT = {"nodes": "20,100", "running": 50, "queued": 1000, "seconds": 1, "repeat": 1}
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "_utils" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MODULES = {name: _load(name) for name in ("mpi_rules", "mpi_sched", "mpi_launch",
-                                          "mpi_store", "mpi_engine")}
+#: What the engine reaches through Salt's ``__utils__`` (the launch file builders).
 LIB = {f"{name}.{attr}": getattr(module, attr)
-       for name, module in MODULES.items() for attr in dir(module)
-       if not attr.startswith("_") and callable(getattr(module, attr))}
+       for name, module in (("mpi_launch", mpi_launch), ("mpi_engine", mpi_engine))
+       for attr in dir(module) if not attr.startswith("_") and callable(getattr(module, attr))}
 CONFIG = {
     "cluster_network": "10.0.0.0/8", "job_root": "/var/lib/dockermpi/jobs",
     "job_network": {"name": "dmpi-jobs", "addresses": "10.128.0.0/12"},
@@ -142,7 +138,7 @@ def build(nodes, running, queued, seed=1):
     ``queued`` jobs waiting; returns (engine, {node: report}, tmpdir)."""
     rng = random.Random(seed)
     tmp = tempfile.TemporaryDirectory()
-    store = MODULES["mpi_store"].open_store(f"{tmp.name}/jobs.sqlite")
+    store = job_store.open_store(f"{tmp.name}/jobs.sqlite")
     now = time.time()
     store.set_meta("site", {"config": CONFIG, "read": now})
     names = [f"node{i:05d}" for i in range(nodes)]
@@ -181,11 +177,11 @@ def build(nodes, running, queued, seed=1):
                                f"user{index % 50}", now, rng))
     with store.transaction() as conn:
         conn.executemany("INSERT INTO jobs (id, user, state, record) VALUES (?, ?, ?, ?)",
-                         [(r["job_id"], r["user"], r["state"], MODULES["mpi_store"].json.dumps(r))
+                         [(r["job_id"], r["user"], r["state"], json.dumps(r))
                           for r in records])
     for report in reports.values():
         report["digest"] = str(hash(str(sorted(report["jobs"]))))
-    engine = MODULES["mpi_engine"].new_engine(store, InstantTransport(reports), LIB)
+    engine = mpi_engine.new_engine(store, InstantTransport(reports), LIB)
     for node, report in reports.items():
         engine.nodes[node] = {"last_seen": now, "report": report, "digest": report["digest"],
                               "usable": True, "health": health}
@@ -252,7 +248,7 @@ def main():
             engine.plan()
             passes.append(time.perf_counter() - started)
             engine.pool.shutdown(wait=True)
-            engine.pool = MODULES["mpi_engine"].ThreadPoolExecutor(max_workers=8)
+            engine.pool = mpi_engine.ThreadPoolExecutor(max_workers=8)
         busy = feed(engine, reports, args.seconds)
         queued_left = len(engine.store.jobs(["queued"]))
         engine.pool.shutdown(wait=True)

@@ -13,7 +13,7 @@ naming reserved variables (``HOME``, ``OMPI_*``, ``DMPI_*``, ...) or over the si
 limits, workdirs that leave ``/data``, plus random values of every type (the fixed values
 include lone surrogates, undecodable bytes on a command line: Salt 3008's RunnerClient
 raises before it calls ``mpi.submit`` on them, counted as bad "in Salt"). A generated
-hostile case that the repository's own ``_utils/mpi_request.py`` and ``mpi_sched.py``
+hostile case that the repository's own ``dmpi.jobs.request`` and ``dmpi.jobs.sched``
 (with the test cluster's nodes, slots and image) would accept is drawn again, so every
 hostile case must be refused. About 4 % are valid small jobs (``--valid``) of the users
 ``<user>-a`` and ``<user>-b``: ``echo`` of words that a shell would expand (they must
@@ -69,10 +69,10 @@ import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+sys.path[:0] = [str(REPO / "_utils"), str(REPO / "bench")]  # this checkout's dmpi first
 from dmpi.contract import DATA_MOUNT, JOBS_SUBDIR  # noqa: E402
-import mpi_request  # noqa: E402  (pure Python, no Salt needed)
-import mpi_sched  # noqa: E402
+from dmpi.jobs import request as mpi_request  # noqa: E402  (pure Python, no Salt needed)
+from dmpi.jobs import sched as mpi_sched  # noqa: E402
 from dmpi_bench import (  # noqa: E402
     FINAL, MASTER, MASTER_PYTHON, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
     node_jobs, run, table, trap_sigterm, verdict, check_common_args, parse_args,
@@ -363,7 +363,7 @@ def accepted_locally(kwarg):
     except mpi_request.RequestError:
         return False
     except Exception as exc:  # the generator's own check; report, do not send
-        raise BenchError(f"local mpi_request raised {type(exc).__name__}: {exc}") from None
+        raise BenchError(f"local dmpi.jobs.request raised {type(exc).__name__}: {exc}") from None
     if request["image"] not in APPROVED:
         return False
     nodes, count = request["nodes"], None

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long does one scheduling pass (``mpi_sched.plan``) take on a large queue?
+"""How long does one scheduling pass (``dmpi.jobs.sched.plan``) take on a large queue?
 
 No cluster and no containers: builds synthetic queues and times ``plan`` alone, the pure
 function ``mpi.schedule`` calls once per pass. For each node count (default 100, 1000 and
@@ -25,11 +25,11 @@ shared
 
 Prints the median wall time of one pass per node count and kind, how many jobs start and
 why the others wait, and a digest of the decisions, so runs of two versions of
-``mpi_sched.py`` (``--module``) can be checked to decide the same. Run from the
+the scheduler (``--module``) can be checked to decide the same. Run from the
 repository root::
 
     .venv/bin/python bench/sched_scale.py [--repeat 5] [--nodes 100,1000,5000]
-    .venv/bin/python bench/sched_scale.py --module /tmp/mpi_sched_old.py --repeat 1
+    .venv/bin/python bench/sched_scale.py --module /tmp/sched_old.py --repeat 1
 
 ``--short`` (what CI runs): 100 nodes, 1000 queued jobs, one pass of each kind.
 
@@ -48,7 +48,7 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+sys.path[:0] = [str(REPO / "_utils"), str(REPO / "bench")]  # this checkout's dmpi first
 from dmpi_bench import log, median, parse_args, table  # noqa: E402
 
 NODE_SLOTS = 8
@@ -60,7 +60,11 @@ SHORT = {"nodes": "100", "queued": 1000, "repeat": 1}  # what --short (CI) sets
 
 
 def load_sched(path):
-    """``mpi_sched`` from a file path: ``_utils`` is a Salt extension folder, not a package."""
+    """The scheduler module: this checkout's ``dmpi.jobs.sched``, or the file ``path``
+    (another version of it, to compare decisions)."""
+    if path is None:
+        from dmpi.jobs import sched  # pylint: disable=import-outside-toplevel
+        return sched
     spec = importlib.util.spec_from_file_location("mpi_sched", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -141,8 +145,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1, help="seed of the synthetic data (default 1)")
     parser.add_argument("--placement", choices=("pack", "spread"), default="pack",
                         help="placement policy, mpi:placement (default pack)")
-    parser.add_argument("--module", default=str(REPO / "_utils" / "mpi_sched.py"),
-                        help="mpi_sched.py to time (default: this repository's)")
+    parser.add_argument("--module", default=None,
+                        help="a scheduler file to time instead of this checkout's "
+                             "dmpi/jobs/sched.py")
     parser.add_argument("--short", action="store_true",
                         help="what CI runs: 100 nodes, 1000 queued, one pass of each kind")
     args = parse_args(parser, argv, SHORT)
@@ -173,7 +178,7 @@ def main(argv=None):
                          why["resources"], why["reserved"], why["user limit"],
                          digest(starts, blocked)])
             del case
-    print(f"one pass of mpi_sched.plan ({args.module}, {args.placement}): {args.queued} queued "
+    print(f"one pass of sched.plan ({sched.__file__}, {args.placement}): {args.queued} queued "
           f"jobs, nodes of {NODE_SLOTS} slots, seed {args.seed}, {args.repeat} passes each (ms)")
     print(table(["figure", "nodes", "candidates", "running", "queued", "median ms", "min ms", "start",
                  "resources", "reserved", "user limit", "decisions"], rows))

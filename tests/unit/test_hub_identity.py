@@ -9,7 +9,7 @@ from dmpi.contract import is_user
 from tests.extension import load_extension
 
 mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
-mpi_store = load_extension("_utils/mpi_store.py", "mpi_store")
+from dmpi.jobs import store as job_store
 
 
 @pytest.mark.parametrize("name", ["alice", "Bob", "a-b_c", "x" * 64])
@@ -43,19 +43,19 @@ def test_no_identity_is_refused(bad):
 
 
 def test_a_user_name_stays_bound_to_the_hub_identity_that_took_it(tmp_path):
-    store = mpi_store.open_store(str(tmp_path / "jobs.sqlite"))
+    store = job_store.open_store(str(tmp_path / "jobs.sqlite"))
     mapped = mpi_config.user_for_identity("Bob.Smith")
     uid, new = store.user_uid(mapped, 100000, 100010, identity="Bob.Smith")
     assert new
     # Someone registers the mapped name itself at the hub: not the same person.
-    with pytest.raises(mpi_store.StoreError, match="belongs to another hub user"):
+    with pytest.raises(job_store.StoreError, match="belongs to another hub user"):
         store.user_uid(mapped, 100000, 100010, identity=mapped)
     assert store.user_uid(mapped, 100000, 100010, identity="Bob.Smith") == (uid, False)
     assert store.users()[mapped]["identity"] == "Bob.Smith"
 
 
 def test_an_admin_made_user_is_claimed_once_by_its_hub_user(tmp_path):
-    store = mpi_store.open_store(str(tmp_path / "jobs.sqlite"))
+    store = job_store.open_store(str(tmp_path / "jobs.sqlite"))
     uid, _ = store.user_uid("carol", 100000, 100010)  # salt-run mpi.add_user carol
     assert store.user_uid("carol", 100000, 100010, identity="carol") == (uid, False)
     assert store.users()["carol"]["identity"] == "carol"

@@ -17,6 +17,7 @@ import pytest
 import tornado.httpserver
 import tornado.web
 
+from dmpi.jobs import store as job_store
 from tests.cluster import tls
 from tests.extension import load_extension
 
@@ -325,15 +326,12 @@ def real_runner(tmp_path, monkeypatch):
     """(base URL of the API, the job store): the API serving the real runner's status
     and list over a real store, with two users' jobs."""
     runner = load_extension("_runners/mpi.py", "mpi_runner_for_api")
-    store_module = load_extension("_utils/mpi_store.py", "mpi_store_for_api")
-    engine = load_extension("_utils/mpi_engine.py", "mpi_engine_for_api")
     monkeypatch.setattr(runner, "__utils__", {
-        "mpi_store.open_store": store_module.open_store, "mpi_engine.public": engine.public,
         "mpi_caller.hub_user": mpi_caller.hub_user,
         "mpi_config.user_for_identity": mpi_config.user_for_identity}, raising=False)
     monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path)}, raising=False)
     monkeypatch.setattr(runner, "__context__", {}, raising=False)
-    store = store_module.open_store(str(tmp_path / "dockermpi" / "jobs.sqlite"))
+    store = job_store.open_store(str(tmp_path / "dockermpi" / "jobs.sqlite"))
     for n, (user, state) in enumerate([("ann", "running"), ("bob", "queued"), ("ann", "queued"),
                                        ("ann", "succeeded")]):
         job_id = f"20261202-12000{n}-aaaaaa"

@@ -11,9 +11,9 @@ import pytest
 from dmpi.errors import StartFailure
 from tests.extension import load_extension
 
-rules = load_extension("_utils/mpi_rules.py", "mpi_rules")
-sched = load_extension("_utils/mpi_sched.py", "mpi_sched")
-store_module = load_extension("_utils/mpi_store.py", "mpi_store")
+from dmpi.jobs import rules
+from dmpi.jobs import sched
+from dmpi.jobs import store as store_module
 launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
 engine_module = load_extension("_utils/mpi_engine.py", "mpi_engine")
 
@@ -673,25 +673,6 @@ def test_heartbeats_and_reports_are_written_to_the_store_in_batches(world):
     engine.tick()
     assert store.nodes()["node1"]["last_seen"] == heard_at > before
     assert store.get_meta("engine")["pid_alive"] == clock.now
-
-
-@pytest.mark.parametrize("cidr", ["10.0.1.128/29", "10.0.1.5/32", "10.0.1.4/31", "10.0.0.0/30",
-                                  "10.128.0.0/12"])
-def test_the_address_pool_is_the_networks_hosts(cidr):
-    import ipaddress
-    hosts = [str(a) for a in ipaddress.ip_network(cidr).hosts()]
-    picked, _ = engine_module.pick_addresses(cidr, 0, min(len(hosts), 300), set())
-    assert picked == hosts[:300]
-
-
-def test_addresses_go_round_skip_taken_ones_and_run_out():
-    pick = engine_module.pick_addresses
-    cidr = "10.0.1.128/29"  # .129 - .134
-    assert pick(cidr, 5, 3, {"10.0.1.134", "10.0.1.129"}) == (
-        ["10.0.1.130", "10.0.1.131", "10.0.1.132"], 4)
-    assert pick(cidr, 4, 2, set()) == (["10.0.1.133", "10.0.1.134"], 0)
-    assert pick(cidr, 0, 6, {"10.0.1.134"}) == (None, 0)
-    assert pick("10.0.1.5/32", 0, 1, set()) == (["10.0.1.5"], 0)
 
 
 def test_addresses_of_uncleaned_containers_are_held_until_their_node_reports_them_gone(world):

@@ -6,11 +6,10 @@ test_mpi_engine.py, the whole on the cluster in tests/integration/test_maintenan
 import time
 
 import pytest
+from dmpi.jobs import store as store_module
 from tests.extension import load_extension
 
-rules = load_extension("_utils/mpi_rules.py", "mpi_rules_for_runner")
 caller = load_extension("_utils/mpi_caller.py", "mpi_caller_for_runner")
-store_module = load_extension("_utils/mpi_store.py", "mpi_store_for_runner")
 runner = load_extension("_runners/mpi.py", "mpi_runner_maintenance")
 
 REF = "10.251.1.2:5000/dockermpi/mpi@sha256:" + "a" * 64
@@ -30,11 +29,9 @@ def master(tmp_path, monkeypatch):
         "node3": (now - 60, {"engine": "ok", "jobs": {}, "health": HEALTH}),
     })
     fired = []
-    monkeypatch.setattr(runner, "__utils__", {
-        "mpi_store.open_store": lambda path: store,
-        "mpi_rules.alive": rules.alive, "mpi_rules.node_problem": rules.node_problem,
-        "mpi_caller.hub_user": caller.hub_user,
-    }, raising=False)
+    monkeypatch.setattr(runner.job_store, "open_store", lambda path: store)
+    monkeypatch.setattr(runner, "__utils__", {"mpi_caller.hub_user": caller.hub_user},
+                        raising=False)
     monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path), "user": "root"},
                         raising=False)
     monkeypatch.setattr(runner, "__context__", {}, raising=False)

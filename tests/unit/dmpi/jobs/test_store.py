@@ -1,5 +1,5 @@
 """
-Unit tests for ``_utils/mpi_store.py``: the master's SQLite record of jobs and nodes.
+Unit tests for ``dmpi.jobs.store``: the master's SQLite record of jobs and nodes.
 
 The store is what ``salt-run mpi.status``/``mpi.list`` show and what decides which of
 several racing parties (reactor, schedule, ``mpi.cancel``) ends a job, so these tests
@@ -15,9 +15,7 @@ import time
 
 import pytest
 
-from tests.extension import load_extension
-
-mpi_store = load_extension("_utils/mpi_store.py", "mpi_store")
+from dmpi.jobs import store as job_store
 
 
 def _record(job_id, user="alice", **extra):
@@ -26,7 +24,7 @@ def _record(job_id, user="alice", **extra):
 
 @pytest.fixture
 def store(tmp_path):
-    return mpi_store.open_store(str(tmp_path / "cache" / "mpi" / "jobs.sqlite"))
+    return job_store.open_store(str(tmp_path / "cache" / "mpi" / "jobs.sqlite"))
 
 
 # ------------------------------------------------------------------------------- jobs
@@ -118,7 +116,7 @@ def test_transition_of_unknown_job_is_none(store):
 
 def test_transition_to_unknown_state_raises(store):
     store.add(_record("j1"))
-    with pytest.raises(mpi_store.StoreError, match="unknown job state 'done'"):
+    with pytest.raises(job_store.StoreError, match="unknown job state 'done'"):
         store.transition("j1", "done")
     assert store.get("j1")["state"] == "queued"
 
@@ -231,17 +229,17 @@ def test_transaction_commits_on_success(store):
 
 def test_reopening_keeps_the_data(tmp_path):
     path = str(tmp_path / "jobs.sqlite")
-    mpi_store.open_store(path).add(_record("j1"))
-    assert mpi_store.open_store(path).get("j1")["job_id"] == "j1"
+    job_store.open_store(path).add(_record("j1"))
+    assert job_store.open_store(path).get("j1")["job_id"] == "j1"
 
 
 def test_schema_version_mismatch_raises(tmp_path):
     path = tmp_path / "jobs.sqlite"
     conn = sqlite3.connect(path)
-    conn.execute(f"PRAGMA user_version = {mpi_store.SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version = {job_store.SCHEMA_VERSION + 1}")
     conn.close()
-    with pytest.raises(mpi_store.StoreError, match=f"has schema {mpi_store.SCHEMA_VERSION + 1}"):
-        mpi_store.open_store(str(path))
+    with pytest.raises(job_store.StoreError, match=f"has schema {job_store.SCHEMA_VERSION + 1}"):
+        job_store.open_store(str(path))
 
 
 # The schema as DockerMPI 1 (stop 5) wrote it, to prove an upgrade keeps its records.
@@ -265,13 +263,13 @@ def test_a_version_1_store_is_migrated_with_its_records_intact(tmp_path):
     conn.execute("INSERT INTO meta (key, value) VALUES ('next_port_slot', '5')")
     conn.commit()
     conn.close()
-    store = mpi_store.open_store(str(path))
+    store = job_store.open_store(str(path))
     record = store.get("j1")
     assert record["job_id"] == "j1" and record["port_slot"] == 4
     assert store.get_meta("next_port_slot") == 5
     assert store.user_uid("alice", 100000, 100009) == (100000, True)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == mpi_store.SCHEMA_VERSION
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == job_store.SCHEMA_VERSION
     conn.close()
 
 
@@ -296,7 +294,7 @@ def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
     conn.execute("INSERT INTO meta (key, value) VALUES ('next_uid', '100005')")
     conn.commit()
     conn.close()
-    store = mpi_store.open_store(str(path))
+    store = job_store.open_store(str(path))
     assert store.get("j1")["job_id"] == "j1" and store.jobs(["running"])[0]["job_id"] == "j1"
     assert store.users()["alice"] == {"uid": 100004, "created": 1.0, "dir_ready": True,
                                       "identity": "Alice@hub"}
@@ -304,9 +302,9 @@ def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
     assert store.get_meta("next_uid") == 100005
     assert store.drains() == {}
     store.drain("node1", "maintenance")
-    assert mpi_store.open_store(str(path)).drains()["node1"]["reason"] == "maintenance"
+    assert job_store.open_store(str(path)).drains()["node1"]["reason"] == "maintenance"
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == mpi_store.SCHEMA_VERSION == 5
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == job_store.SCHEMA_VERSION == 5
     assert "jobs_user" in {r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'index'")}
     conn.close()
@@ -314,17 +312,17 @@ def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
 
 def test_a_path_is_opened_and_its_schema_checked_once_per_process(tmp_path):
     path = str(tmp_path / "jobs.sqlite")
-    store = mpi_store.open_store(path)
+    store = job_store.open_store(path)
     conn = sqlite3.connect(path)
-    conn.execute(f"PRAGMA user_version = {mpi_store.SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version = {job_store.SCHEMA_VERSION + 1}")
     conn.close()
     # Every API call opens the store: it is the same one, not checked again.
-    assert mpi_store.open_store(path) is store
+    assert job_store.open_store(path) is store
 
 
 def test_a_store_file_replaced_at_its_path_is_opened_and_checked_anew(tmp_path):
     path = tmp_path / "jobs.sqlite"
-    store = mpi_store.open_store(str(path))
+    store = job_store.open_store(str(path))
     store.add(_record("j1"))
     assert store.get("j1")["job_id"] == "j1"  # this thread's reader holds the old file
     for name in ("jobs.sqlite", "jobs.sqlite-wal", "jobs.sqlite-shm"):
@@ -335,7 +333,7 @@ def test_a_store_file_replaced_at_its_path_is_opened_and_checked_anew(tmp_path):
                  ("j2", "alice", "queued", json.dumps(_record("j2"))))
     conn.commit()
     conn.close()
-    reopened = mpi_store.open_store(str(path))
+    reopened = job_store.open_store(str(path))
     assert reopened is not store
     assert reopened.get("j2")["job_id"] == "j2" and reopened.get("j1") is None
     assert reopened.drains() == {}  # migrated: schema 4 has drains
@@ -447,7 +445,7 @@ def test_a_uid_is_never_reused_even_when_its_user_row_is_gone(store, tmp_path):
 
 def test_an_exhausted_uid_range_is_a_clear_error(store):
     store.user_uid("alice", 100000, 100000)
-    with pytest.raises(mpi_store.StoreError, match="range 100000-100000 is used up"):
+    with pytest.raises(job_store.StoreError, match="range 100000-100000 is used up"):
         store.user_uid("bob", 100000, 100000)
 
 
@@ -465,7 +463,7 @@ RACE_JOBS = 50
 
 def _race(path, name, barrier, results):
     """Try to fail every job that is running; report the ones this process ended."""
-    store = mpi_store.open_store(path)
+    store = job_store.open_store(path)
     barrier.wait()
     won = []
     for i in range(RACE_JOBS):
@@ -476,7 +474,7 @@ def _race(path, name, barrier, results):
 
 def test_two_processes_racing_to_end_jobs_each_job_ends_once(tmp_path):
     path = str(tmp_path / "jobs.sqlite")
-    store = mpi_store.open_store(path)
+    store = job_store.open_store(path)
     for i in range(RACE_JOBS):
         store.add(_record(f"j{i}"))
         store.transition(f"j{i}", "running")
@@ -531,7 +529,7 @@ _SCHEMA_V5_ADDS = "CREATE INDEX jobs_user ON jobs (user, seq);\n"
 
 def test_todays_schema_is_version_5_as_frozen_here(tmp_path):
     """If this fails the schema changed: add a migration from 5 and a frozen copy of 6."""
-    store = mpi_store.open_store(str(tmp_path / "new.sqlite"))
+    store = job_store.open_store(str(tmp_path / "new.sqlite"))
     frozen = sqlite3.connect(":memory:")
     frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS + _SCHEMA_V5_ADDS)
 
@@ -546,7 +544,7 @@ def test_todays_schema_is_version_5_as_frozen_here(tmp_path):
 
     with store._connect() as conn:
         assert columns(conn) == columns(frozen)
-    assert mpi_store.SCHEMA_VERSION == 5
+    assert job_store.SCHEMA_VERSION == 5
 
 
 def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_moves_on(
@@ -563,9 +561,9 @@ def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_m
     conn.close()
     # The next version (drains, schema 4) and one after it that adds a column: the steps
     # from 3 must keep every record.
-    monkeypatch.setattr(mpi_store, "SCHEMA_VERSION", 5)
-    monkeypatch.setitem(mpi_store._MIGRATIONS, 4, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
-    store = mpi_store.open_store(path)
+    monkeypatch.setattr(job_store, "SCHEMA_VERSION", 5)
+    monkeypatch.setitem(job_store._MIGRATIONS, 4, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
+    store = job_store.open_store(path)
     record = store.get("j1")
     assert (record["state"], record["ended"], record["port_slot"]) == ("succeeded", 5.0, 3)
     assert store.drains() == {}
@@ -607,7 +605,7 @@ def test_backup_then_restore_gives_back_the_records(store, tmp_path):
     store.user_uid("alice", 100000, 100009, identity="alice@hub")
     store.set_meta("engine", {"pid_alive": 1.0})
     backup = str(tmp_path / "backup.sqlite")
-    assert store.backup(backup) == mpi_store.SCHEMA_VERSION
+    assert store.backup(backup) == job_store.SCHEMA_VERSION
     assert oct(__import__("os").stat(backup).st_mode & 0o777) == "0o600"
     # Later: more jobs, a new user, then something goes wrong and the backup comes back.
     _ended(store, "j3", "succeeded", 30.0)
@@ -616,7 +614,7 @@ def test_backup_then_restore_gives_back_the_records(store, tmp_path):
         conn.execute("DELETE FROM jobs WHERE id = 'j1'")
     done = store.restore(backup)
     assert done == {"jobs": 2, "users_added": 0, "unfinished_failed": [],
-                    "schema": mpi_store.SCHEMA_VERSION}
+                    "schema": job_store.SCHEMA_VERSION}
     assert [r["job_id"] for r in store.jobs()] == ["j1", "j2"]
     assert store.get("j2")["user"] == "bob" and store.get("j1")["ended"] == 10.0
     # Users are never lost and no uid is handed out twice.
@@ -632,19 +630,19 @@ def test_restore_refuses_while_jobs_are_queued_or_running(store, tmp_path):
     backup = str(tmp_path / "backup.sqlite")
     store.backup(backup)
     store.add(_record("waiting"))
-    with pytest.raises(mpi_store.StoreError, match="1 jobs are queued or running"):
+    with pytest.raises(job_store.StoreError, match="1 jobs are queued or running"):
         store.restore(backup)
     assert store.get("waiting")["state"] == "queued"
 
 
 def test_restore_fails_jobs_the_backup_caught_running_and_keeps_users_it_adds(tmp_path):
-    old = mpi_store.open_store(str(tmp_path / "old.sqlite"))
+    old = job_store.open_store(str(tmp_path / "old.sqlite"))
     old.add(_record("caught"))
     old.transition("caught", "running", started=5.0)
     old.user_uid("erin", 100000, 100009)
     backup = str(tmp_path / "backup.sqlite")
     old.backup(backup)
-    fresh = mpi_store.open_store(str(tmp_path / "fresh.sqlite"))  # a master rebuilt
+    fresh = job_store.open_store(str(tmp_path / "fresh.sqlite"))  # a master rebuilt
     done = fresh.restore(backup)
     assert done["unfinished_failed"] == ["caught"] and done["users_added"] == 1
     record = fresh.get("caught")
@@ -655,17 +653,17 @@ def test_restore_fails_jobs_the_backup_caught_running_and_keeps_users_it_adds(tm
 def test_restore_refuses_a_newer_schema_and_files_that_are_not_stores(store, tmp_path):
     newer = tmp_path / "newer.sqlite"
     conn = sqlite3.connect(newer)
-    conn.execute(f"PRAGMA user_version = {mpi_store.SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version = {job_store.SCHEMA_VERSION + 1}")
     conn.close()
-    with pytest.raises(mpi_store.StoreError, match="has schema"):
+    with pytest.raises(job_store.StoreError, match="has schema"):
         store.restore(str(newer))
     junk = tmp_path / "junk"
     junk.write_bytes(b"not a database" * 100)
-    with pytest.raises(mpi_store.StoreError):
+    with pytest.raises(job_store.StoreError):
         store.restore(str(junk))
     empty = tmp_path / "empty.sqlite"
     sqlite3.connect(empty).close()
-    with pytest.raises(mpi_store.StoreError, match="not a DockerMPI job store"):
+    with pytest.raises(job_store.StoreError, match="not a DockerMPI job store"):
         store.restore(str(empty))
 
 

@@ -1,10 +1,9 @@
-"""Unit tests of the rules that end a job (``mpi_rules``): pure functions of a record,
+"""Unit tests of the rules that end a job (``dmpi.jobs.rules``): pure functions of a record,
 its nodes' evidence and the time."""
 
 import pytest
-from tests.extension import load_extension
 
-rules = load_extension("_utils/mpi_rules.py", "mpi_rules")
+from dmpi.jobs import rules
 
 JOB = "20261201-100000-abcdef"
 NOW = 10_000.0

@@ -1,4 +1,4 @@
-"""Unit tests of ``_utils/mpi_account.py``: the accounting figures of mpi.history and
+"""Unit tests of ``dmpi.jobs.accounting``: the accounting figures of mpi.history and
 mpi.usage, computed by hand here."""
 
 import csv
@@ -6,9 +6,7 @@ import io
 
 import pytest
 
-from tests.extension import load_extension
-
-mpi_account = load_extension("_utils/mpi_account.py", "mpi_account")
+from dmpi.jobs import accounting
 
 
 def _job(job_id, user, state, np, submitted, started, ended, **extra):
@@ -18,22 +16,22 @@ def _job(job_id, user, state, np, submitted, started, ended, **extra):
 
 
 def test_history_row_core_hours_are_ranks_times_elapsed():
-    row = mpi_account.history_row(_job("j", "alice", "succeeded", 4, 100.0, 160.0, 1960.0,
+    row = accounting.history_row(_job("j", "alice", "succeeded", 4, 100.0, 160.0, 1960.0,
                                        exit_code=0, name="sim"))
     assert row["elapsed"] == 1800.0
     assert row["core_hours"] == 2.0  # 4 ranks x half an hour
     assert row["queue_wait"] == 60.0
     assert row["nodes"] == ["node1", "node2"]
-    assert set(row) == set(mpi_account.HISTORY_FIELDS)
+    assert set(row) == set(accounting.HISTORY_FIELDS)
 
 
 def test_a_job_cancelled_in_the_queue_used_nothing():
-    row = mpi_account.history_row(_job("j", "alice", "cancelled", 8, 100.0, None, 400.0))
+    row = accounting.history_row(_job("j", "alice", "cancelled", 8, 100.0, None, 400.0))
     assert (row["elapsed"], row["core_hours"], row["queue_wait"]) == (0.0, 0.0, 300.0)
 
 
 def test_usage_per_user_and_totals():
-    rows = [mpi_account.history_row(r) for r in (
+    rows = [accounting.history_row(r) for r in (
         _job("a1", "alice", "succeeded", 2, 0.0, 10.0, 3610.0),   # 2 core-hours, wait 10
         _job("a2", "alice", "failed", 4, 0.0, 30.0, 930.0),       # 1 core-hour, wait 30
         _job("a3", "alice", "cancelled", 4, 0.0, None, 50.0),     # never started
@@ -41,7 +39,7 @@ def test_usage_per_user_and_totals():
     )]
     active = [{"user": "bob", "state": "queued"}, {"user": "carol", "state": "starting"},
               {"user": "carol", "state": "running"}]
-    found = mpi_account.usage(rows, active)
+    found = accounting.usage(rows, active)
     alice = found["users"]["alice"]
     assert alice["jobs"] == {"succeeded": 1, "failed": 1, "cancelled": 1, "timed_out": 0,
                              "total": 3}
@@ -60,24 +58,24 @@ def test_usage_per_user_and_totals():
 
 
 def test_usage_of_nothing_is_zero():
-    assert mpi_account.usage([]) == {"users": {}, "total": {
+    assert accounting.usage([]) == {"users": {}, "total": {
         "jobs": {"succeeded": 0, "failed": 0, "cancelled": 0, "timed_out": 0, "total": 0},
         "core_hours": 0.0, "elapsed": 0.0, "queue_wait_mean": None, "queue_wait_max": None}}
 
 
 def test_window_is_half_open_on_the_end_time():
     row = {"ended": 100.0}
-    assert mpi_account.in_window(row, 100.0, 101.0)
-    assert not mpi_account.in_window(row, None, 100.0)
-    assert mpi_account.in_window(row)
+    assert accounting.in_window(row, 100.0, 101.0)
+    assert not accounting.in_window(row, None, 100.0)
+    assert accounting.in_window(row)
 
 
 def test_csv_has_a_header_and_one_line_per_job_with_commas_quoted():
-    rows = [mpi_account.history_row(_job("j1", "alice", "failed", 2, 0.0, 1.0, 3.0,
+    rows = [accounting.history_row(_job("j1", "alice", "failed", 2, 0.0, 1.0, 3.0,
                                          reason="rank 1 exited with code 3, badly"))]
-    text = mpi_account.to_csv(rows)
+    text = accounting.to_csv(rows)
     parsed = list(csv.DictReader(io.StringIO(text)))
-    assert list(parsed[0]) == list(mpi_account.HISTORY_FIELDS)
+    assert list(parsed[0]) == list(accounting.HISTORY_FIELDS)
     assert parsed[0]["reason"] == "rank 1 exited with code 3, badly"
     assert parsed[0]["nodes"] == "node1,node2"
     assert len(text.splitlines()) == 2

@@ -1,5 +1,5 @@
 """
-Unit tests for ``_utils/mpi_request.py``: the checks ``mpi.submit`` and ``mpi.launch``
+Unit tests for ``dmpi.jobs.request``: the checks ``mpi.submit`` and ``mpi.launch``
 run on a job request before anything else.
 
 Whatever a user passes on the ``salt-run`` command line or through the API either comes
@@ -17,10 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.extension import load_extension
+from dmpi.jobs import request as job_request
 
-mpi_request = load_extension("_utils/mpi_request.py", "mpi_request")
-RequestError = mpi_request.RequestError
+RequestError = job_request.RequestError
 
 MAX_WALLTIME = 86400
 LIMITS = {"max_walltime": MAX_WALLTIME}
@@ -41,7 +40,7 @@ def _validate(**overrides):
         "limits": LIMITS,
     }
     request.update(overrides)
-    return mpi_request.validate_request(**request)
+    return job_request.validate_request(**request)
 
 
 def _short_id(value):
@@ -95,7 +94,7 @@ def test_request_error_is_a_value_error():
     ids=_short_id,
 )
 def test_parse_walltime_accepts(value, seconds):
-    assert mpi_request.parse_walltime(value) == seconds
+    assert job_request.parse_walltime(value) == seconds
 
 
 @pytest.mark.parametrize(
@@ -138,7 +137,7 @@ def test_parse_walltime_accepts(value, seconds):
 )
 def test_parse_walltime_rejects(value, message):
     with pytest.raises(RequestError, match=f"^walltime .*{message}") as caught:
-        mpi_request.parse_walltime(value)
+        job_request.parse_walltime(value)
     _assert_clean_refusal(caught.value)
 
 
@@ -156,7 +155,7 @@ def test_parse_walltime_rejects(value, message):
 )
 def test_parse_walltime_takes_only_ascii_digits(value):
     with pytest.raises(RequestError, match="is not a time") as caught:
-        mpi_request.parse_walltime(value)
+        job_request.parse_walltime(value)
     _assert_clean_refusal(caught.value)
 
 
@@ -167,13 +166,13 @@ def test_parse_walltime_takes_only_ascii_digits(value):
 )
 def test_parse_walltime_refuses_long_text_without_converting_it(value):
     with pytest.raises(RequestError, match=r"at most 20 characters") as caught:
-        mpi_request.parse_walltime(value)
+        job_request.parse_walltime(value)
     _assert_clean_refusal(caught.value)
 
 
 def test_parse_walltime_refuses_huge_numbers_without_printing_them():
     with pytest.raises(RequestError, match="walltime <a number of over 40 digits> has") as caught:
-        mpi_request.parse_walltime(10**5000)
+        job_request.parse_walltime(10**5000)
     _assert_clean_refusal(caught.value)
 
 
@@ -204,7 +203,7 @@ def test_parse_walltime_refuses_huge_numbers_without_printing_them():
     ids=_short_id,
 )
 def test_parse_nodes_accepts(nodes, parsed):
-    assert mpi_request.parse_nodes(nodes) == parsed
+    assert job_request.parse_nodes(nodes) == parsed
 
 
 @pytest.mark.parametrize(
@@ -253,7 +252,7 @@ def test_parse_nodes_accepts(nodes, parsed):
 )
 def test_parse_nodes_rejects(nodes, message):
     with pytest.raises(RequestError, match=message) as caught:
-        mpi_request.parse_nodes(nodes)
+        job_request.parse_nodes(nodes)
     _assert_clean_refusal(caught.value)
 
 
@@ -486,7 +485,7 @@ def test_user_of_64_characters_is_accepted():
     ids=_short_id,
 )
 def test_valid_user(user, valid):
-    assert mpi_request.valid_user(user) is valid
+    assert job_request.valid_user(user) is valid
 
 
 def test_refusal_quotes_at_most_60_characters_of_the_value():
@@ -582,10 +581,10 @@ limits_choice = st.sampled_from([None, LIMITS, SMALL_LIMITS])
 
 def _check_request(request, limits):
     """The invariants of an accepted request, under the limits it was checked against."""
-    limits = dict(mpi_request.DEFAULT_LIMITS, **(limits or {}))
+    limits = dict(job_request.DEFAULT_LIMITS, **(limits or {}))
     assert set(request) == {"user", "image", "np", "program", "nodes", "slots_per_node",
                             "walltime", "env", "workdir"}
-    assert isinstance(request["user"], str) and mpi_request.USER_RE.match(request["user"])
+    assert isinstance(request["user"], str) and job_request.USER_RE.match(request["user"])
     assert isinstance(request["image"], str) and 0 < len(request["image"]) <= 128
     assert type(request["np"]) is int and 1 <= request["np"] <= limits["max_np"]
     program = request["program"]
@@ -606,8 +605,8 @@ def _check_request(request, limits):
         assert type(name) is str and type(value) is str
         assert name.isascii() and (name[0].isalpha() or name[0] == "_")
         assert all(c.isalnum() or c == "_" for c in name) and len(name) <= 128
-        assert name not in mpi_request.RESERVED_ENV_NAMES
-        assert not name.startswith(mpi_request.RESERVED_ENV_PREFIXES)
+        assert name not in job_request.RESERVED_ENV_NAMES
+        assert not name.startswith(job_request.RESERVED_ENV_PREFIXES)
         assert "\0" not in value
         size += len(name) + len(value.encode("utf-8"))
     assert size <= limits["max_env_bytes"]
@@ -654,7 +653,7 @@ def test_any_request_is_normalised_or_refused_cleanly(user, image, np, cmd, node
                                                       slots_per_node, walltime, env, workdir,
                                                       limits):
     try:
-        request = mpi_request.validate_request(user, image, np, cmd, nodes, slots_per_node,
+        request = job_request.validate_request(user, image, np, cmd, nodes, slots_per_node,
                                                walltime, env, workdir, limits)
     except RequestError as exc:
         _assert_clean_refusal(exc)
@@ -695,7 +694,7 @@ def test_near_valid_requests_are_normalised_or_refused_cleanly(overrides, limits
 
 
 @PROPERTY_SETTINGS
-@given(limits=anything | st.dictionaries(st.sampled_from(sorted(mpi_request.DEFAULT_LIMITS)),
+@given(limits=anything | st.dictionaries(st.sampled_from(sorted(job_request.DEFAULT_LIMITS)),
                                          anything | near_numbers, max_size=6))
 def test_any_limits_are_used_or_refused_cleanly(limits):
     try:
@@ -707,10 +706,10 @@ def test_any_limits_are_used_or_refused_cleanly(limits):
 @PROPERTY_SETTINGS
 @given(user=anything | near_users)
 def test_valid_user_answers_for_anything(user):
-    assert mpi_request.valid_user(user) is (
-        isinstance(user, str) and mpi_request.USER_RE.match(user) is not None
+    assert job_request.valid_user(user) is (
+        isinstance(user, str) and job_request.USER_RE.match(user) is not None
     )
-    if mpi_request.valid_user(user):
+    if job_request.valid_user(user):
         assert user.isascii() and "\n" not in user and 1 <= len(user) <= 64
 
 
@@ -718,7 +717,7 @@ def test_valid_user_answers_for_anything(user):
 @given(value=anything | near_walltimes)
 def test_any_walltime_is_seconds_or_refused_cleanly(value):
     try:
-        seconds = mpi_request.parse_walltime(value)
+        seconds = job_request.parse_walltime(value)
     except RequestError as exc:
         _assert_clean_refusal(exc)
     else:
@@ -729,7 +728,7 @@ def test_any_walltime_is_seconds_or_refused_cleanly(value):
 @given(value=anything | near_nodes)
 def test_any_nodes_are_parsed_or_refused_cleanly(value):
     try:
-        nodes = mpi_request.parse_nodes(value)
+        nodes = job_request.parse_nodes(value)
     except RequestError as exc:
         _assert_clean_refusal(exc)
     else:
@@ -753,6 +752,6 @@ def test_slurm_walltimes_add_up(days, clock):
     expected = (days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
     if expected == 0:
         with pytest.raises(RequestError, match="must be longer than zero"):
-            mpi_request.parse_walltime(text)
+            job_request.parse_walltime(text)
     else:
-        assert mpi_request.parse_walltime(text) == expected
+        assert job_request.parse_walltime(text) == expected

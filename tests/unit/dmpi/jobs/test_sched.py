@@ -1,5 +1,5 @@
 """
-Unit tests for ``_utils/mpi_sched.py``: where a job's ranks go and which queued jobs start.
+Unit tests for ``dmpi.jobs.sched``: where a job's ranks go and which queued jobs start.
 
 What a user sees of these functions is which nodes their ranks land on, whether their
 job starts now, and why it waits (``waiting_for``: ``resources``, ``user limit`` or
@@ -11,10 +11,8 @@ import random
 
 import pytest
 
-from tests.extension import load_extension
-
-mpi_sched = load_extension("_utils/mpi_sched.py", "mpi_sched")
-mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
+import mpi_config
+from dmpi.jobs import sched
 
 NODE_SLOTS = 4
 NODES = ["n1", "n2", "n3"]
@@ -38,7 +36,7 @@ def _running(placement, ends_in):
 
 
 def _plan(queued, free, running=(), limits=None, usage=None, placement="pack"):
-    return mpi_sched.plan(queued, dict(free), list(running), NOW, NODE_SLOTS, limits, usage,
+    return sched.plan(queued, dict(free), list(running), NOW, NODE_SLOTS, limits, usage,
                           placement=placement)
 
 
@@ -54,11 +52,11 @@ def _per_node_use(starts):
 
 
 def test_place_fills_nodes_in_order():
-    assert mpi_sched.place(6, {"n1": 4, "n2": 4, "n3": 4}) == {"n1": 4, "n2": 2}
+    assert sched.place(6, {"n1": 4, "n2": 4, "n3": 4}) == {"n1": 4, "n2": 2}
 
 
 def test_place_skips_nodes_without_free_slots():
-    assert mpi_sched.place(3, {"n1": 0, "n2": 1, "n3": 4}) == {"n2": 1, "n3": 2}
+    assert sched.place(3, {"n1": 0, "n2": 1, "n3": 4}) == {"n2": 1, "n3": 2}
 
 
 @pytest.mark.parametrize(
@@ -71,66 +69,66 @@ def test_place_skips_nodes_without_free_slots():
     ],
 )
 def test_place_count_spreads_ranks_evenly(np, count, expected):
-    assert mpi_sched.place(np, {"n1": 4, "n2": 4, "n3": 4}, count=count) == expected
+    assert sched.place(np, {"n1": 4, "n2": 4, "n3": 4}, count=count) == expected
 
 
 def test_place_count_uses_exactly_that_many_nodes():
     # docs/users.md: nodes=3 is "a count (spread evenly)"; the docstring: "Exactly this many nodes".
-    placement = mpi_sched.place(4, {"n1": 4, "n2": 4, "n3": 4}, count=3)
+    placement = sched.place(4, {"n1": 4, "n2": 4, "n3": 4}, count=3)
     assert len(placement) == 3
     assert sum(placement.values()) == 4
     assert max(placement.values()) - min(placement.values()) <= 1
 
 
 def test_place_count_passes_over_nodes_too_full_for_their_share():
-    assert mpi_sched.place(6, {"n1": 1, "n2": 4, "n3": 4}, count=2) == {"n2": 3, "n3": 3}
+    assert sched.place(6, {"n1": 1, "n2": 4, "n3": 4}, count=2) == {"n2": 3, "n3": 3}
 
 
 def test_place_per_node_puts_that_many_ranks_on_each_node():
-    assert mpi_sched.place(5, {"n1": 4, "n2": 4, "n3": 4}, per_node=2) == {
+    assert sched.place(5, {"n1": 4, "n2": 4, "n3": 4}, per_node=2) == {
         "n1": 2, "n2": 2, "n3": 1,
     }
 
 
 def test_place_per_node_passes_over_nodes_with_fewer_free_slots():
-    assert mpi_sched.place(4, {"n1": 1, "n2": 4, "n3": 4}, per_node=2) == {"n2": 2, "n3": 2}
+    assert sched.place(4, {"n1": 1, "n2": 4, "n3": 4}, per_node=2) == {"n2": 2, "n3": 2}
 
 
 def test_place_count_and_per_node_together():
-    assert mpi_sched.place(4, {"n1": 4, "n2": 4, "n3": 4}, count=2, per_node=2) == {
+    assert sched.place(4, {"n1": 4, "n2": 4, "n3": 4}, count=2, per_node=2) == {
         "n1": 2, "n2": 2,
     }
 
 
 def test_nofit_is_a_value_error():
     # The runner turns ValueError into "this job can never run: ...".
-    assert issubclass(mpi_sched.NoFit, ValueError)
+    assert issubclass(sched.NoFit, ValueError)
 
 
 def test_nofit_too_few_nodes():
-    with pytest.raises(mpi_sched.NoFit, match=r"nodes=3 but only 2 nodes are available"):
-        mpi_sched.place(6, {"n1": 4, "n2": 4}, count=3)
+    with pytest.raises(sched.NoFit, match=r"nodes=3 but only 2 nodes are available"):
+        sched.place(6, {"n1": 4, "n2": 4}, count=3)
 
 
 def test_nofit_too_few_slots_says_what_is_free():
-    with pytest.raises(mpi_sched.NoFit, match=r"np=9 cannot be placed") as info:
-        mpi_sched.place(9, {"n1": 4, "n2": 4})
+    with pytest.raises(sched.NoFit, match=r"np=9 cannot be placed") as info:
+        sched.place(9, {"n1": 4, "n2": 4})
     assert "'n1': 4" in str(info.value) and "'n2': 4" in str(info.value)
 
 
 def test_nofit_count_with_too_few_ranks_per_node():
-    with pytest.raises(mpi_sched.NoFit, match=r"np=9 does not fit 2 nodes x 4 slots"):
-        mpi_sched.place(9, {"n1": 4, "n2": 4, "n3": 4}, count=2, per_node=4)
+    with pytest.raises(sched.NoFit, match=r"np=9 does not fit 2 nodes x 4 slots"):
+        sched.place(9, {"n1": 4, "n2": 4, "n3": 4}, count=2, per_node=4)
 
 
 def test_nofit_per_node_leaves_no_room():
-    with pytest.raises(mpi_sched.NoFit, match=r"with 3 ranks per node"):
-        mpi_sched.place(6, {"n1": 4, "n2": 2, "n3": 2}, per_node=3)
+    with pytest.raises(sched.NoFit, match=r"with 3 ranks per node"):
+        sched.place(6, {"n1": 4, "n2": 2, "n3": 2}, per_node=3)
 
 
 def test_nofit_per_node_larger_than_a_node():
-    with pytest.raises(mpi_sched.NoFit, match=r"slots_per_node=5 exceeds the 4 slots each node has"):
-        mpi_sched.place(5, {"n1": 4, "n2": 4}, per_node=5, node_slots=4)
+    with pytest.raises(sched.NoFit, match=r"slots_per_node=5 exceeds the 4 slots each node has"):
+        sched.place(5, {"n1": 4, "n2": 4}, per_node=5, node_slots=4)
 
 
 # -------------------------------------------------------------------------------- fits
@@ -138,46 +136,46 @@ def test_nofit_per_node_larger_than_a_node():
 
 def test_fits_uses_only_candidate_nodes():
     free = {"n1": 4, "n2": 4, "n3": 4}
-    assert mpi_sched.fits(_job("j", 4, candidates=["n2"]), free, NODE_SLOTS) == {"n2": 4}
-    assert mpi_sched.fits(_job("j", 5, candidates=["n2"]), free, NODE_SLOTS) is None
+    assert sched.fits(_job("j", 4, candidates=["n2"]), free, NODE_SLOTS) == {"n2": 4}
+    assert sched.fits(_job("j", 5, candidates=["n2"]), free, NODE_SLOTS) is None
 
 
 def test_fits_ignores_candidates_that_are_down():
-    assert mpi_sched.fits(_job("j", 1, candidates=["n9"]), {"n1": 4}, NODE_SLOTS) is None
-    assert mpi_sched.fits(_job("j", 4, candidates=["n9", "n1"]), {"n1": 4}, NODE_SLOTS) == {
+    assert sched.fits(_job("j", 1, candidates=["n9"]), {"n1": 4}, NODE_SLOTS) is None
+    assert sched.fits(_job("j", 4, candidates=["n9", "n1"]), {"n1": 4}, NODE_SLOTS) == {
         "n1": 4,
     }
 
 
 def test_fits_count_larger_than_candidates():
     job = _job("j", 2, candidates=["n1", "n2"], count=3)
-    assert mpi_sched.fits(job, {"n1": 4, "n2": 4, "n3": 4}, NODE_SLOTS) is None
+    assert sched.fits(job, {"n1": 4, "n2": 4, "n3": 4}, NODE_SLOTS) is None
 
 
 # ------------------------------------------------------------------- placement policy
 
 
 def test_the_policies_are_the_ones_the_pillar_accepts():
-    assert mpi_sched.PLACEMENTS == mpi_config.PLACEMENTS
+    assert sched.PLACEMENTS == mpi_config.PLACEMENTS
 
 
 def test_place_spread_takes_the_nodes_with_most_free_slots_first():
     free = {"n1": 1, "n2": 3, "n3": 4}
-    assert mpi_sched.place(4, free, placement="spread") == {"n3": 4}
-    assert mpi_sched.place(5, free, placement="spread") == {"n3": 4, "n2": 1}
-    assert mpi_sched.place(2, free, count=2, placement="spread") == {"n3": 1, "n2": 1}
-    assert mpi_sched.place(4, free) == {"n1": 1, "n2": 3}
+    assert sched.place(4, free, placement="spread") == {"n3": 4}
+    assert sched.place(5, free, placement="spread") == {"n3": 4, "n2": 1}
+    assert sched.place(2, free, count=2, placement="spread") == {"n3": 1, "n2": 1}
+    assert sched.place(4, free) == {"n1": 1, "n2": 3}
 
 
 def test_place_spread_breaks_ties_in_preference_order():
-    assert mpi_sched.place(2, {"n3": 2, "n1": 2, "n2": 1}, count=2,
+    assert sched.place(2, {"n3": 2, "n1": 2, "n2": 1}, count=2,
                            placement="spread") == {"n3": 1, "n1": 1}
 
 
 @pytest.mark.parametrize("call", [
-    lambda: mpi_sched.place(1, {"n1": 1}, placement="random"),
-    lambda: mpi_sched.fits(_job("j", 1), {"n1": 1}, NODE_SLOTS, placement="Spread"),
-    lambda: mpi_sched.plan([_job("j", 1)], {"n1": 1}, [], NOW, NODE_SLOTS, placement=None),
+    lambda: sched.place(1, {"n1": 1}, placement="random"),
+    lambda: sched.fits(_job("j", 1), {"n1": 1}, NODE_SLOTS, placement="Spread"),
+    lambda: sched.plan([_job("j", 1)], {"n1": 1}, [], NOW, NODE_SLOTS, placement=None),
 ])
 def test_an_unknown_policy_is_refused(call):
     with pytest.raises(ValueError, match="placement must be one of pack, spread"):
@@ -189,9 +187,9 @@ def test_plan_spread_runs_more_small_jobs_at_once_than_pack():
     # n1+n2 and leaves n3 with nobody to pair with; spreading pairs all three nodes.
     queued = [_job(j, 2, count=2) for j in ("a", "b", "c")]
     free = {"n1": 2, "n2": 2, "n3": 2}
-    packed, blocked = mpi_sched.plan(queued, dict(free), [], NOW, 2)
+    packed, blocked = sched.plan(queued, dict(free), [], NOW, 2)
     assert [j for j, _ in packed] == ["a", "b"] and blocked == {"c": "resources"}
-    spread, blocked = mpi_sched.plan(queued, dict(free), [], NOW, 2, placement="spread")
+    spread, blocked = sched.plan(queued, dict(free), [], NOW, 2, placement="spread")
     assert spread == [("a", {"n1": 1, "n2": 1}), ("b", {"n3": 1, "n1": 1}),
                       ("c", {"n2": 1, "n3": 1})]
     assert blocked == {}
@@ -358,14 +356,14 @@ def test_plan_never_overcommits_a_node():
 
 def _earliest(job, free, holders):
     """First time ``job`` fits when ``holders`` (placement, end) release their slots."""
-    if mpi_sched.fits(job, free, NODE_SLOTS) is not None:
+    if sched.fits(job, free, NODE_SLOTS) is not None:
         return NOW
     capacity = dict(free)
     for placement, end in sorted(holders, key=lambda h: h[1]):
         for node, ranks in placement.items():
             if node in capacity:
                 capacity[node] += ranks
-        if mpi_sched.fits(job, capacity, NODE_SLOTS) is not None:
+        if sched.fits(job, capacity, NODE_SLOTS) is not None:
             return end
     return math.inf
 
@@ -410,7 +408,7 @@ def test_plan_properties_on_random_queues():
 
 
 def _check_plan_properties(queued, free, running, limits):
-    starts, blocked = mpi_sched.plan(queued, dict(free), running, NOW, NODE_SLOTS, limits)
+    starts, blocked = sched.plan(queued, dict(free), running, NOW, NODE_SLOTS, limits)
     by_id = {j["id"]: j for j in queued}
 
     # Every queued job either starts or says why it waits.
@@ -440,7 +438,7 @@ def _check_plan_properties(queued, free, running, limits):
     for job in queued:
         if blocked.get(job["id"]) == "user limit":
             continue
-        placement = mpi_sched.fits(job, remaining, NODE_SLOTS)
+        placement = sched.fits(job, remaining, NODE_SLOTS)
         if placement is None:
             head = job
             break
@@ -641,7 +639,7 @@ def test_place_answers_as_the_reference():
         per_node = rng.choice([None, None, rng.randint(0, node_slots + 1)])
         slots = rng.choice([None, node_slots])
         expected = _outcome(lambda: _reference_place(np, dict(free), count, per_node, slots))
-        actual = _outcome(lambda: mpi_sched.place(np, dict(free), count, per_node, slots))
+        actual = _outcome(lambda: sched.place(np, dict(free), count, per_node, slots))
         assert actual == expected, f"seed {seed}: place({np}, {free}, {count}, {per_node}, {slots})"
 
 
@@ -706,7 +704,7 @@ def _random_cluster(rng, size):
     return queued, free, running, now, node_slots, limits, rng.choice([usage, None])
 
 
-@pytest.mark.parametrize("placement", mpi_sched.PLACEMENTS)
+@pytest.mark.parametrize("placement", sched.PLACEMENTS)
 @pytest.mark.parametrize("size, cases", [(4, 1500), (12, 600), (60, 40)])
 def test_plan_decides_as_the_reference(size, cases, placement):
     for seed in range(cases):
@@ -715,7 +713,7 @@ def test_plan_decides_as_the_reference(size, cases, placement):
         )
         expected = _reference_plan(queued, dict(free), list(running), now, node_slots, limits,
                                    usage, spread=placement == "spread")
-        actual = mpi_sched.plan(queued, dict(free), list(running), now, node_slots, limits, usage,
+        actual = sched.plan(queued, dict(free), list(running), now, node_slots, limits, usage,
                                 placement=placement)
         assert actual == expected, f"size {size}, seed {seed}, {placement}"
         # Dicts compare equal in any order; the runner sees placements in this order.
