@@ -63,7 +63,7 @@ import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "_utils"), str(REPO), str(REPO / "bench")]  # this checkout first
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from dmpi.jobs import store as job_store  # noqa: E402
 from dmpi_bench import fmt, log, table  # noqa: E402
 

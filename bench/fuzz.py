@@ -69,7 +69,7 @@ import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "_utils"), str(REPO / "bench")]  # this checkout's dmpi first
+sys.path.insert(0, str(REPO / "bench"))
 from dmpi.contract import DATA_MOUNT, JOBS_SUBDIR  # noqa: E402
 from dmpi.jobs import request as mpi_request  # noqa: E402  (pure Python, no Salt needed)
 from dmpi.jobs import sched as mpi_sched  # noqa: E402

@@ -48,7 +48,7 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "_utils"), str(REPO / "bench")]  # this checkout's dmpi first
+sys.path.insert(0, str(REPO / "bench"))
 from dmpi_bench import log, median, parse_args, table  # noqa: E402
 
 NODE_SLOTS = 8
