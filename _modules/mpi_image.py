@@ -120,6 +120,23 @@ def _local_image(client, reference):
 
 #: What Docker says when a registry speaks plain HTTP and the engine expects TLS.
 _PLAIN_HTTP_REGISTRY = "server gave HTTP response to HTTPS client"
+#: What Docker says when a registry wants a login it did not get or refused.
+_LOGIN_REFUSED = ("no basic auth credentials", "unauthorized", "authentication required")
+
+
+def _registry(reference):
+    return parse_reference(reference)["repository"].split("/", 1)[0]
+
+
+def _login(reference):
+    """The ``auth_config`` for the registry of ``reference`` from pillar
+    ``mpi:docker:registry_credentials``, or None when it needs no login."""
+    docker_settings = (__pillar__.get("mpi") or {}).get("docker") or {}
+    credentials = docker_settings.get("registry_credentials") or {}
+    login = credentials.get(_registry(reference)) if isinstance(credentials, dict) else None
+    if not isinstance(login, dict):
+        return None
+    return {"username": login.get("username"), "password": login.get("password")}
 
 
 def _why(reference, exc):
@@ -127,11 +144,17 @@ def _why(reference, exc):
     plain-HTTP registry."""
     text = str(exc.explanation or exc) if isinstance(exc, docker.errors.APIError) else str(exc)
     if _PLAIN_HTTP_REGISTRY in text:
-        registry = parse_reference(reference)["repository"].split("/", 1)[0]
+        registry = _registry(reference)
         text += (f" (the registry {registry} serves plain HTTP, which this host's Docker "
                  f"does not trust: list {registry} in pillar mpi:docker:insecure_registries "
                  "and run highstate, which restarts Docker with it; or serve the registry "
                  "over TLS)")
+    elif any(phrase in text.lower() for phrase in _LOGIN_REFUSED):
+        registry = _registry(reference)
+        known = "refused the login in" if _login(reference) else "wants a login: set"
+        text += (f" (the registry {registry} {known} pillar "
+                 f"mpi:docker:registry_credentials:{registry} (username, password), then "
+                 "refresh pillar and apply again)")
     return text
 
 
@@ -153,7 +176,8 @@ def pull(reference):
     client = _client()
     log.debug("mpi_image: pulling %s", reference)
     try:
-        image = client.images.pull(parts["repository"], tag=parts["digest"])
+        image = client.images.pull(parts["repository"], tag=parts["digest"],
+                                   auth_config=_login(reference))
     except docker.errors.NotFound as exc:
         raise CommandExecutionError(
             f"cannot pull {reference}: the registry does not have this digest "
@@ -312,7 +336,7 @@ def registry_has(reference):
     parse_reference(reference)
     client = _client()
     try:
-        data = client.images.get_registry_data(reference)
+        data = client.images.get_registry_data(reference, auth_config=_login(reference))
     except docker.errors.NotFound as exc:
         raise CommandExecutionError(
             f"the registry does not have {reference} (wrong digest or repository?): "

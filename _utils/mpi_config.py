@@ -74,6 +74,7 @@ _HOSTNAME_RE = re.compile(
 _INTERFACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}\Z")
 _MOUNT_OPTION_RE = re.compile(r"^[^\s,]+\Z")
 _REGISTRY_RE = re.compile(r"^[^\s/]+(?:/[0-9]{1,2})?\Z")
+_REGISTRY_HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?\Z")
 _URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])"
                      r"(?::[0-9]{1,5})?(?:/[^\s]*)?\Z")
 _PINNED_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*\Z")
@@ -108,7 +109,8 @@ _KEYS = {
     "storage": ("type", "path", "nfs"),
     "storage:nfs": ("server", "export", "mount_options"),
     "retention": ("job_records_days", "job_dirs_days"),
-    "docker": ("package", "log_max_size", "log_max_file", "insecure_registries"),
+    "docker": ("package", "log_max_size", "log_max_file", "insecure_registries",
+               "registry_credentials"),
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
     "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_service_url",
@@ -605,6 +607,27 @@ class _Checker:
             if not isinstance(entry, str) or not _REGISTRY_RE.match(entry):
                 self.problem(f"mpi:docker:insecure_registries entry {_shown(entry)} must be "
                              "host:port (or a CIDR), without a scheme or path")
+        credentials = self.get("docker", "registry_credentials")
+        if credentials is None:
+            credentials = {}
+            self.put(("docker", "registry_credentials"), credentials)
+        if credentials is not _MISSING and not isinstance(credentials, dict):
+            self.problem("mpi:docker:registry_credentials must be a mapping of registry "
+                         f"(host:port) to username and password, got a "
+                         f"{type(credentials).__name__}")
+        elif credentials is not _MISSING:
+            for registry, login in credentials.items():
+                if not isinstance(registry, str) or not _REGISTRY_HOST_RE.match(registry):
+                    self.problem(f"mpi:docker:registry_credentials key {_shown(registry)} "
+                                 "must be a registry as image references name it (host or "
+                                 "host:port, without a scheme or path)")
+                    continue
+                if not isinstance(login, dict) or set(login) != {"username", "password"} \
+                        or not all(isinstance(v, str) and v for v in login.values()):
+                    # Never show the value: it holds a password.
+                    self.problem(f"mpi:docker:registry_credentials:{registry} must be a "
+                                 "mapping of exactly username and password, both non-empty "
+                                 "text")
 
     def check_job_network(self, job_network, cluster):
         if job_network is None:

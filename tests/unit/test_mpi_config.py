@@ -123,6 +123,8 @@ def test_pillar_example_is_valid_with_its_documented_examples():
     example["job_network"]["addresses"] = "10.0.200.0/24"
     example["job_network"]["parent"] = "eth1"
     example["docker"]["insecure_registries"] = ["10.0.0.10:5000"]
+    example["docker"]["registry_credentials"] = {
+        "10.0.0.10:5000": {"username": "dockermpi", "password": "..."}}
     example["images"] = {"openmpi": f"10.0.0.10:5000/dockermpi/openmpi@{DIGEST}"}
     mpi_config.validate(mpi_config.merge(DEFAULTS, example))
 
@@ -350,6 +352,21 @@ CASES = [
     ({"docker": {"insecure_registries": ["http://10.251.1.2:5000"]}},
      "mpi:docker:insecure_registries entry 'http://10.251.1.2:5000' must be host:port (or a "
      "CIDR), without a scheme or path"),
+    ({"docker": {"registry_credentials": ["10.251.1.2:5000"]}},
+     "mpi:docker:registry_credentials must be a mapping of registry (host:port) to username "
+     "and password, got a list"),
+    ({"docker": {"registry_credentials": {"https://10.251.1.2:5000": {
+        "username": "u", "password": "p"}}}},
+     "mpi:docker:registry_credentials key 'https://10.251.1.2:5000' must be a registry as "
+     "image references name it (host or host:port, without a scheme or path)"),
+    ({"docker": {"registry_credentials": {"10.251.1.2:5000": {"username": "u",
+                                                               "password": "p", "x": 1}}}},
+     "mpi:docker:registry_credentials:10.251.1.2:5000 must be a mapping of exactly username "
+     "and password, both non-empty text"),
+    ({"docker": {"registry_credentials": {"10.251.1.2:5000": {"username": "u",
+                                                               "password": 1234}}}},
+     "mpi:docker:registry_credentials:10.251.1.2:5000 must be a mapping of exactly username "
+     "and password, both non-empty text"),
     # the job network
     ({"job_network": {"addresses": ""}}, REQUIRED_BY_SITE[1]),
     ({"job_network": {"addresses": None}}, REQUIRED_BY_SITE[1]),

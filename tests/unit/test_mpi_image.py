@@ -39,7 +39,7 @@ def state_salt():
 @pytest.fixture
 def configure_loader_modules(state_salt):
     return {
-        mpi_image: {},
+        mpi_image: {"__pillar__": {}},
         mpi_image_state: {"__salt__": state_salt, "__opts__": {"test": False}},
     }
 
@@ -114,8 +114,53 @@ def test_pull_of_digest_the_registry_lacks_names_reference_and_cause():
     assert "does not have this digest" in str(exc.value)
     assert "manifest unknown" in str(exc.value)
     client.images.pull.assert_called_once_with(
-        "registry.test:5000/dockermpi/openmpi", tag=DIGEST
+        "registry.test:5000/dockermpi/openmpi", tag=DIGEST, auth_config=None
     )
+
+
+LOGINS = {"registry.test:5000": {"username": "dockermpi", "password": "s3cret-pull"},
+          "other.test": {"username": "someone", "password": "other-secret"}}
+
+
+def test_pull_and_registry_check_log_in_to_the_references_registry_only():
+    pulled = MagicMock(id="sha256:feed", attrs={"RepoDigests": [REF]})
+    client = MagicMock()
+    client.images.pull.return_value = pulled
+    client.images.get_registry_data.return_value = MagicMock(id=DIGEST)
+    pillar = {"mpi": {"docker": {"registry_credentials": LOGINS}}}
+    with patch.object(mpi_image.docker, "from_env", return_value=client), \
+            patch.dict(mpi_image.__pillar__, pillar), \
+            patch.object(mpi_image, "record_pulled"):
+        mpi_image.pull(REF)
+        mpi_image.registry_has(REF)
+        elsewhere = f"elsewhere.test/dockermpi/openmpi@{DIGEST}"
+        pulled.attrs = {"RepoDigests": [elsewhere]}
+        mpi_image.pull(elsewhere)
+    login = {"username": "dockermpi", "password": "s3cret-pull"}
+    assert client.images.pull.call_args_list[0].kwargs["auth_config"] == login
+    assert client.images.get_registry_data.call_args.kwargs["auth_config"] == login
+    # Another registry's login never goes to a registry that has none of its own.
+    assert client.images.pull.call_args_list[1].kwargs["auth_config"] is None
+
+
+@pytest.mark.parametrize("pillar,fix", [
+    ({}, "wants a login: set pillar mpi:docker:registry_credentials:registry.test:5000"),
+    ({"mpi": {"docker": {"registry_credentials": LOGINS}}},
+     "refused the login in pillar mpi:docker:registry_credentials:registry.test:5000"),
+])
+def test_a_registry_refusing_the_pull_names_the_pillar_key_and_never_the_password(pillar, fix):
+    message = ("Head \"https://registry.test:5000/v2/dockermpi/openmpi/manifests/sha256:01\": "
+               "no basic auth credentials")
+    refused = docker.errors.APIError(message, response=MagicMock(status_code=500),
+                                     explanation=message)
+    for method, call in (("pull", mpi_image.pull), ("get_registry_data", mpi_image.registry_has)):
+        client = _client_raising(**{method: refused})
+        with patch.object(mpi_image.docker, "from_env", return_value=client), \
+                patch.dict(mpi_image.__pillar__, pillar):
+            with pytest.raises(CommandExecutionError) as exc:
+                call(REF)
+        assert message in str(exc.value) and fix in str(exc.value)
+        assert "s3cret" not in str(exc.value)
 
 
 def test_a_registry_the_hosts_docker_does_not_trust_is_named_with_the_fix():
