@@ -1061,9 +1061,20 @@ def settings():
     """
     try:
         _require_admin("mpi.settings")
-        return _fresh_site(_store(), fresh=True)
+        return _without_secrets(_fresh_site(_store(), fresh=True))
     except (SaltInvocationError, CommandExecutionError) as exc:
         return _failed_call(str(exc))
+
+
+def _without_secrets(config):
+    """A copy of the settings to show: registry passwords replaced, so that no terminal
+    or log of an admin's command holds them."""
+    shown = copy.deepcopy(config)
+    logins = (shown.get("docker") or {}).get("registry_credentials") or {}
+    for login in logins.values():
+        if isinstance(login, dict) and "password" in login:
+            login["password"] = "(hidden)"
+    return shown
 
 
 def backup(path=None):

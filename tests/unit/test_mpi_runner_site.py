@@ -154,3 +154,24 @@ def test_sources_no_file_here_speaks_for_are_rendered_every_time(site, opts_chan
     assert runner._settings_sources({"id": "node1"}) is not None
     opts.update(opts_change)
     assert runner._settings_sources({"id": "node1"}) is None
+
+
+def test_an_admins_read_of_the_settings_shows_no_registry_password(site, monkeypatch):
+    opts, pillar_root, _ = site
+    (pillar_root / "site.sls").write_text(SITE.format(slots=8) + """  docker:
+    registry_credentials:
+      '10.251.1.2:5000': {username: dockermpi, password: s3cret-registry-login}
+""")
+    monkeypatch.setattr(runner, "_require_admin", lambda function: None)
+    monkeypatch.setattr(runner, "_store", lambda: None)
+    monkeypatch.setattr(runner, "_mpi_nodes", lambda: ["node1"])
+    site_config = runner._site_config
+    monkeypatch.setattr(runner, "_refresh_site",
+                        lambda store, minion, fresh: site_config(minion, fresh=fresh))
+    monkeypatch.setattr(runner, "__context__", {}, raising=False)
+    shown = runner.settings()
+    assert shown["docker"]["registry_credentials"] == {
+        "10.251.1.2:5000": {"username": "dockermpi", "password": "(hidden)"}}, shown
+    # the engine's own copy keeps it (nodes pull with it)
+    assert runner._site_config("node1")["docker"]["registry_credentials"][
+        "10.251.1.2:5000"]["password"] == "s3cret-registry-login"
