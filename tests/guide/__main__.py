@@ -1,0 +1,5 @@
+import sys
+
+from tests.guide.guide import main
+
+sys.exit(main())
