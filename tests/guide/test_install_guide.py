@@ -69,12 +69,12 @@ def test_the_guide_ends_with_a_job_over_two_nodes_and_a_notebook_users_job(follo
     assert "succeeded, exit code 0" in _outputs(ran, "notebook", "mpi run")["notebook"]
 
 
-#: Run as a notebook user's job: what the registry answers it without a login, reading
-#: the catalog and starting an upload (the first step of a push); and whether anything
-#: in the job's environment holds a password.
+#: What the registry answers a caller without its login, reading the catalog and
+#: starting an upload (the first step of a push), and whether
+#: anything in the caller's environment holds a password. argv: the registry's address.
 _REGISTRY_PROBE = """
 import json, os, sys, urllib.error, urllib.request
-base = "http://%s:5000/v2/"
+base = "http://%s:5000/v2/" % sys.argv[1]
 found = {}
 for name, method, path in (("catalog", "GET", "_catalog"),
                            ("upload", "POST", "dockermpi/mpi/blobs/uploads/")):
@@ -91,6 +91,10 @@ print("PROBE " + json.dumps(found))
 """
 
 
+def _probe(output):
+    return json.loads(output.split("PROBE ", 1)[1].splitlines()[0])
+
+
 def test_a_notebook_user_can_neither_read_nor_replace_the_sites_images(followed):
     hosts, _ = followed
     master = ADDRESSES["master"]
@@ -99,21 +103,23 @@ def test_a_notebook_user_can_neither_read_nor_replace_the_sites_images(followed)
     approved = dict(re.findall(r"^\s+(\w+): \S+@(sha256:[0-9a-f]{64})$", images, re.M))
     assert set(approved) == {"mpi", "notebook"}, images
 
+    # Anyone on the cluster network without the login (here a node host's own
+    # python, not Docker with the pillar's login) is refused reading and pushing.
+    anonymous = _probe(hosts.exec_on("node1", ["python3", "-c", _REGISTRY_PROBE, master]))
+    assert (anonymous["catalog"], anonymous["upload"]) == (401, 401), anonymous
     notebook = hosts.notebook_container("alice")
-    # From the notebook itself: the registry is on the cluster network, which the hub's
-    # firewall closes to notebooks.
-    direct = hosts.exec_on("hub", ["docker", "exec", notebook, "python3", "-c",
-                                   "import socket\ntry:\n socket.create_connection(("
-                                   f"'{master}', 5000), timeout=5); print('connected')\n"
-                                   "except OSError as exc: print('refused', exc)"])
-    assert direct.startswith("refused"), direct
-    # From alice's job, which is on the cluster network: the registry wants the login.
-    script = _REGISTRY_PROBE % master
+    # Alice's notebook and her job do not even reach it: the hub's firewall closes the
+    # cluster network to notebooks, the job's own firewall keeps it to its peers.
+    direct = _probe(hosts.exec_on("hub", ["docker", "exec", notebook, "python3", "-c",
+                                          _REGISTRY_PROBE, master]))
     run = hosts.exec_on("hub", ["docker", "exec", notebook, "bash", "-c",
-                                f"mpi run -n 1 python3 -c {shlex.quote(script)}"], timeout=180)
-    probe = json.loads(run.split("PROBE ", 1)[1].splitlines()[0])
-    assert (probe["catalog"], probe["upload"]) == (401, 401), probe
-    assert password not in json.dumps(probe["environment"]), "the registry login reached a job"
+                                f"mpi run -n 1 python3 -c {shlex.quote(_REGISTRY_PROBE)} "
+                                f"{master}"], timeout=180)
+    in_job = _probe(run)
+    for probe in (direct, in_job):
+        assert all(str(probe[call]).startswith("unreachable") for call in ("catalog", "upload")), \
+            probe
+    assert password not in json.dumps(in_job["environment"]), "the registry login reached a job"
     assert password not in run
 
     # The site's images are what was approved, and another user's job runs on them.
