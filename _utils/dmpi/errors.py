@@ -29,6 +29,11 @@ class StoreError(DockerMPIError, RuntimeError):
     taken)."""
 
 
+class NodeError(DockerMPIError, RuntimeError):
+    """A node cannot do what the master asked (its Docker engine, its disk, a user's
+    directory, a tool)."""
+
+
 class StartFailure(DockerMPIError):
     """A job's containers could not be started on a node, of one of :data:`KINDS`:
 

@@ -265,7 +265,7 @@ def test_a_worker_container_that_disappears_fails_the_job(cluster):
     wait_clean(cluster, job_id, cluster.nodes, 10)
 
 
-ENGINE_RESTART_GRACE = 30  # mpi_job.ENGINE_RESTART_GRACE
+ENGINE_RESTART_GRACE = 30  # dmpi.node.evidence.ENGINE_RESTART_GRACE
 
 
 def test_a_node_engine_that_dies_fails_the_job_and_its_leftovers_go_when_it_returns(cluster, restore):

@@ -18,9 +18,14 @@ import threading
 import time
 from unittest.mock import MagicMock, patch
 
+import docker
 import docker.errors
+import mpi_seal
+import mpi_userfs
 import pytest
 import salt.crypt
+from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER
+from dmpi.node import evidence, health, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
 
@@ -29,9 +34,6 @@ STDERR_DATA = REPO / "tests" / "unit" / "data" / "mpirun"
 
 
 mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module")
-mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch_util_for_report")
-mpi_userfs = load_extension("_utils/mpi_userfs.py", "mpi_userfs_util_for_report")
-mpi_seal = load_extension("_utils/mpi_seal.py", "mpi_seal_util_for_report")
 
 JOB = "20261130-120000-abcdef"
 OTHER_JOB = "20261130-120001-012345"
@@ -42,16 +44,7 @@ OWN = "127.0.0.9"
 
 @pytest.fixture
 def configure_loader_modules():
-    return {
-        mpi_job: {
-            "__utils__": {"mpi_launch.parse_mpirun_failure": mpi_launch.parse_mpirun_failure,
-                          "mpi_launch.generate_ed25519_keypair":
-                              mpi_launch.generate_ed25519_keypair,
-                          "mpi_userfs.run_confined": mpi_userfs.run_confined,
-                          "mpi_seal.seal": mpi_seal.seal},
-            "__opts__": {"id": "node1"},
-        }
-    }
+    return {mpi_job: {"__opts__": {"id": "node1"}}}
 
 
 @pytest.fixture(autouse=True)
@@ -67,8 +60,8 @@ def daemon_json(tmp_path, monkeypatch):
     engine outage remembered from another test."""
     path = tmp_path / "daemon.json"
     path.write_text("{}")
-    monkeypatch.setattr(mpi_job, "DAEMON_JSON", str(path))
-    monkeypatch.setitem(mpi_job._ENGINE_OUTAGE, "since", None)
+    monkeypatch.setattr(evidence, "DAEMON_JSON", str(path))
+    monkeypatch.setitem(evidence._ENGINE_OUTAGE, "since", None)
     return path
 
 
@@ -113,8 +106,8 @@ def _secrets(job_root, job_id, addresses, port):
 def _container(job_id, role, status, exit_code=0, user=USER, address=OWN):
     container = MagicMock()
     container.name = f"dmpi-{job_id}-{role}"
-    container.labels = {mpi_job.LABEL_JOB: job_id, mpi_job.LABEL_ROLE: role,
-                        mpi_job.LABEL_USER: user}
+    container.labels = {LABEL_JOB: job_id, LABEL_ROLE: role,
+                        LABEL_USER: user}
     container.status = status
     container.attrs = {
         "State": {"Status": status, "ExitCode": exit_code, "Pid": 0},
@@ -129,7 +122,7 @@ def _holder(name, address=None):
     """A standby namespace's holder: a spare, or one a job start took (renamed)."""
     container = MagicMock()
     container.name = name
-    container.labels = {mpi_job.LABEL_ROLE: "standby"}
+    container.labels = {LABEL_ROLE: "standby"}
     container.status = "running"
     container.attrs = {"State": {"Status": "running", "ExitCode": 0, "Pid": 0},
                        "Config": {"User": "65534:65534"},
@@ -141,7 +134,7 @@ def _holder(name, address=None):
 def _engine(*containers):
     client = MagicMock()
     client.containers.list.return_value = list(containers)
-    return patch.object(mpi_job.docker, "from_env", return_value=client)
+    return patch.object(docker, "from_env", return_value=client)
 
 
 class Listeners:
@@ -197,7 +190,7 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
     # the other's to begin. One after the other, the first would wait in vain.
     dropped = {"127.0.0.4", "127.0.0.5"}
     together = threading.Barrier(len(dropped), timeout=30)
-    overlapped, connects = [], mpi_job._tcp_connects
+    overlapped, connects = [], evidence._tcp_connects
 
     def probe(address, port, timeout):
         if address in dropped:
@@ -209,7 +202,7 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
         return connects(address, port, timeout)
 
     with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "running")), \
-            patch.object(mpi_job, "_tcp_connects", probe):
+            patch.object(evidence, "_tcp_connects", probe):
         ret = mpi_job.report(str(storage), str(job_root), probe_timeout=1.0)
     assert ret["engine"] == "ok"
     assert ret["jobs"][JOB] == {
@@ -310,7 +303,7 @@ def test_engine_down_reports_the_error_and_jobs_from_secrets_only(storage, job_r
     listeners.listen("127.0.0.2")
     _secrets(job_root, JOB, [OWN, "127.0.0.2"], listeners.port)
     down = docker.errors.DockerException("Error while fetching server API version")
-    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+    with patch.object(docker, "from_env", side_effect=down):
         ret = mpi_job.report(str(storage), str(job_root))
     assert "fetching server API version" in ret["engine"]
     assert ret["jobs"] == {
@@ -331,7 +324,7 @@ def test_engine_down_reports_the_error_and_jobs_from_secrets_only(storage, job_r
 
 def test_engine_down_without_live_restore_is_a_fault_at_once(storage, job_root):
     down = docker.errors.DockerException("Error while fetching server API version")
-    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+    with patch.object(docker, "from_env", side_effect=down):
         ret = mpi_job.report(str(storage), str(job_root))
     assert "fetching server API version" in ret["engine"]
     assert "error" not in ret  # the master judges the node's jobs on it
@@ -343,10 +336,10 @@ def test_a_restarting_live_restore_engine_is_not_a_fault_until_the_grace_ends(
     _secrets(job_root, JOB, [OWN], 2222)
     down = docker.errors.DockerException("Error while fetching server API version")
     clock = [1000.0]
-    with patch.object(mpi_job.docker, "from_env", side_effect=down), \
-            patch.object(mpi_job.time, "time", lambda: clock[0]):
+    with patch.object(docker, "from_env", side_effect=down), \
+            patch.object(time, "time", lambda: clock[0]):
         first = mpi_job.report(str(storage), str(job_root))
-        clock[0] += mpi_job.ENGINE_RESTART_GRACE - 1
+        clock[0] += evidence.ENGINE_RESTART_GRACE - 1
         later = mpi_job.report(str(storage), str(job_root))
         clock[0] += 1
         over = mpi_job.report(str(storage), str(job_root))
@@ -364,14 +357,14 @@ def test_an_engine_that_answers_again_starts_a_new_grace(storage, job_root, daem
     daemon_json.write_text('{"live-restore": true}')
     down = docker.errors.DockerException("connection refused")
     clock = [1000.0]
-    with patch.object(mpi_job.time, "time", lambda: clock[0]):
-        with patch.object(mpi_job.docker, "from_env", side_effect=down):
+    with patch.object(time, "time", lambda: clock[0]):
+        with patch.object(docker, "from_env", side_effect=down):
             mpi_job.report(str(storage), str(job_root))
         clock[0] += 20
         with _engine():
             assert mpi_job.report(str(storage), str(job_root))["engine"] == "ok"
         clock[0] += 20
-        with patch.object(mpi_job.docker, "from_env", side_effect=down):
+        with patch.object(docker, "from_env", side_effect=down):
             again = mpi_job.report(str(storage), str(job_root))
     assert "error" in again  # 40 s after the first outage began, but 0 s into this one
 
@@ -379,7 +372,7 @@ def test_an_engine_that_answers_again_starts_a_new_grace(storage, job_root, daem
 def test_an_unreadable_daemon_json_means_no_grace(storage, job_root, daemon_json):
     daemon_json.write_text("not json")
     down = docker.errors.DockerException("connection refused")
-    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+    with patch.object(docker, "from_env", side_effect=down):
         assert "error" not in mpi_job.report(str(storage), str(job_root))
 
 
@@ -540,13 +533,13 @@ def _images_engine(*digests):
     untagged.attrs = {"RepoDigests": None}
     client = MagicMock()
     client.images.list.return_value = [image, untagged]
-    return patch.object(mpi_job.docker, "from_env", return_value=client)
+    return patch.object(docker, "from_env", return_value=client)
 
 
 @pytest.fixture(autouse=True)
 def job_ca_path(tmp_path, monkeypatch):
     path = tmp_path / "job-ca" / "ca"
-    monkeypatch.setattr(mpi_job, "JOB_CA_KEY", str(path))
+    monkeypatch.setattr(jobca, "JOB_CA_KEY", str(path))
     return path
 
 
@@ -566,7 +559,7 @@ def test_a_healthy_node_reports_docker_storage_and_image_digests(storage, job_ca
 
 def test_health_says_when_no_job_ca_can_be_made(storage, job_ca_path):
     job_ca_path.parent.mkdir(mode=0o500)  # read-only even for its owner (tests may be root)
-    with patch.object(mpi_job.os, "replace", side_effect=PermissionError(13, "Permission denied")):
+    with patch.object(os, "replace", side_effect=PermissionError(13, "Permission denied")):
         with _images_engine(REF):
             found = mpi_job.health(str(storage))
     assert found["job_ca"].startswith(f"cannot make the job CA {job_ca_path}")
@@ -575,7 +568,7 @@ def test_health_says_when_no_job_ca_can_be_made(storage, job_ca_path):
 
 def test_health_says_when_docker_does_not_answer(storage):
     down = docker.errors.DockerException("Error while fetching server API version")
-    with patch.object(mpi_job.docker, "from_env", side_effect=down):
+    with patch.object(docker, "from_env", side_effect=down):
         found = mpi_job.health(str(storage))
     assert found["docker"].startswith("Error while fetching") and found["images"] == []
     assert found["storage"] == "ok"
@@ -605,8 +598,8 @@ def test_a_hanging_storage_check_is_reported_and_not_waited_for_again(storage, m
         checks.append(args)
         return release.wait(60) and "ok"
 
-    monkeypatch.setattr(mpi_job, "_storage_state", hanging_check)
-    monkeypatch.setattr(mpi_job, "STORAGE_CHECK_TIMEOUT", 0.2)
+    monkeypatch.setattr(health, "_storage_state", hanging_check)
+    monkeypatch.setattr(health, "STORAGE_CHECK_TIMEOUT", 0.2)
     with _images_engine():
         assert mpi_job.health(str(storage))["storage"].startswith("not responding (the check")
         assert mpi_job.health(str(storage))["storage"].startswith("not responding (a check")
@@ -633,7 +626,7 @@ def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, 
         written.append(str(path))
         return plain_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(mpi_job.os, "open", recording_open)
+    monkeypatch.setattr(os, "open", recording_open)
     with _images_engine():
         assert mpi_job.health(str(storage))["storage"] == "ok"
     assert [w for w in written if w.startswith(str(storage))] == \

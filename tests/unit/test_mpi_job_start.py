@@ -9,13 +9,14 @@ from unittest.mock import MagicMock
 
 import docker.errors
 import pytest
+import mpi_launch
 from dmpi.errors import StartFailure
+from dmpi.node import containers, jobca, netns, standby, start, userdirs
 from salt.exceptions import CommandExecutionError
 from tests.extension import load_extension
 
 mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module_for_start")
-REQUIRE_USER_DIR = mpi_job._require_user_dir
-mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
+REQUIRE_USER_DIR = userdirs.require_user_dir
 
 JOB = "20261130-120000-abcdef"
 ADDRESS = "10.251.1.130"
@@ -25,9 +26,7 @@ FILES = {"sshd_config": "Port 20000\n"}
 
 @pytest.fixture
 def configure_loader_modules():
-    return {mpi_job: {"__opts__": {"id": "node1"},
-                      "__utils__": {f"mpi_launch.{name}": getattr(mpi_launch, name)
-                                    for name in mpi_launch.__all__}}}
+    return {mpi_job: {"__opts__": {"id": "node1", "pki_dir": "/nonexistent"}}}
 
 
 class Steps(list):
@@ -50,14 +49,14 @@ def steps(monkeypatch, tmp_path):
         return worker
 
     client.containers.create.side_effect = create
-    monkeypatch.setattr(mpi_job, "_client", lambda: client)
-    monkeypatch.setattr(mpi_job, "_require_user_dir", lambda *args: None)
-    monkeypatch.setattr(mpi_job, "_write_secrets", lambda *args: None)
-    monkeypatch.setattr(mpi_job, "JOB_CA_KEY", str(tmp_path / "job-ca" / "ca"))
-    monkeypatch.setattr(mpi_job, "_take_standby", lambda *args: holder)
-    monkeypatch.setattr(mpi_job, "_close_namespace",
+    monkeypatch.setattr(containers, "client", lambda: client)
+    monkeypatch.setattr(userdirs, "require_user_dir", lambda *args: None)
+    monkeypatch.setattr(start, "write_secrets", lambda *args: None)
+    monkeypatch.setattr(jobca, "JOB_CA_KEY", str(tmp_path / "job-ca" / "ca"))
+    monkeypatch.setattr(standby, "take_standby", lambda *args: holder)
+    monkeypatch.setattr(netns, "close_namespace",
                         lambda job_id, pid, *args: done.append(("firewall", pid)))
-    monkeypatch.setattr(mpi_job, "_wait_for_sshd",
+    monkeypatch.setattr(start, "_wait_for_sshd",
                         lambda job_id, container, pid, *args: done.append(("sshd", pid)))
     done.client = client
     (tmp_path / "users" / "alice").mkdir(parents=True)
@@ -82,7 +81,7 @@ def test_a_standby_namespace_is_sealed_before_the_worker_starts_in_it(steps):
     names = [step[0] for step in steps]
     assert names.index("disconnect") < names.index("start")
     assert names.index("firewall") < names.index("start")
-    assert ("disconnect", ("holder-id", mpi_job.STANDBY_NETWORK)) in steps
+    assert ("disconnect", ("holder-id", standby.STANDBY_NETWORK)) in steps
     # The firewall and the sshd check act in the holder's namespace.
     assert ("firewall", 4242) in steps and ("sshd", 4242) in steps
     assert ("create", "container:holder-id") in steps
@@ -101,7 +100,7 @@ def test_a_start_without_the_shared_storage_fails_of_kind_storage(steps, tmp_pat
 
 
 def test_a_start_in_a_directory_not_the_users_fails_of_kind_user_dir(steps, monkeypatch):
-    monkeypatch.setattr(mpi_job, "_require_user_dir", REQUIRE_USER_DIR)
+    monkeypatch.setattr(userdirs, "require_user_dir", REQUIRE_USER_DIR)
     with pytest.raises(CommandExecutionError) as failed:
         _start(steps)  # users/alice is root's here, not uid 23456's
     failure = StartFailure.from_wire(str(failed.value))
@@ -168,8 +167,8 @@ def test_readiness_counts_only_certificates_of_the_right_ca_for_the_right_addres
         "# 10.0.0.3:20000 SSH-2.0-OpenSSH_9.2p1",
         "garbage",
     ])
-    monkeypatch.setattr(mpi_job, "_run", lambda argv, timeout: (0, printed, ""))
-    monkeypatch.setattr(mpi_job, "_netns", lambda pid: [])
-    proven = mpi_job._answering_with_job_certificate(
+    monkeypatch.setattr(netns, "run", lambda argv, timeout: (0, printed, ""))
+    monkeypatch.setattr(netns, "netns", lambda pid: [])
+    proven = start._answering_with_job_certificate(
         1, {"10.0.0.1": ca1, "10.0.0.2": ca2, "10.0.0.3": ca2}, 20000)
     assert proven == {"10.0.0.1"}
