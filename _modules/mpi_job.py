@@ -67,14 +67,7 @@ def ensure_user_dir(storage_path, user, uid, gid):
     that is root on the shared storage (the NFS server, or any node of a cluster file
     system).
 
-    storage_path
-        Where the shared storage is on this host (the NFS export on the server).
-    user
-        The user's name.
-    uid, gid
-        The user's own ids (from the master's allocation).
-
-    Returns ``{"created": bool, "changed": bool}``.
+    Arguments and answer: :func:`dmpi.node.userdirs.ensure_user_dir`.
 
     CLI Example:
 
@@ -93,16 +86,7 @@ def prune_job_dirs(storage_path, user, uid, gid, older_than, keep=None):
     ``keep`` (queued or running). Runs as the user's uid and never follows a link
     (``mpi_userfs.prune_job_dirs``). Run it on the host that owns the shared storage.
 
-    storage_path
-        Where the shared storage is on this host.
-    user, uid, gid
-        The user and their own ids.
-    older_than
-        Unix time.
-    keep
-        Job ids whose directories stay.
-
-    Returns the job ids whose directories were removed.
+    Arguments and answer: :func:`dmpi.node.userdirs.prune_job_dirs`.
 
     CLI Example:
 
@@ -120,6 +104,8 @@ def migrate_user_dir(storage_path, user, from_uid, uid, gid):
     every entry of ``users/<user>`` owned by ``from_uid`` (never following a symlink)
     changes owner, then the directory is closed to others (0700).
 
+    Arguments and answer: :func:`dmpi.node.userdirs.migrate_user_dir`.
+
     CLI Example:
 
     .. code-block:: bash
@@ -134,6 +120,8 @@ def user_dirs(storage_path):
     """
     List the user directories on the shared storage: ``{name: {"uid": owner, "mode":
     "0700"}}`` (entries that are not directories, or not valid user names, are left out).
+
+    Arguments and answer: :func:`dmpi.node.userdirs.user_dirs`.
 
     CLI Example:
 
@@ -153,13 +141,8 @@ def standby(image, count):
     start takes one (:func:`start_worker`): making a namespace is the slowest step of
     a container's start. Spares beyond ``count``, or not running, are removed.
 
-    image
-        An image present on the node with ``sleep`` in it (the clean-up passes the
-        image its job ran).
-    count
-        How many to keep, 0 to 16 (``mpi:job_network:standby``); 0 removes them all.
-
-    Returns ``{"made": [names], "removed": [names], "ready": n}``.
+    Arguments and answer: :func:`dmpi.node.standby.keep` (this minion's id and key are
+    given here).
 
     CLI Example:
 
@@ -176,6 +159,8 @@ def standby_status():
     The standby network namespaces on this node (:func:`standby`): ``{"ready": n,
     "not_running": m}``, spares that run and spares that do not (a stopped engine's).
 
+    Arguments and answer: :func:`dmpi.node.standby.status`.
+
     CLI Example:
 
     .. code-block:: bash
@@ -190,6 +175,8 @@ def job_ca():
     """
     The public key of this node's job CA, which certifies the ssh keys this node makes
     for jobs (made on first use; the private key stays in ``/var/lib/dockermpi/job-ca``).
+
+    Arguments and answer: :func:`dmpi.node.jobca.public_line`.
 
     CLI Example:
 
@@ -209,59 +196,8 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     sshd answers with the job's host certificate; on the job's first node, start the
     launcher.
 
-    job_id
-        The job id the runner gave.
-    image
-        Approved image reference, pinned by digest.
-    user
-        Whose job it is; ``<storage_path>/users/<user>`` is mounted at ``/data``.
-    uid, gid
-        The user's own ids; the containers run as them.
-    storage_path
-        Where the shared storage is on this node.
-    job_root
-        Node-local directory for per-job secrets.
-    network
-        The Docker job network (macvlan) on this node.
-    addresses
-        ``{node id: address}``: each node's job container address from the master's
-        pool (one call serves every node of the job); this node takes its own.
-    allowed_sources
-        ``{"peers": [job addresses], "hosts": [node addresses], "unreachable":
-        [networks]}``: who may reach the job's namespace (peers: everything; hosts: only
-        sshd), and where the job may open connections only to its peers (CIDRs: the
-        cluster network and the site's ``mpi:job_network:unreachable``).
-    sshd_port
-        The port sshd listens on inside the job's namespace.
-    files
-        ``{name: text}``: sshd_config, passwd, group, program and hostfile (no keys: the
-        node makes those).
-    launcher
-        ``{"node": id, "argv": [...], "environment": {...}, "limits": {...},
-        "status": {...}}``: the node with that id makes the job's user key and, once
-        its own sshd and every other address in ``addresses`` answer with their host
-        certificates, starts the container that runs mpirun (``argv``, the launcher
-        command; ``environment``, set there and forwarded to the ranks, sealed to this
-        node's Salt key by the master (:mod:`mpi_seal <_utils.mpi_seal>`); ``status``,
-        written as ``status.json`` just before it starts) before it returns. Every
-        other node's sshd trusts the user certificates of that node's job CA.
-    job_cas
-        ``{node id: job CA public line}`` of every node of the job (:func:`job_ca`).
-    valid_seconds
-        How long the job may run: its certificates expire that long (and a grace for
-        the clean-up) after they are made.
-    limits
-        ``{node id: {"memory": bytes, "pids": n, "nano_cpus": n, "tmp_size": bytes}}``;
-        a node not named gets small limits (a worker that runs no ranks).
-    ready_timeout
-        Seconds to wait for sshd.
-
-    Returns ``{"container": name, "sshd_ready_seconds": float, "namespace": "standby"
-    or "own", "phases": {...}}``, and on the launcher's node also ``launcher`` (its
-    container name); there ``sshd_ready_seconds`` is when every sshd of the job was
-    proven. ``phases`` says when each step ended (seconds from the call: prepare,
-    namespace, container, firewall, sshd, launcher). In a standby namespace the
-    firewall is in place before the worker starts; in its own, just after.
+    Arguments and answer: :func:`dmpi.node.start.start_worker` (this minion's id and key are
+    given here).
 
     CLI Example:
 
@@ -287,20 +223,8 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
     ``standby``, make the network namespaces the node keeps ready (:func:`standby`,
     from the job's image); a failure there is logged, never the clean-up's.
 
-    job_id, job_root
-        As for :func:`start_worker`.
-    status
-        Optional final status record, written first as ``status.json`` in the job's
-        output directory (needs ``storage_path``, ``user``, ``uid`` and ``gid``).
-    status_node
-        Only the node with this id writes ``status``: one call serves all of a job's
-        nodes, and the shared file is written once.
-    standby
-        How many network namespaces this node keeps made ahead of jobs
-        (``mpi:job_network:standby``); 0 leaves them as they are.
-
-    Returns ``{"removed": [container names], "secrets_removed": bool}``, and
-    ``standby`` (what :func:`standby` did) when it ran.
+    Arguments and answer: :func:`dmpi.node.cleanup.cleanup` (this minion's id and key are
+    given here).
 
     CLI Example:
 
@@ -344,7 +268,7 @@ def jobs(job_root="/var/lib/dockermpi/jobs"):
     """
     List the DockerMPI job containers and secret directories on this node.
 
-    Returns ``{job_id: {"containers": {name: status}, "secrets": bool}}``.
+    Arguments and answer: :func:`dmpi.node.cleanup.jobs`.
 
     CLI Example:
 
@@ -363,20 +287,11 @@ def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_byte
     ``offset``, ``{"data": text, "offset": where to read next}`` from that byte on (at
     most ``tail_bytes``), for following a running job.
 
-    job_id
-        The job id.
-    storage_path
-        Where the shared storage is on this node.
-    user, uid, gid
-        Whose job it is; the file is read as that uid.
-    stream
-        ``stdout`` or ``stderr``.
-    tail_bytes
-        At most this many bytes from the end of the file (default 64 KiB).
-    seal
-        Return the answer sealed to the master's key (:mod:`mpi_seal
-        <_utils.mpi_seal>`), so the user's output is not in the master's job cache or
-        on its event bus; the ``mpi`` runner opens it.
+    With ``seal``, the answer is sealed to the master's key (:mod:`mpi_seal`), so
+    the user's output is not in the master's job cache or on its event bus; the
+    ``mpi`` runner opens it.
+
+    Arguments and answer: :func:`dmpi.node.userdirs.read_output`.
 
     CLI Example:
 
@@ -396,37 +311,7 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
     """
     Report what this node knows about every DockerMPI job on it.
 
-    storage_path
-        Where the shared storage is on this node (to read a failed job's stderr).
-    job_root
-        Node-local directory of per-job secrets.
-    probe_timeout
-        Seconds each TCP probe of a peer may take; all probes run at once.
-    engine_timeout
-        Seconds the Docker engine has to answer.
-
-    Jobs come from containers labelled ``io.dockermpi.job`` and from secret directories
-    in ``job_root``. Returns::
-
-        {"engine": "ok" or the error text when the Docker engine cannot be reached,
-         "jobs": {job_id: {"user": str or None,
-                           "containers": {"worker": status or None,
-                                          "launcher": status or None,
-                                          "netns": status or None},
-                           "launcher_exit_code": int or None,
-                           "failure": which rank failed (from stderr) or None,
-                           "limits_hit": ["memory", "pids"] (those the job ran into),
-                           "secrets": bool,
-                           "peers": {address: bool}, ...}},
-         "time": unix time}
-
-    ``peers`` holds, while the job's worker or launcher runs, whether each other
-    container of the job (its address in the hostfile) accepts a TCP connection on the
-    job's sshd port. With the engine down, jobs come from ``job_root`` only and nothing
-    is probed; while an engine with live-restore has been down for less than
-    ``ENGINE_RESTART_GRACE`` seconds (a restart), the report also carries ``error``
-    saying so, and the master judges the node's jobs by its silence only. Nothing a job wrote can make this raise: at worst that job's failure
-    stays unknown.
+    Arguments and answer: :func:`dmpi.node.evidence.report`.
 
     CLI Example:
 
@@ -442,19 +327,8 @@ def health(storage_path, engine_timeout=5):
     """
     Whether this node can take new jobs, in evidence the master's job engine judges.
 
-    storage_path
-        Where the shared storage is on this node.
-    engine_timeout
-        Seconds the Docker engine has to answer.
-
-    Returns ``{"docker": "ok" or why not, "storage": "ok" or why not ("not mounted:
-    ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...],
-    "job_ca": "ok" or why not, "job_ca_public": the job CA's public line}``:
-    the storage is a mount point (or holds ``users/``) and a probe file can be written
-    and removed in its ``.dockermpi-health`` directory (at its root before highstate
-    made that); ``images`` are the digest references of every
-    local image (the master keeps those of approved images). Never raises for what it
-    finds.
+    Arguments and answer: :func:`dmpi.node.health.health` (this minion's id and key are
+    given here).
 
     CLI Example:
 

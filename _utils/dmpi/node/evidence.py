@@ -235,8 +235,8 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
     job's sshd port. With the engine down, jobs come from ``job_root`` only and nothing
     is probed; while an engine with live-restore has been down for less than
     ``ENGINE_RESTART_GRACE`` seconds (a restart), the report also carries ``error``
-    saying so, and the master judges the node's jobs by its silence only. Nothing a job wrote can make this raise: at worst that job's failure
-    stays unknown.
+    saying so, and the master judges the node's jobs by its silence only. Nothing a job
+    wrote can make this raise: at worst that job's failure stays unknown.
     """
     checks.check_abs(str(storage_path), "storage path")
     checks.check_abs(str(job_root), "job_root")

@@ -153,7 +153,8 @@ def keep(image, count, node_id):
                 image, entrypoint=["sleep", "infinity"], name=name, detach=True,
                 labels={LABEL_ROLE: STANDBY_ROLE}, network=network.name,
                 user="65534:65534", cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                read_only=True, init=True, **containers.namespace_options(node_id), **STANDBY_LIMITS)
+                read_only=True, init=True, **containers.namespace_options(node_id),
+                **STANDBY_LIMITS)
         except docker.errors.APIError as exc:
             with contextlib.suppress(docker.errors.APIError):
                 client.containers.get(name).remove(force=True)
