@@ -17,7 +17,6 @@ copy of this checkout's working tree for the project's git repository.
 
 import argparse
 import concurrent.futures
-import dataclasses
 import hashlib
 import os
 import pathlib
@@ -31,6 +30,7 @@ import time
 import docker
 import docker.errors
 
+from tests import docblocks
 from tests.cluster.testcluster import (BASE_IMAGE, CACHE, REPO, SYSTEMD_HOST_OPTIONS, WHEELHOUSE,
                                        TestCluster)
 
@@ -54,43 +54,18 @@ class GuideError(Exception):
     """The guide could not be followed to its end."""
 
 
-@dataclasses.dataclass
-class Block:
-    line: int        # of the opening fence, 1-based
-    where: str       # a key of WHERE, or "site values"
-    text: str
-
-
-_MARK_RE = re.compile(r"^<!--\s*(?:run on:\s*(?P<where>[a-z ]+?)|(?P<values>site values))\s*-->$")
-
-
 def blocks(text=None):
-    """Every ``sh`` block of the guide, in order. A block without its mark is an error:
-    every command the guide gives runs here."""
-    lines = (GUIDE.read_text(encoding="utf-8") if text is None else text).splitlines()
-    found, index = [], 0
-    while index < len(lines):
-        line = lines[index]
-        if line.startswith("```"):
-            language = line[3:].strip()
-            end = index + 1
-            while end < len(lines) and not lines[end].startswith("```"):
-                end += 1
-            if language in ("sh", "bash", "shell", "console"):
-                before = next((lines[i].strip() for i in range(index - 1, -1, -1)
-                               if lines[i].strip()), "")
-                mark = _MARK_RE.match(before)
-                if mark is None:
-                    raise GuideError(f"{GUIDE.name}:{index + 1}: a command block without a "
-                                     "`<!-- run on: ... -->` mark: the guide's test must run it")
-                where = "site values" if mark.group("values") else mark.group("where")
-                if where != "site values" and where not in WHERE:
-                    raise GuideError(f"{GUIDE.name}:{index + 1}: unknown place {where!r} "
-                                     f"(one of {', '.join(WHERE)})")
-                found.append(Block(index + 2, where, "\n".join(lines[index + 1:end])))
-            index = end + 1
-        else:
-            index += 1
+    """Every command block of the guide, in order (:func:`tests.docblocks.blocks`)."""
+    if text is None:
+        text = GUIDE.read_text(encoding="utf-8")
+    found = docblocks.blocks(text, "docs/install.md", set(WHERE))
+    unrun = [b for b in found if b.kind == "by"]
+    if unrun:
+        raise GuideError(f"docs/install.md:{unrun[0].line - 1}: every block of the guide "
+                         "runs here, on a host it names (`<!-- run on: ... -->`)")
+    for block in found:
+        if block.kind == "site values":
+            block.where = "site values"
     return found
 
 
@@ -176,7 +151,7 @@ class GuideHosts:
             raise GuideError(f"no Salt wheel in {WHEELHOUSE}: run tests/cluster/dmpi-cluster "
                              "setup-host")
         if self.containers():
-            raise GuideError(f"the guide's hosts are already up: `python -m tests.guide down` "
+            raise GuideError("the guide's hosts are already up: `python -m tests.guide down` "
                              "first")
         image = self.bare_image()
         commit = source_commit()

@@ -1168,6 +1168,9 @@ def test_a_rejected_submit_prints_the_error_and_fails(api, capsys):
 def test_mpi_submit_prints_the_job_id(api, capsys):
     assert cli.main(["submit", "-n", "2", "hostname"]) == 0
     assert capsys.readouterr().out == f"submitted job {JOB} (queued)\n"
+    assert cli.main(["submit", "--parsable", "-n", "2", "hostname"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.endswith("\n") and printed[:-1] in api.jobs and printed[:-1] != JOB
 
 
 def test_mpi_run_follows_the_job_and_exits_with_its_code(api, capsys):

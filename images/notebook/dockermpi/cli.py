@@ -18,8 +18,8 @@ INTERRUPTED = 130  # what a shell reports for a program ended by Ctrl-C
 EXAMPLES = """\
 examples:
   mpi run -n 6 python3 ~/pi.py     run, show the output live, exit with the job's code
-  mpi submit -n 6 -t 30 -J pi -D . python3 pi.py     (-t 30: minutes; -D .: run here)
-  mpi list; mpi status JOB; mpi logs -f JOB; mpi cancel JOB; mpi history --since 2026-12-01
+  job=$(mpi submit --parsable -n 6 -t 30 -J pi -D . python3 pi.py)   (-t 30: minutes; -D .: here)
+  mpi list; mpi status $job; mpi logs -f $job; mpi cancel $job; mpi history --since 2026-12-01
 
 Output is for people; --json gives the API's answer as JSON. Configured by
 DOCKERMPI_API_URL, DOCKERMPI_API_CA, DOCKERMPI_IMAGE and JUPYTERHUB_API_TOKEN, which
@@ -102,7 +102,12 @@ def build_parser():
     for action, help_text in (("submit", "queue a job and print its id"),
                               ("run", "submit a job and follow it until it ends "
                                       "(Ctrl-C cancels it)")):
-        add_job_options(commands.add_parser(action, parents=[output], help=help_text))
+        job = commands.add_parser(action, parents=[output], help=help_text)
+        add_job_options(job)
+        if action == "submit":
+            job.add_argument("--parsable", action="store_true",
+                             help="print the job id alone (as sbatch --parsable), for "
+                                  "job=$(mpi submit --parsable ...)")
 
     for action, help_text in (("status", "a job's record"), ("cancel", "cancel a job")):
         commands.add_parser(action, parents=[output], help=help_text).add_argument("job_id")
@@ -169,7 +174,10 @@ def run_command(client, args):
     action = args.action
     if action == "submit":
         record = client.submit(**submit_args(args))
-        show(args, record, lambda r: f"submitted job {r['job_id']} ({r.get('state')})")
+        if args.parsable and not args.json:
+            print(record["job_id"])
+        else:
+            show(args, record, lambda r: f"submitted job {r['job_id']} ({r.get('state')})")
     elif action == "run":
         try:
             record = client.run(**submit_args(args))
