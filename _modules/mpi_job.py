@@ -26,16 +26,17 @@ try:
     from dmpi.node import health as node_health
     from dmpi.node import standby as node_standby
 
-    HAS_DOCKER = True
-except ImportError:
-    HAS_DOCKER = False
+    MISSING = None
+except ImportError as exc:  # the Docker SDK, most often
+    MISSING = str(exc)
 
 __virtualname__ = "mpi_job"
 
 
 def __virtual__():
-    if not HAS_DOCKER:
-        return False, "mpi_job needs the Docker SDK for Python (pip package 'docker')"
+    if MISSING:
+        return False, (f"mpi_job cannot load dmpi.node ({MISSING}): it needs the Docker SDK "
+                       "for Python (pip package 'docker') and DockerMPI's _utils synced")
     for tool in ("nsenter", "iptables-restore", "ssh-keyscan"):
         if not shutil.which(tool):
             return False, f"mpi_job needs {tool} on the node (util-linux, iptables, openssh-client)"
