@@ -36,16 +36,22 @@ def _test_cluster():
 
 def _rebuild_cluster(nodes):
     """``dmpi-cluster down`` then ``demo`` (the README's first command: the cluster up
-    and an MPI job through ``salt-run mpi.launch``), output to the log."""
-    with open(CLUSTER_BUILD_LOG, "w", encoding="utf-8") as log:
-        for command in ("down", "demo"):
-            done = subprocess.run([str(REPO / "tests" / "cluster" / "dmpi-cluster"), "--nodes",
-                                   str(nodes), command], cwd=REPO, stdout=log,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  check=False)
-            if done.returncode != 0:
-                _build["error"] = f"dmpi-cluster {command} exited {done.returncode}"
-                return
+    and an MPI job through ``salt-run mpi.launch``), output to the log. Whatever goes
+    wrong is recorded, so no test runs on a cluster this session did not build."""
+    tool = os.path.join(REPO, "tests", "cluster", "dmpi-cluster")
+    try:
+        with open(CLUSTER_BUILD_LOG, "w", encoding="utf-8") as log:
+            for command in ("down", "demo"):
+                done = subprocess.run([tool, "--nodes", str(nodes), command], cwd=REPO,
+                                      stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, check=False)
+                if done.returncode != 0:
+                    _build["error"] = f"dmpi-cluster {command} exited {done.returncode}"
+                    return
+        _build["built"] = True
+    except Exception as exc:  # pylint: disable=broad-except
+        _build["error"] = f"the cluster build failed: {type(exc).__name__}: {exc}"
+        raise
 
 
 def _start_cluster_build(config):
@@ -75,6 +81,8 @@ def cluster(request):
         testcluster.sync_and_highstate()
         return testcluster
     _build["thread"].join()
+    if "built" not in _build:
+        _build.setdefault("error", "the cluster build ended without building it")
     if "error" in _build:
         with open(CLUSTER_BUILD_LOG, encoding="utf-8", errors="replace") as log:
             tail = log.read()[-4000:]
