@@ -143,6 +143,22 @@ def test_pull_and_registry_check_log_in_to_the_references_registry_only():
     assert client.images.pull.call_args_list[1].kwargs["auth_config"] is None
 
 
+def _errors_when_the_engine_says(message, pillar=None):
+    """The errors of ``pull`` and of ``registry_has`` when the engine refuses each with
+    ``message``, under ``pillar``."""
+    refused = docker.errors.APIError(message, response=MagicMock(status_code=500),
+                                     explanation=message)
+    errors = []
+    for method, call in (("pull", mpi_image.pull), ("get_registry_data", mpi_image.registry_has)):
+        client = _client_raising(**{method: refused})
+        with patch.object(mpi_image.docker, "from_env", return_value=client), \
+                patch.dict(mpi_image.__pillar__, pillar or {}):
+            with pytest.raises(CommandExecutionError) as exc:
+                call(REF)
+        errors.append(str(exc.value))
+    return errors
+
+
 @pytest.mark.parametrize("pillar,fix", [
     ({}, "wants a login: set pillar mpi:docker:registry_credentials:registry.test:5000"),
     ({"mpi": {"docker": {"registry_credentials": LOGINS}}},
@@ -151,31 +167,18 @@ def test_pull_and_registry_check_log_in_to_the_references_registry_only():
 def test_a_registry_refusing_the_pull_names_the_pillar_key_and_never_the_password(pillar, fix):
     message = ("Head \"https://registry.test:5000/v2/dockermpi/openmpi/manifests/sha256:01\": "
                "no basic auth credentials")
-    refused = docker.errors.APIError(message, response=MagicMock(status_code=500),
-                                     explanation=message)
-    for method, call in (("pull", mpi_image.pull), ("get_registry_data", mpi_image.registry_has)):
-        client = _client_raising(**{method: refused})
-        with patch.object(mpi_image.docker, "from_env", return_value=client), \
-                patch.dict(mpi_image.__pillar__, pillar):
-            with pytest.raises(CommandExecutionError) as exc:
-                call(REF)
-        assert message in str(exc.value) and fix in str(exc.value)
-        assert "s3cret" not in str(exc.value)
+    for error in _errors_when_the_engine_says(message, pillar):
+        assert message in error and fix in error
+        assert "s3cret" not in error
 
 
 def test_a_registry_the_hosts_docker_does_not_trust_is_named_with_the_fix():
     message = ('Get "https://registry.test:5000/v2/": http: server gave HTTP response to '
                'HTTPS client')
-    refused = docker.errors.APIError(message, response=MagicMock(status_code=500),
-                                     explanation=message)
-    for method, call in (("pull", mpi_image.pull), ("get_registry_data", mpi_image.registry_has)):
-        client = _client_raising(**{method: refused})
-        with patch.object(mpi_image.docker, "from_env", return_value=client):
-            with pytest.raises(CommandExecutionError) as exc:
-                call(REF)
-        assert message in str(exc.value)
+    for error in _errors_when_the_engine_says(message):
+        assert message in error
         assert ("list registry.test:5000 in pillar mpi:docker:insecure_registries and run "
-                "highstate") in str(exc.value)
+                "highstate") in error
 
 
 def test_pull_that_yields_other_digest_is_an_error():
