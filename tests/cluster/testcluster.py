@@ -169,6 +169,19 @@ class ClusterError(Exception):
     """The test cluster could not be brought to the asked state."""
 
 
+def wait_for_systemd(container, timeout):
+    """Wait until systemd in a host container says it is up (running, or degraded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = container.exec_run(["systemctl", "is-system-running"]).output
+        state = state.decode(errors="replace").strip()
+        if state in ("running", "degraded"):
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{container.name}: systemd did not come up ({state})")
+        time.sleep(0.5)
+
+
 def step(message):
     print(f"[cluster {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -688,14 +701,7 @@ class TestCluster:
                 f"not {REPO}): run `tests/cluster/dmpi-cluster down` first, or use that checkout")
 
     def wait_for_systemd(self, host, timeout=60):
-        deadline = time.monotonic() + timeout
-        while True:
-            code, state = self.exec(host, ["systemctl", "is-system-running"], check=False)
-            if state.strip() in ("running", "degraded"):
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{host}: systemd did not come up ({state.strip()})")
-            time.sleep(0.5)
+        wait_for_systemd(self.container(host), timeout)
 
     def put_file(self, host, path, content):
         path = pathlib.PurePosixPath(path)

@@ -1,6 +1,6 @@
 """Run the install guide (docs/install.md) on bare Debian hosts, as an admin would.
 
-The hosts are containers booting systemd with nothing but Debian (tests/guide/Dockerfile):
+The hosts are containers booting systemd with nothing but Debian (tests/guide/host/Dockerfile):
 no Salt, no Docker, no DockerMPI, no image. Every ``sh`` block of the guide carries a
 comment saying where it runs (``<!-- run on: master -->``); this module takes the blocks
 from the document itself and runs them in order, each with the site values the guide
@@ -17,7 +17,6 @@ copy of this checkout's working tree for the project's git repository.
 
 import argparse
 import concurrent.futures
-import hashlib
 import os
 import pathlib
 import re
@@ -31,10 +30,11 @@ import docker
 import docker.errors
 
 from tests import docblocks
-from tests.cluster.testcluster import (BASE_IMAGE, CACHE, REPO, SYSTEMD_HOST_OPTIONS, WHEELHOUSE,
-                                       TestCluster)
+from tests.cluster.testcluster import (CACHE, REPO, SYSTEMD_HOST_OPTIONS, WHEELHOUSE,
+                                       TestCluster, wait_for_systemd)
 
 GUIDE = REPO / "docs" / "install.md"
+HOST_IMAGE_DIR = pathlib.Path(__file__).resolve().parent / "host"
 LABEL = "io.dockermpi.guide"
 PREFIX = "dmpi-guide"
 NETWORK, SUBNET, GATEWAY = "dmpi-guide", "10.253.1.0/24", "10.253.1.1"
@@ -126,21 +126,10 @@ class GuideHosts:
 
     # --- hosts ---------------------------------------------------------------------
     def bare_image(self):
-        dockerfile = pathlib.Path(__file__).with_name("Dockerfile")
-        digest = hashlib.sha256(dockerfile.read_bytes()).hexdigest()[:12]
-        tag = f"dockermpi/barehost:{digest}"
-        try:
-            self.docker.images.get(tag)
-            return tag
-        except docker.errors.ImageNotFound:
-            pass
-        TestCluster().ensure_base_image()
-        self.log(f"building {tag}")
-        with tempfile.TemporaryDirectory() as scratch:
-            pathlib.Path(scratch, "Dockerfile").write_bytes(dockerfile.read_bytes())
-            self.docker.images.build(path=scratch, tag=tag, rm=True, forcerm=True,
-                                     buildargs={"BASE": BASE_IMAGE})
-        return tag
+        """The bare host's image (tests/guide/host), built once per content."""
+        cluster = TestCluster()
+        cluster.ensure_base_image()
+        return cluster.build_image("dockermpi/barehost", HOST_IMAGE_DIR)
 
     def container_name(self, host):
         return f"{PREFIX}-{host}"
@@ -185,20 +174,9 @@ class GuideHosts:
             network.connect(container, ipv4_address=address)
             container.start()
         for host in ADDRESSES:
-            self.wait_for_systemd(host)
+            wait_for_systemd(self.docker.containers.get(self.container_name(host)), 120)
         (CACHE / "guide" / "commit").write_text(commit)
         self.log(f"bare hosts up: {', '.join(ADDRESSES)} (source {commit[:12]})")
-
-    def wait_for_systemd(self, host, timeout=120):
-        deadline = time.monotonic() + timeout
-        while True:
-            done = subprocess.run(["docker", "exec", self.container_name(host), "systemctl",
-                                   "is-system-running"], capture_output=True, text=True)
-            if done.stdout.strip() in ("running", "degraded"):
-                return
-            if time.monotonic() > deadline:
-                raise GuideError(f"{host}: systemd did not come up ({done.stdout.strip()})")
-            time.sleep(0.5)
 
     def containers(self):
         return self.docker.containers.list(all=True, filters={"label": LABEL})
