@@ -14,6 +14,8 @@ from dmpi.contract import (DATA_MOUNT, LABEL_JOB, LABEL_ROLE, LABEL_USER, NETNS_
 from dmpi.errors import NodeError, RequestError
 from dmpi.node import checks
 
+SECRET_FILE_MAX = 1 << 20  # bytes a file of a job's secret directory holds at most
+
 # What a job container is given when the runner names no limits (a worker that only
 # holds the job's network namespace and sshd, on the launcher's node).
 SMALL_LIMITS = {"memory": 256 << 20, "pids": 64, "nano_cpus": 500_000_000, "tmp_size": 64 << 20}

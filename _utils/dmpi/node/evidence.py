@@ -22,7 +22,6 @@ import requests.exceptions
 from dmpi.contract import JOB_ID_RE, LABEL_ROLE, LABEL_USER, STANDBY_ROLE, USER_RE
 from dmpi.errors import DockerMPIError, NodeError, RequestError
 from dmpi.node import checks, containers, userdirs
-from dmpi.node.start import SECRET_FILE_MAX
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +44,9 @@ def _job_peers(secret_dir):
     """
     try:
         with open(os.path.join(secret_dir, "sshd_config"), errors="replace") as handle:
-            match = _PORT_RE.search(handle.read(SECRET_FILE_MAX))
+            match = _PORT_RE.search(handle.read(containers.SECRET_FILE_MAX))
         with open(os.path.join(secret_dir, "hostfile"), errors="replace") as handle:
-            lines = handle.read(SECRET_FILE_MAX).splitlines()
+            lines = handle.read(containers.SECRET_FILE_MAX).splitlines()
     except OSError:
         return None, []
     if not match:

@@ -21,7 +21,6 @@ from dmpi.errors import NodeError, RequestError, StartFailure
 from dmpi.node import checks, containers, jobca, netns, standby, userdirs
 
 SECRET_FILES = {"sshd_config", "hostfile", "passwd", "group", "program"}
-SECRET_FILE_MAX = 1 << 20  # bytes; the job's own files are small
 
 
 def write_secrets(directory, files, uid, gid, keys):
@@ -30,7 +29,7 @@ def write_secrets(directory, files, uid, gid, keys):
     unknown = set(files) - SECRET_FILES
     if unknown:
         raise RequestError(f"unexpected job files: {sorted(unknown)}")
-    if any(not isinstance(t, str) or len(t) > SECRET_FILE_MAX for t in files.values()):
+    if any(not isinstance(t, str) or len(t) > containers.SECRET_FILE_MAX for t in files.values()):
         raise RequestError("job files must be text of at most 1 MiB each")
     files = dict(files, **keys)
     os.makedirs(os.path.dirname(directory), mode=0o711, exist_ok=True)
