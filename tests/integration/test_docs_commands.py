@@ -58,11 +58,12 @@ def notebook(cluster):
     cluster.stop_notebook(NOTEBOOK_USER)
 
 
-def _give_pi(cluster, user):
-    """``/data/pi.py`` in a user's directory, written as the user's uid."""
-    account = cluster.account(user)
-    cluster.as_user(user, ["python3", "-c", f"open({account['dir'] + '/pi.py'!r}, 'w')"
-                                           f".write({PI!r})"])
+@pytest.fixture(scope="module")
+def admins_user(cluster):
+    """The user the admins' blocks name, with ``/data/pi.py`` written as their uid."""
+    path = cluster.account("alice")["dir"] + "/pi.py"
+    cluster.as_user("alice", ["python3", "-c", f"open({path!r}, 'w').write({PI!r})"])
+    return "alice"
 
 
 @pytest.mark.parametrize("block", RUN_HERE, ids=[f"{b.path}:{b.line}" for b in RUN_HERE])
@@ -81,7 +82,7 @@ def test_a_documented_command_block_runs_as_written(block, cluster, request):
         user = request.getfixturevalue("notebook")
         code, output = cluster.notebook_exec(user, ["bash", "-c", script])
     else:
-        _give_pi(cluster, "alice")
+        request.getfixturevalue("admins_user")
         try:
             code, output = cluster.exec("master", ["bash", "-c", script], check=False)
         finally:
