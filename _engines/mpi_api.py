@@ -52,6 +52,7 @@ import time
 
 import salt.loader
 import salt.utils.event
+import dmpi.settings
 from dmpi.contract import (API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
                            JOB_TAG_RE, STATES)
 from dmpi.jobs import record as job_record
@@ -435,7 +436,7 @@ def make_app(opts, runners, utils, settings):
         raise ValueError(f"mpi_api: the engine's limits lack {', '.join(missing)}; the "
                          "dockermpi.api state writes every one (pillar mpi:api:limits over "
                          "salt/dockermpi/defaults.yaml)")
-    if not utils["mpi_config.is_encrypted_or_local"](settings["hub_api_url"]):
+    if not dmpi.settings.is_encrypted_or_local(settings["hub_api_url"]):
         raise ValueError(f"mpi_api: hub_api_url {settings['hub_api_url']} is plain http to "
                          "another host: users' tokens would cross the network readable; "
                          "give the hub's https URL (pillar mpi:api:hub_api_url)")
@@ -493,7 +494,7 @@ def make_app(opts, runners, utils, settings):
             if self.needs_user:
                 self.hub_user = await identity.user(self._token())
                 try:
-                    self.user = utils["mpi_config.user_for_identity"](self.hub_user)
+                    self.user = dmpi.settings.user_for_identity(self.hub_user)
                 except ValueError as exc:
                     raise Refused(403, str(exc)) from None
                 rate.take(self.hub_user)
@@ -817,7 +818,7 @@ def _loaded(dunder):
 def tls_context(cert, key, host, utils):
     """The server side TLS of the API (None on loopback without a certificate)."""
     if not (cert and key):
-        if utils["mpi_config.is_loopback"](host):
+        if dmpi.settings.is_loopback(host):
             return None
         raise ValueError(f"mpi_api: listening on {host} needs tls_cert and tls_key (pillar "
                          "mpi:api:tls): the hub's proxy sends users' tokens here")

@@ -1,6 +1,7 @@
 """
-DockerMPI's job engine on the Salt master: one long-lived process that owns every job's
-life (``mpi_engine``), fed by Salt's event bus.
+The Salt engine on the master that runs DockerMPI's job controller
+(:mod:`dmpi.master.controller`), the one long-lived object that owns every job's life,
+and feeds it from Salt's event bus.
 
 It reads, from the master's event bus:
 
@@ -12,9 +13,9 @@ It reads, from the master's event bus:
 
 and once a second walks the clock (walltimes, silent nodes, the queue). A node silent
 for a few seconds gets its host probed (a TCP connect to pillar
-``mpi:engine:probe_port`` on its cluster address, in a thread of the engine's own). The node's id
+``mpi:engine:probe_port`` on its cluster address, in a thread of its own). The node's id
 is the one the master authenticated, never one the event carries. Nothing here is a
-Salt function: users cannot call the engine, only ask the ``mpi`` runner.
+Salt function: users cannot call the controller, only ask the ``mpi`` runner.
 
 Master configuration:
 
@@ -26,10 +27,9 @@ Master configuration:
 Optional settings: ``interval`` (seconds between passes of the clock, default 1) and
 ``settings_interval`` (seconds between reads of the site's settings, default 60). The
 queue is planned with the site's settings as the nodes see them, read every
-``settings_interval`` by a thread of the engine (``mpi.settings``) and at each submit.
+``settings_interval`` by a thread of this engine (``mpi.settings``) and at each submit.
 
-:depends: the ``dmpi.jobs`` package; the ``mpi_engine`` and ``mpi_launch`` utils
-    modules; the ``mpi_node`` engine on the nodes
+:depends: the ``dmpi`` package (``_utils``); the ``mpi_node`` engine on the nodes
 """
 
 import ipaddress
@@ -41,6 +41,8 @@ import time
 
 import salt.client
 import salt.utils.event
+import dmpi.seal
+from dmpi.master import controller
 from dmpi.contract import DRAINS_TAG, JOB_TAG_RE, NODE_TAG_RE
 from dmpi.jobs import store as job_store
 from salt.exceptions import CommandExecutionError
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 
 __virtualname__ = "mpi_master"
 
-#: What the runner asks of the engine on the bus (the engine's own transitions are news).
+#: What the runner asks of the controller on the bus (its own transitions are news).
 _REQUESTS = ("queued", "cancel")
 
 
@@ -68,16 +70,15 @@ class _CallFailed(CommandExecutionError):
 
 
 class SaltTransport:
-    """How the engine reaches nodes and the event bus, through the master."""
+    """How the controller reaches nodes and the event bus, through the master."""
 
-    def __init__(self, opts, runners, utils):
+    def __init__(self, opts, runners):
         self.opts = opts
         self.runners = runners
-        self.utils = utils
         self._local = threading.local()
 
     def _client(self):
-        """The calling thread's LocalClient: made once per engine thread (a LocalClient
+        """The calling thread's LocalClient: made once per controller thread (a LocalClient
         is not shared between threads), not once per call."""
         client = getattr(self._local, "client", None)
         if client is None:
@@ -88,16 +89,16 @@ class SaltTransport:
         """Run fun on minions in parallel; ``{minion: return}``; raises if any failed."""
         returns = self._client().cmd(list(minions), fun, kwarg=kwargs, tgt_type="list",
                                      timeout=timeout, full_return=True)
-        results, errors = self.utils["mpi_engine.minion_returns"](returns, minions)
+        results, errors = controller.minion_returns(returns, minions)
         if errors:
-            raise _CallFailed(self.utils["mpi_engine.failed_calls_message"](fun, errors),
+            raise _CallFailed(controller.failed_calls_message(fun, errors),
                               list(results))
         return results
 
     def seal_for(self, minion, value):
         """``value`` (JSON) sealed to the minion's accepted Salt key: what a publish
         carries of users' secrets is then ciphertext in the job cache and on the bus."""
-        return self.utils["mpi_seal.seal"](
+        return dmpi.seal.seal(
             os.path.join(self.opts["pki_dir"], "minions", minion), json.dumps(value).encode())
 
     def call_async(self, minions, fun, **kwargs):
@@ -123,8 +124,8 @@ class SaltTransport:
         return addresses
 
 
-def _dispatch(engine, tag, data):
-    """Hand one event to the engine."""
+def _dispatch(jobs, tag, data):
+    """Hand one event to the job controller."""
     match = NODE_TAG_RE.match(tag)
     if match:
         node = data.get("id")  # set by the master from the minion's authenticated load
@@ -132,28 +133,27 @@ def _dispatch(engine, tag, data):
         if not isinstance(node, str) or not isinstance(payload, dict):
             return
         if match.group(1) == "report":
-            engine.node_report(node, payload.get("report"))
+            jobs.node_report(node, payload.get("report"))
         else:
-            engine.heartbeat(node, payload.get("digest"))
+            jobs.heartbeat(node, payload.get("digest"))
         return
     match = JOB_TAG_RE.match(tag)
     if match and match.group(2) in _REQUESTS:
-        engine.job_requested(match.group(1))
+        jobs.job_requested(match.group(1))
     elif tag == DRAINS_TAG:
-        engine.drains_changed()  # what changed is read from the store, not the event
+        jobs.drains_changed()  # what changed is read from the store, not the event
 
 
 def _loaded(dunder):
     """The loader behind one of Salt's dunders. The dunder itself resolves through the
-    calling thread's loader context, which the engine's worker threads and the utils
-    modules it calls do not have."""
+    calling thread's loader context, which the controller's worker threads do not have."""
     return dunder.value() if hasattr(dunder, "value") else dunder
 
 
 def _read_settings(runners, every):
     """Read the site's settings every ``every`` seconds (``mpi.settings`` stores them
-    for the engine's next plan); a failure is logged when it changes, the settings the
-    engine has are kept."""
+    for the controller's next plan); a failure is logged when it changes, the settings the
+    controller has are kept."""
     last_error = None
     while True:
         time.sleep(every)  # a new master has no mpi runner before its first sync
@@ -165,25 +165,24 @@ def _read_settings(runners, every):
             error = str(exc)
         if error != last_error:
             if error:
-                log.warning("DockerMPI job engine: the site's settings were not read "
+                log.warning("DockerMPI job controller: the site's settings were not read "
                             "again, the last ones stay: %s", error)
             elif last_error:
-                log.info("DockerMPI job engine: the site's settings are read again")
+                log.info("DockerMPI job controller: the site's settings are read again")
         last_error = error
 
 
 def start(interval=1.0, settings_interval=60.0):
-    """Run the job engine until the master stops."""
-    opts, utils = _loaded(__opts__), _loaded(__utils__)
+    """Run the job controller until the master stops."""
+    opts = _loaded(__opts__)
     store = job_store.open_store(os.path.join(opts["cachedir"], "dockermpi", "jobs.sqlite"))
     runners = _loaded(__runners__)
-    transport = SaltTransport(opts, runners, utils)
-    engine = utils["mpi_engine.new_engine"](store, transport, utils)
+    jobs = controller.JobController(store, SaltTransport(opts, runners))
     threading.Thread(target=_read_settings, args=(runners, float(settings_interval)),
                      name="mpi-settings", daemon=True).start()
     interval = float(interval)
     next_pass = time.monotonic()
-    log.info("DockerMPI job engine started")
+    log.info("DockerMPI job controller started")
     with salt.utils.event.get_master_event(opts, opts["sock_dir"],
                                            listen=True) as bus:
         bus.subscribe("mpi/")
@@ -192,12 +191,12 @@ def start(interval=1.0, settings_interval=60.0):
                                   match_type="startswith", full=True)
             try:
                 if event:
-                    _dispatch(engine, event["tag"], event["data"])
+                    _dispatch(jobs, event["tag"], event["data"])
                 now = time.monotonic()
                 if now >= next_pass:
                     next_pass = now + interval
-                    engine.tick()
+                    jobs.tick()
             except Exception:  # pylint: disable=broad-except
-                # One bad event or a store hiccup must not stop the engine for everyone.
-                log.exception("DockerMPI job engine: error handling %s",
+                # One bad event or a store hiccup must not stop the controller for everyone.
+                log.exception("DockerMPI job controller: error handling %s",
                               event["tag"] if event else "the clock")

@@ -1,5 +1,5 @@
 """
-A DockerMPI node's evidence for the master's job engine: one long-lived process in the
+A DockerMPI node's evidence for the master's job controller: one long-lived process in the
 salt-minion that sends what changes, when it changes, and a small heartbeat otherwise.
 
 Every ``interval`` seconds, and at once when the Docker engine says a job container

@@ -5,11 +5,12 @@ The DockerMPI site settings as the formula sees them: the ``mpi`` pillar merged 
 ``salt/dockermpi/map.jinja`` merges through :func:`merge` (the one merge of the formula)
 and the ``mpi_config.valid`` state (``salt/dockermpi/config.sls``), which every other
 state of the formula requires, fails the highstate with :func:`problems`. The checks
-themselves live in the ``mpi_config`` utils module, shared with the ``mpi`` runner.
+themselves live in :mod:`dmpi.settings`, shared with the ``mpi`` runner.
 
-:depends: the ``mpi_config`` utils module
+:depends: the ``dmpi`` package (``_utils``)
 """
 
+import dmpi.settings
 from dmpi.errors import ConfigError
 from salt.exceptions import SaltInvocationError
 
@@ -17,8 +18,6 @@ __virtualname__ = "mpi_config"
 
 
 def __virtual__():
-    if "mpi_config.validate" not in __utils__:
-        return (False, "mpi_config: the mpi_config utils module is not synced (saltutil.sync_utils)")
     return __virtualname__
 
 
@@ -41,7 +40,7 @@ def merge(defaults, pillar=None):
         salt '*' mpi_config.merge '{slots_per_node: 2, ports: {sshd: [20000, 20099]}}' '{slots_per_node: 4}'
     """
     try:
-        return __utils__["mpi_config.merge"](defaults, pillar)
+        return dmpi.settings.merge(defaults, pillar)
     except ConfigError as exc:
         raise SaltInvocationError(str(exc)) from None
 
@@ -61,7 +60,7 @@ def problems(config):
 
         salt '*' mpi_config.problems '{slots_per_node: 0, ports: {sshd: [20000, 20099]}}'
     """
-    return __utils__["mpi_config.problems"](config)
+    return dmpi.settings.problems(config)
 
 
 def validate(config):
@@ -80,7 +79,7 @@ def validate(config):
         salt '*' mpi_config.validate "$(cat merged-mpi-settings.json)"
     """
     try:
-        return __utils__["mpi_config.validate"](config)
+        return dmpi.settings.validate(config)
     except ConfigError as exc:
         raise SaltInvocationError(str(exc)) from None
 
@@ -97,7 +96,7 @@ def encrypted_or_local(url):
 
         salt master mpi_config.encrypted_or_local https://hub.example.org/hub/api
     """
-    return __utils__["mpi_config.is_encrypted_or_local"](url)
+    return dmpi.settings.is_encrypted_or_local(url)
 
 
 def endpoint(url):
@@ -112,7 +111,7 @@ def endpoint(url):
 
         salt '*' mpi_config.endpoint https://10.0.0.2:8001
     """
-    found = __utils__["mpi_config.endpoint"](url)
+    found = dmpi.settings.endpoint(url)
     return list(found) if found else None
 
 
@@ -126,4 +125,4 @@ def is_loopback(host):
 
         salt master mpi_config.is_loopback 127.0.0.1
     """
-    return __utils__["mpi_config.is_loopback"](host)
+    return dmpi.settings.is_loopback(host)

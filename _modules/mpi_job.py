@@ -85,7 +85,7 @@ def prune_job_dirs(storage_path, user, uid, gid, older_than, keep=None):
     Remove a user's job directories (``users/<user>/mpi-jobs/<job id>``) of jobs
     submitted before ``older_than`` in which nothing changed since, except the jobs in
     ``keep`` (queued or running). Runs as the user's uid and never follows a link
-    (``mpi_userfs.prune_job_dirs``). Run it on the host that owns the shared storage.
+    (``dmpi.node.userfs.prune_job_dirs``). Run it on the host that owns the shared storage.
 
     Arguments and answer: :func:`dmpi.node.userdirs.prune_job_dirs`.
 
@@ -288,7 +288,7 @@ def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_byte
     ``offset``, ``{"data": text, "offset": where to read next}`` from that byte on (at
     most ``tail_bytes``), for following a running job.
 
-    With ``seal``, the answer is sealed to the master's key (:mod:`mpi_seal`), so
+    With ``seal``, the answer is sealed to the master's key (:mod:`dmpi.seal`), so
     the user's output is not in the master's job cache or on its event bus; the
     ``mpi`` runner opens it.
 
@@ -326,7 +326,7 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
 @_salt_errors
 def health(storage_path, engine_timeout=5):
     """
-    Whether this node can take new jobs, in evidence the master's job engine judges.
+    Whether this node can take new jobs, in evidence the master's job controller judges.
 
     Arguments and answer: :func:`dmpi.node.health.health` (this minion's id and key are
     given here).

@@ -8,7 +8,7 @@ first served, all or nothing across nodes, backfilling smaller jobs only where t
 cannot delay the head of the queue, within per-user limits. ``mpi.launch`` is submit and
 wait. A job does not depend on the ``salt-run`` that submitted it.
 
-Jobs' lives belong to the job engine, a long-lived process on the master (the
+Jobs' lives belong to the job controller, a long-lived process on the master (the
 ``mpi_master`` engine, ``mpi_engine`` utils), which takes the nodes' evidence from the
 ``mpi_node`` engine on each node. This runner only writes requests to the job store and
 announces them on the event bus (``mpi/job/<id>/queued``, ``mpi/job/<id>/cancel``); the
@@ -42,6 +42,9 @@ import salt.utils.event
 import salt.utils.json
 import salt.utils.minions
 import salt.utils.yaml
+import dmpi.seal
+import dmpi.settings
+from dmpi.master import controller
 from dmpi.contract import (ACTIVE, DATA_MOUNT, DRAINS_TAG, FINAL, JOB_ID_RE,
                            JOB_TAG_PREFIX, NODE_ROLE, job_tag)
 from dmpi.errors import ConfigError, RequestError, StoreError
@@ -57,7 +60,7 @@ __virtualname__ = "mpi"
 __func_alias__ = {"list_": "list"}
 
 NODE_TARGET = f"G@roles:{NODE_ROLE}"
-ENGINE_SILENCE = 30  # seconds without a sign of the job engine before submit refuses
+ENGINE_SILENCE = 30  # seconds without a sign of the job controller before submit refuses
 CANCEL_WAIT = 15  # seconds cancel waits for the engine to end the job
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
 DEFAULTS_FILE = "dockermpi/defaults.yaml"
@@ -96,7 +99,7 @@ def _validate_request(user, image, np, cmd, nodes, slots_per_node, walltime, env
 def _hub_identity():
     """The JupyterHub user calling through DockerMPI's API (the ``mpi_api`` engine marks
     the thread it calls in: ``mpi_caller``), or None for an admin: root on the master
-    (``salt-run``) or the job engine."""
+    (``salt-run``) or the job controller."""
     return __utils__["mpi_caller.hub_user"]()
 
 
@@ -107,7 +110,7 @@ def _acting_user(user):
     if identity is None:
         return user, None
     try:
-        own = __utils__["mpi_config.user_for_identity"](identity)
+        own = dmpi.settings.user_for_identity(identity)
     except ValueError as exc:
         raise SaltInvocationError(str(exc)) from None
     if user is not None and user not in (identity, own):
@@ -138,10 +141,10 @@ def _call(client, minions, fun, timeout, **kwargs):
     returns = client.cmd(
         list(minions), fun, kwarg=kwargs, tgt_type="list", timeout=timeout, full_return=True
     )
-    results, errors = __utils__["mpi_engine.minion_returns"](returns, minions)
+    results, errors = controller.minion_returns(returns, minions)
     if errors:
         raise CommandExecutionError(
-            __utils__["mpi_engine.failed_calls_message"](fun, errors),
+            controller.failed_calls_message(fun, errors),
             info={"results": results, "errors": errors},
         )
     return results
@@ -174,7 +177,7 @@ def _node_pillar(minion, grains):
         return __salt__["pillar.show_pillar"](minion) or {}
     saltenv = __opts__.get("pillarenv") or __opts__.get("saltenv") or "base"
     # salt.pillar.Pillar itself, not get_pillar's PillarCache: reading the settings (every
-    # minute by the job engine) must not write the master's cache of the node's pillar.
+    # minute by the job controller) must not write the master's cache of the node's pillar.
     pillar = salt.pillar.Pillar(__opts__, grains, minion, saltenv,
                                 pillarenv=__opts__.get("pillarenv"))
     rendered = pillar.compile_pillar()
@@ -232,7 +235,7 @@ def _settings_sources(grains):
 
 def _site_config(minion, fresh=False):
     """The ``mpi`` settings as the nodes see them: their pillar merged over the defaults
-    and checked (``mpi_config``); CommandExecutionError naming every problem of a bad
+    and checked (:mod:`dmpi.settings`); CommandExecutionError naming every problem of a bad
     pillar. A rendering is used again while nothing it was rendered from changed, for at
     most SETTINGS_REUSE seconds (rendering a node's pillar costs the caller's process a
     tenth of a second of CPU, and every submit, whoami and images call needs the
@@ -245,8 +248,8 @@ def _site_config(minion, fresh=False):
         return copy.deepcopy(kept[2])
     pillar = _node_pillar(minion, grains)
     try:
-        config = __utils__["mpi_config.validate"](
-            __utils__["mpi_config.merge"](_defaults(), pillar.get("mpi")))
+        config = dmpi.settings.validate(
+            dmpi.settings.merge(_defaults(), pillar.get("mpi")))
     except ConfigError as exc:
         raise CommandExecutionError(
             f"the site's mpi pillar is invalid, so no job can be accepted:\n{exc}") from None
@@ -265,11 +268,11 @@ def _alive(store, now):
 
 
 def _check_engine(store):
-    """Submitting needs the job engine running on the master."""
+    """Submitting needs the job controller running on the master."""
     seen = (store.get_meta("engine") or {}).get("pid_alive", 0)
     if time.time() - seen > ENGINE_SILENCE:
         raise CommandExecutionError(
-            "the DockerMPI job engine is not running on the master (master config: "
+            "the DockerMPI job controller is not running on the master (master config: "
             "engines: [mpi_master: {}], then restart salt-master); nothing was queued")
 
 
@@ -371,7 +374,7 @@ def _job_name(name):
 
 
 def _refresh_site(store, minion, fresh=False):
-    """The site settings as the nodes see them now, handed to the job engine (in the
+    """The site settings as the nodes see them now, handed to the job controller (in the
     store) when they are not what it has."""
     config = _site_config(minion, fresh)
     if fresh or (store.get_meta("site") or {}).get("config") != config:
@@ -668,7 +671,7 @@ def cancel(job_id, reason="cancelled by request"):
     _fire(job_id, "cancel")
     ended = wait(job_id, timeout=CANCEL_WAIT)
     if ended.get("state") not in FINAL:
-        ended["note"] = "cancel requested; the job engine has not ended the job yet"
+        ended["note"] = "cancel requested; the job controller has not ended the job yet"
     return ended
 
 
@@ -714,7 +717,7 @@ def _opened_output(sealed, node):
     """What a node read of a job's output, sealed to the master's key (so the job cache
     and the event bus hold only ciphertext of users' output)."""
     try:
-        return salt.utils.json.loads(__utils__["mpi_seal.unseal"](
+        return salt.utils.json.loads(dmpi.seal.unseal(
             os.path.join(__opts__["pki_dir"], "master.pem"), sealed))
     except (OSError, ValueError) as exc:
         raise CommandExecutionError(f"{node} answered with output the master cannot open: "
@@ -1047,7 +1050,7 @@ def _prune_job_dirs(store, days, now):
 def settings():
     """
     Read the site's settings again, as the nodes see them (the pillar the master renders
-    for the first MPI node, over the defaults, checked), and hand them to the job engine,
+    for the first MPI node, over the defaults, checked), and hand them to the job controller,
     which plans the queue with them from its next pass. The engine reads them itself
     every minute and each submit reads them, so a pillar change reaches an idle queue
     without a submit; this is the way to have it at once. Returns the settings, or fails

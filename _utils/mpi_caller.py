@@ -1,5 +1,5 @@
 """
-Who calls the ``mpi`` runner's functions: an admin (``salt-run``, the job engine) or a
+Who calls the ``mpi`` runner's functions: an admin (``salt-run``, the job controller) or a
 JupyterHub user the ``mpi_api`` engine has authenticated.
 
 The API engine runs each user's call in a worker thread of its own process and marks

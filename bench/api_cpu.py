@@ -5,7 +5,7 @@ The real API (``_engines/mpi_api.py``'s ``make_app``, the real ``mpi`` runner an
 through Salt's loader, as the engine's ``start()`` loads them, and a real SQLite job
 store) runs in a child process of its own; this process is the load (tornado's HTTP
 client, a new connection per call, as the hub's proxy makes them), the hub's ``GET
-/user`` (tokens are checked once each, then the API's cache answers) and the job engine
+/user`` (tokens are checked once each, then the API's cache answers) and the job controller
 (``--writes`` updates a second to job records, from this process, into the same file).
 The store holds ``--jobs`` records of ``--users`` users (queued, running, ended; their
 ``spec`` as ``mpi.submit`` writes it, with the site config of defaults.yaml); the
@@ -339,7 +339,7 @@ async def _writes_seen(http, api, store, ids, count):
 
 
 def _writer(store, ids, per_second, stop):
-    """The job engine's share: records updated ``per_second`` times a second."""
+    """The job controller's share: records updated ``per_second`` times a second."""
     every = [job for jobs in ids.values() for job in jobs]
     rng = random.Random(2)
     while not stop.wait(1 / per_second):

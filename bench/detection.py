@@ -36,7 +36,7 @@ peer
     only node-to-node traffic is cut (hosts and job containers); the master still
     hears the cut node.
 
-The bound: failed within 5 s of the cut (issue 9: as fast as before the job engine). Prints per-run figures and medians per
+The bound: failed within 5 s of the cut (issue 9: as fast as before the job controller). Prints per-run figures and medians per
 variant; exits non-zero when a job does not fail, does not fail within the bound, or
 anything of a job is left behind. Rules are removed and jobs cancelled in ``finally``
 (also on Ctrl-C and SIGTERM). Run holding the cluster lock, one variant at a time keeps

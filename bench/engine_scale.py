@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""What does the master's job engine cost at scale, with no containers?
+"""What does the master's job controller cost at scale, with no containers?
 
-The real engine (``_utils/mpi_engine.py`` with the real rules, scheduler and SQLite job
+The real job controller (:mod:`dmpi.master.controller` with the real rules, scheduler and SQLite job
 store of ``dmpi.jobs`` and the real launch builders) is fed synthetic node evidence as
 the ``mpi_node`` engines send it, for 100, 1000 and 5000 nodes of 8 slots. Nodes are
 reached through a transport that answers at once (no Salt, no Docker): what is measured
@@ -47,9 +47,8 @@ import msgpack
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-import mpi_engine  # noqa: E402
-import mpi_launch  # noqa: E402
 from dmpi.jobs import store as job_store  # noqa: E402
+from dmpi.master import controller  # noqa: E402
 from dmpi_bench import log, median, parse_args, table  # noqa: E402
 
 NODE_SLOTS = 8
@@ -60,10 +59,6 @@ REFRESH = 10.0
 SHORT = {"nodes": "20,100", "running": 50, "queued": 1000, "seconds": 1, "repeat": 1}
 
 
-#: What the engine reaches through Salt's ``__utils__`` (the launch file builders).
-LIB = {f"{name}.{attr}": getattr(module, attr)
-       for name, module in (("mpi_launch", mpi_launch), ("mpi_engine", mpi_engine))
-       for attr in dir(module) if not attr.startswith("_") and callable(getattr(module, attr))}
 CONFIG = {
     "cluster_network": "10.0.0.0/8", "job_root": "/var/lib/dockermpi/jobs",
     "job_network": {"name": "dmpi-jobs", "addresses": "10.128.0.0/12"},
@@ -181,7 +176,7 @@ def build(nodes, running, queued, seed=1):
                           for r in records])
     for report in reports.values():
         report["digest"] = str(hash(str(sorted(report["jobs"]))))
-    engine = mpi_engine.new_engine(store, InstantTransport(reports), LIB)
+    engine = controller.JobController(store, InstantTransport(reports))
     for node, report in reports.items():
         engine.nodes[node] = {"last_seen": now, "report": report, "digest": report["digest"],
                               "usable": True, "health": health}
@@ -248,7 +243,7 @@ def main():
             engine.plan()
             passes.append(time.perf_counter() - started)
             engine.pool.shutdown(wait=True)
-            engine.pool = mpi_engine.ThreadPoolExecutor(max_workers=8)
+            engine.pool = controller.ThreadPoolExecutor(max_workers=8)
         busy = feed(engine, reports, args.seconds)
         queued_left = len(engine.store.jobs(["queued"]))
         engine.pool.shutdown(wait=True)

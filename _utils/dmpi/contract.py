@@ -69,7 +69,7 @@ STANDBY_PREFIX = "dmpi-standby-"
 NODE_ROLE = "mpi-node"
 NFS_SERVER_ROLE = "mpi-nfs-server"
 
-#: The job engine's own events on the master's bus: a job's transitions, and the runner's
+#: The job controller's own events on the master's bus: a job's transitions, and the runner's
 #: requests to the engine (``queued``, ``cancel``).
 JOB_TAG_PREFIX = "mpi/job/"
 #: ``mpi/job/<job id>/<state or request>``: group 1 the job id, group 2 what happened.

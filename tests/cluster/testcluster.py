@@ -908,7 +908,7 @@ class TestCluster:
 
     def sync_and_highstate(self):
         """Sync custom modules everywhere, apply highstate to every minion (the master
-        host's first), then check the master really serves the job engine (runner,
+        host's first), then check the master really serves the job controller (runner,
         engine, node reports) and the hub answers before saying so."""
         self.sync_master()
         self.salt(["salt", "-L", ",".join(self.minions), "saltutil.sync_all"])
@@ -927,13 +927,13 @@ class TestCluster:
         if code != 0 or not isinstance(synced, dict):
             raise ClusterError(f"salt-run saltutil.sync_all failed on the master: {synced!r}")
         if force_restart or any(synced.get(kind) for kind in ("runners", "utils", "engines")):
-            # The job engine keeps the modules it loaded at start.
+            # The job controller keeps the modules it loaded at start.
             self.exec("master", ["systemctl", "restart", "salt-master"])
             self.wait_for_minions()
 
     def engine_answers(self):
-        """Why the master does not serve the job engine yet, or None when it does: the
-        runner answers and every node's reports reach the job engine."""
+        """Why the master does not serve the job controller yet, or None when it does: the
+        runner answers and every node's reports reach the job controller."""
         try:
             code, found = self.run_json("mpi.nodes")
         except ClusterError as exc:
@@ -944,7 +944,7 @@ class TestCluster:
         return f"no reports reach the master from {silent}" if silent else None
 
     def verify_master(self, timeout=45):
-        """Wait until the master serves the runner and the job engine; repair it once (sync
+        """Wait until the master serves the runner and the job controller; repair it once (sync
         again and restart it) when it does not."""
         for attempt in ("check", "repair"):
             deadline = time.monotonic() + timeout
@@ -953,9 +953,9 @@ class TestCluster:
             if problem is None:
                 return
             if attempt == "check":
-                step(f"the master does not serve the job engine ({problem}); re-syncing it")
+                step(f"the master does not serve the job controller ({problem}); re-syncing it")
                 self.sync_master(force_restart=True)
-        raise ClusterError(f"the master does not serve the job engine: {problem}")
+        raise ClusterError(f"the master does not serve the job controller: {problem}")
 
     def highstate(self, test=False):
         """Apply highstate to the master host's minion, then to the hub and every node;

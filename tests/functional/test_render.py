@@ -10,11 +10,9 @@ that went wrong, so none is made).
 """
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import yaml

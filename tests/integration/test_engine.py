@@ -1,4 +1,4 @@
-"""The job engine on the real test cluster: what users can and cannot reach, a bad pillar,
+"""The job controller on the real test cluster: what users can and cannot reach, a bad pillar,
 a start that fails, and the master's event-driven evidence."""
 
 import json

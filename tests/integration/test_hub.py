@@ -18,11 +18,10 @@ import pytest
 
 from tests.cluster.testcluster import (API_PUBLIC_URL, FILES, HUB_ADDR, MASTER_ADDR,
                                        api_process, hub_admin_token)
-from tests.extension import load_extension
+import dmpi.settings
 
 pytestmark = pytest.mark.cluster
 
-mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
 
 ANN, BOB = "ann.lee@example.org", "bob"
 STORAGE = "/srv/dockermpi/users"
@@ -119,7 +118,7 @@ def notebooks(cluster):
 
 def test_a_user_runs_an_mpi4py_job_over_three_nodes_from_their_notebook(cluster, notebooks):
     me = account(cluster, ANN)
-    assert me["user"] == ANN and me["account"] == mpi_config.user_for_identity(ANN)
+    assert me["user"] == ANN and me["account"] == dmpi.settings.user_for_identity(ANN)
     assert me["account"] != ANN  # a name with '.' and '@' gets a safe directory name
     program = (FILES / "pi.py").read_text()
     code, output = cluster.notebook_exec(
@@ -206,7 +205,7 @@ def test_a_user_cannot_see_or_touch_another_users_job(cluster, notebooks, bobs_j
     _, listed = mpi_json(cluster, ANN, "list")
     assert bobs_job not in {j["job_id"] for j in listed}
     _, history = mpi_json(cluster, ANN, "history")
-    assert all(j["user"] == mpi_config.user_for_identity(ANN) for j in history)
+    assert all(j["user"] == dmpi.settings.user_for_identity(ANN) for j in history)
     for argv in (["status", bobs_job], ["logs", bobs_job], ["cancel", bobs_job],
                  ["wait", bobs_job, "--timeout", "1"]):
         code, output = mpi(cluster, ANN, *argv)
@@ -376,7 +375,7 @@ def test_a_notebook_servers_token_does_nothing_beyond_its_scopes(cluster, notebo
 
 
 def test_a_user_cannot_submit_as_another(cluster, notebooks):
-    for user in (BOB, "root", mpi_config.user_for_identity(BOB)):
+    for user in (BOB, "root", dmpi.settings.user_for_identity(BOB)):
         status, answer = api(cluster, ANN, "POST", "/jobs",
                              {"user": user, "image": "notebook", "np": 1, "cmd": ["hostname"]})
         assert status == 400 and "unknown job fields: user" in answer["error"], answer
@@ -391,7 +390,7 @@ def test_a_user_cannot_submit_as_another(cluster, notebooks):
 
 def test_a_user_cannot_take_another_users_directory_by_registering_its_mapped_name(
         cluster, notebooks):
-    squatter = mpi_config.user_for_identity(ANN)  # a valid hub name of its own
+    squatter = dmpi.settings.user_for_identity(ANN)  # a valid hub name of its own
     token = cluster.hub_token(squatter)
     status, answer = api(cluster, ANN, "GET", "/whoami", token=token)
     assert status == 400 and "belongs to another hub user" in answer["error"], answer

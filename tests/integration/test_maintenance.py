@@ -6,7 +6,7 @@ still a failure, named as before. Drained nodes finish their jobs and take no ne
 until resumed, across a master restart. A node whose shared storage is not writable is
 not scheduled, and the queue says why. Faults are real and undone in ``finally``.
 Times are printed for the record, never asserted: the bounds are the engine's unit
-tests' business (tests/unit/dmpi/jobs/test_rules.py, test_mpi_engine.py).
+tests' business (tests/unit/dmpi/jobs/test_rules.py, tests/unit/dmpi/master/test_controller.py).
 """
 
 import time

@@ -14,7 +14,6 @@ import http.server
 import io
 import ipaddress
 import json
-import os
 import pathlib
 import re
 import signal

@@ -6,15 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dmpi.contract import is_user
-from tests.extension import load_extension
+import dmpi.settings
 
-mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
 from dmpi.jobs import store as job_store
 
 
 @pytest.mark.parametrize("name", ["alice", "Bob", "a-b_c", "x" * 64])
 def test_a_valid_user_name_is_its_own_user(name):
-    assert mpi_config.user_for_identity(name) == name
+    assert dmpi.settings.user_for_identity(name) == name
 
 
 @pytest.mark.parametrize("name, expected_start", [
@@ -25,7 +24,7 @@ def test_a_valid_user_name_is_its_own_user(name):
     ("../../etc", "etc-"),
 ])
 def test_other_hub_names_get_a_safe_name_with_a_hash(name, expected_start):
-    user = mpi_config.user_for_identity(name)
+    user = dmpi.settings.user_for_identity(name)
     assert user.startswith(expected_start) and is_user(user)
     assert len(user) == len(expected_start) + 8
 
@@ -33,18 +32,18 @@ def test_other_hub_names_get_a_safe_name_with_a_hash(name, expected_start):
 @settings(deadline=None)  # no timing: other work may share the machine
 @given(st.text(min_size=1, max_size=255))
 def test_every_hub_name_maps_to_a_valid_user_name(name):
-    assert is_user(mpi_config.user_for_identity(name))
+    assert is_user(dmpi.settings.user_for_identity(name))
 
 
 @pytest.mark.parametrize("bad", ["", None, 5, "x" * 256])
 def test_no_identity_is_refused(bad):
     with pytest.raises(ValueError):
-        mpi_config.user_for_identity(bad)
+        dmpi.settings.user_for_identity(bad)
 
 
 def test_a_user_name_stays_bound_to_the_hub_identity_that_took_it(tmp_path):
     store = job_store.open_store(str(tmp_path / "jobs.sqlite"))
-    mapped = mpi_config.user_for_identity("Bob.Smith")
+    mapped = dmpi.settings.user_for_identity("Bob.Smith")
     uid, new = store.user_uid(mapped, 100000, 100010, identity="Bob.Smith")
     assert new
     # Someone registers the mapped name itself at the hub: not the same person.

@@ -23,7 +23,7 @@ from tests.extension import load_extension
 
 mpi_api = load_extension("_engines/mpi_api.py", "mpi_api")
 mpi_caller = load_extension("_utils/mpi_caller.py", "mpi_caller")
-mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
+import dmpi.settings  # noqa: E402
 
 SCOPE = "access:services!service=dockermpi"
 #: token -> the hub's model of its owner (None: the hub refuses it)
@@ -76,9 +76,9 @@ class Utils(dict):
 
 
 UTILS = Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user,
-               "mpi_config.user_for_identity": mpi_config.user_for_identity,
-               "mpi_config.is_loopback": mpi_config.is_loopback,
-               "mpi_config.is_encrypted_or_local": mpi_config.is_encrypted_or_local})
+               "mpi_config.user_for_identity": dmpi.settings.user_for_identity,
+               "mpi_config.is_loopback": dmpi.settings.is_loopback,
+               "mpi_config.is_encrypted_or_local": dmpi.settings.is_encrypted_or_local})
 
 
 @pytest.fixture
@@ -328,7 +328,7 @@ def real_runner(tmp_path, monkeypatch):
     runner = load_extension("_runners/mpi.py", "mpi_runner_for_api")
     monkeypatch.setattr(runner, "__utils__", {
         "mpi_caller.hub_user": mpi_caller.hub_user,
-        "mpi_config.user_for_identity": mpi_config.user_for_identity}, raising=False)
+        "mpi_config.user_for_identity": dmpi.settings.user_for_identity}, raising=False)
     monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path)}, raising=False)
     monkeypatch.setattr(runner, "__context__", {}, raising=False)
     store = job_store.open_store(str(tmp_path / "dockermpi" / "jobs.sqlite"))

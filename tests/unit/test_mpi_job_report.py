@@ -20,8 +20,8 @@ from unittest.mock import MagicMock, patch
 
 import docker
 import docker.errors
-import mpi_seal
-import mpi_userfs
+import dmpi.seal
+import dmpi.node.userfs
 import pytest
 import salt.crypt
 from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER
@@ -29,7 +29,7 @@ from dmpi.node import evidence, health, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
 
-STDERR_DATA = REPO / "tests" / "unit" / "data" / "mpirun"
+STDERR_DATA = REPO / "tests" / "unit" / "dmpi" / "data" / "mpirun"
 
 
 
@@ -51,7 +51,7 @@ def configure_loader_modules():
 def child_python(monkeypatch):
     """The confined child runs as the user's uid: it needs an interpreter that uid can
     run (the test venv's lives under root's home; on nodes, Salt's is /usr/bin/python3)."""
-    monkeypatch.setattr(mpi_userfs, "CHILD_PYTHON", "/usr/bin/python3")
+    monkeypatch.setattr(dmpi.node.userfs, "CHILD_PYTHON", "/usr/bin/python3")
 
 
 @pytest.fixture(autouse=True)
@@ -462,10 +462,10 @@ def test_read_output_sealed_is_for_the_masters_key_alone(storage, tmp_path, monk
     monkeypatch.setitem(mpi_job.__opts__, "pki_dir", str(pki))
     sealed = mpi_job.read_output(JOB, str(storage), USER, UID, UID, seal=True)
     assert "s3cr3t" not in json.dumps(sealed)
-    opened = mpi_seal.unseal(str(pki / "minion_master.pem"), sealed)
+    opened = dmpi.seal.unseal(str(pki / "minion_master.pem"), sealed)
     assert json.loads(opened) == "SECRET_TOKEN=s3cr3t\n"
     followed = mpi_job.read_output(JOB, str(storage), USER, UID, UID, offset=0, seal=True)
-    assert json.loads(mpi_seal.unseal(str(pki / "minion_master.pem"), followed)) == \
+    assert json.loads(dmpi.seal.unseal(str(pki / "minion_master.pem"), followed)) == \
         {"data": "SECRET_TOKEN=s3cr3t\n", "offset": 20}
 
 

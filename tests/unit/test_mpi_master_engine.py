@@ -1,5 +1,5 @@
 """The master engine's reader of the site's settings (``mpi_master._read_settings``): the
-job engine plans with what the pillar says now, without waiting for a submit."""
+job controller plans with what the pillar says now, without waiting for a submit."""
 
 import logging
 

@@ -1,7 +1,7 @@
 """Unit tests of the ``mpi`` runner's maintenance commands (``drain``, ``resume``,
 ``nodes``) over a real job store: who may call them, what they record and show. The
-master's minion list and event bus are replaced; the job engine's part is in
-test_mpi_engine.py, the whole on the cluster in tests/integration/test_maintenance.py."""
+master's minion list and event bus are replaced; the job controller's part is in
+tests/unit/dmpi/master/test_controller.py, the whole on the cluster in tests/integration/test_maintenance.py."""
 
 import time
 

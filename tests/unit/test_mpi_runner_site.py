@@ -14,7 +14,7 @@ from salt.exceptions import CommandExecutionError
 from tests.extension import load_extension
 
 runner = load_extension("_runners/mpi.py", "mpi_runner_site")
-mpi_config = load_extension("_utils/mpi_config.py", "mpi_config_site")
+import dmpi.settings  # noqa: E402
 DEFAULTS = pathlib.Path(__file__).resolve().parents[2] / "salt" / "dockermpi" / "defaults.yaml"
 
 TOP = """base:
@@ -95,7 +95,7 @@ def site(tmp_path, monkeypatch):
     opts["file_roots"] = {"base": [str(file_root)]}
     opts["fileserver_backend"] = ["roots"]
     monkeypatch.setattr(runner, "__utils__", {
-        "mpi_config.validate": mpi_config.validate, "mpi_config.merge": mpi_config.merge},
+        "mpi_config.validate": dmpi.settings.validate, "mpi_config.merge": dmpi.settings.merge},
         raising=False)
     monkeypatch.setattr(runner, "_SETTINGS", {})
     salt.cache.factory(opts).store("grains", "node1", {"id": "node1", "roles": ["mpi-node"]})

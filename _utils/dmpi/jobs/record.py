@@ -1,5 +1,5 @@
 """
-A job's record: the fields a submit writes (:func:`new`), the fields the job engine
+A job's record: the fields a submit writes (:func:`new`), the fields the job controller
 adds as the job goes on (:data:`ENGINE_FIELDS`), and what its user sees (:func:`public`).
 The store keeps a record as it is, one JSON object per job.
 """
@@ -8,7 +8,7 @@ import posixpath
 
 from dmpi.contract import DATA_MOUNT, JOBS_SUBDIR
 
-#: Set by the job engine (and ``cancel_requested`` by ``mpi.cancel``), never by a submit:
+#: Set by the job controller (and ``cancel_requested`` by ``mpi.cancel``), never by a submit:
 #: where the ranks run and their addresses, when the job started, must end and ended,
 #: that its clean-up is done, why its start failed, which silent nodes it is kept for.
 ENGINE_FIELDS = ("placement", "job_addresses", "started", "deadline", "ended", "closed",

@@ -1,6 +1,6 @@
 """
 The rules that end a DockerMPI job: pure functions of a job's record, the evidence its
-nodes sent and the time. No Salt, no I/O; the job engine (``mpi_engine``) applies them.
+nodes sent and the time. No Salt, no I/O; the job controller (:mod:`dmpi.master.controller`) applies them.
 
 Evidence of a node is what the engine knows of it::
 

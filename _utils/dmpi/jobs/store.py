@@ -3,7 +3,7 @@ The master's durable record of DockerMPI jobs and nodes: one SQLite file.
 
 Every job is a row whose ``state`` only moves forward (queued -> starting -> running ->
 succeeded / failed / cancelled / timed_out); :meth:`JobStore.transition` makes each move
-atomic and exclusive, so when the job engine's threads and a ``salt-run`` race to end
+atomic and exclusive, so when the job controller's threads and a ``salt-run`` race to end
 the same job exactly one of them wins and does the clean-up. Several processes and
 threads share the file; writers serialise on SQLite's lock (``BEGIN IMMEDIATE``).
 """
@@ -210,7 +210,7 @@ class JobStore:
 
     def jobs_after(self, seq, states=None):
         """``[(seq, record)]`` of jobs submitted after ``seq`` (0: all), optionally only
-        in these states, in submission order: how the job engine keeps its view current
+        in these states, in submission order: how the job controller keeps its view current
         without reading every record again."""
         return self._select(states, after=int(seq))
 

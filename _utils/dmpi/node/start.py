@@ -13,8 +13,8 @@ import time
 
 import docker
 import docker.errors
-import mpi_launch
-import mpi_seal
+import dmpi.launch
+import dmpi.seal
 
 from dmpi.contract import DOCKER_NAME_RE, JOBS_SUBDIR, RUN_DIR
 from dmpi.errors import NodeError, RequestError, StartFailure
@@ -52,7 +52,7 @@ def _answering_with_job_certificate(pid, expected, port):
     proven = set()
     for line in out.splitlines():
         try:
-            cert = mpi_launch.read_ssh_certificate(line)
+            cert = dmpi.launch.read_ssh_certificate(line)
         except ValueError:
             continue
         if cert["kind"] != "host":
@@ -123,7 +123,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         its own sshd and every other address in ``addresses`` answer with their host
         certificates, starts the container that runs mpirun (``argv``, the launcher
         command; ``environment``, set there and forwarded to the ranks, sealed to this
-        node's Salt key by the master (:mod:`mpi_seal <_utils.mpi_seal>`); ``status``,
+        node's Salt key by the master (:mod:`dmpi.seal`); ``status``,
         written as ``status.json`` just before it starts) before it returns. Every
         other node's sshd trusts the user certificates of that node's job CA.
     job_cas
@@ -270,7 +270,7 @@ def _opened_environment(environment, node_key):
     if environment is None:
         return {}
     try:
-        opened = json.loads(mpi_seal.unseal(node_key, environment))
+        opened = json.loads(dmpi.seal.unseal(node_key, environment))
     except (OSError, ValueError) as exc:
         raise RequestError(f"the job's environment is not sealed to this node: {exc}") \
             from exc

@@ -1,7 +1,7 @@
 """
 Users' directories on the shared storage, as a node touches them: made and handed to
 the user's own uid, checked before a job starts, and every read or write inside one
-(status files, output) done through :mod:`mpi_userfs`, in a child process running as
+(status files, output) done through :mod:`dmpi.node.userfs`, in a child process running as
 the user's uid that never follows a link, so a job's symlinks, FIFOs or swapped
 directories cannot lead the node anywhere else (and NFS root_squash is no obstacle).
 """
@@ -10,8 +10,8 @@ import json
 import os
 import stat
 
-import mpi_seal
-import mpi_userfs
+import dmpi.seal
+import dmpi.node.userfs
 
 from dmpi.contract import JOB_ID_RE, JOBS_SUBDIR, USER_RE
 from dmpi.errors import NodeError, RequestError, StartFailure
@@ -33,12 +33,12 @@ def users_root(storage_path):
 
 
 def userfs(op, uid, gid, **kwargs):
-    """Run a mpi_userfs operation in a child process as uid:gid."""
+    """Run a :mod:`dmpi.node.userfs` operation in a child process as uid:gid."""
     try:
-        return mpi_userfs.run_confined(op, uid=uid, gid=gid, timeout=USERFS_TIMEOUT, **kwargs)
+        return dmpi.node.userfs.run_confined(op, uid=uid, gid=gid, timeout=USERFS_TIMEOUT, **kwargs)
     except Exception as exc:  # pylint: disable=broad-except
         # Whatever a user's tree does to the child ends here, as the node's answer about
-        # that path (mpi_userfs.UserPathError, or the child's own failure).
+        # that path (dmpi.node.userfs.UserPathError, or the child's own failure).
         raise NodeError(str(exc)) from exc
 
 
@@ -91,7 +91,7 @@ def ensure_user_dir(storage_path, user, uid, gid):
     checks.check_user(user)
     uid, gid = checks.check_ids(uid, gid)
     try:
-        return mpi_userfs.ensure_owned_dir(users_root(storage_path), user, uid, gid, 0o700)
+        return dmpi.node.userfs.ensure_owned_dir(users_root(storage_path), user, uid, gid, 0o700)
     except NodeError:
         raise
     except Exception as exc:  # pylint: disable=broad-except
@@ -103,7 +103,7 @@ def prune_job_dirs(storage_path, user, uid, gid, older_than, keep=None):
     Remove a user's job directories (``users/<user>/mpi-jobs/<job id>``) of jobs
     submitted before ``older_than`` in which nothing changed since, except the jobs in
     ``keep`` (queued or running). Runs as the user's uid and never follows a link
-    (``mpi_userfs.prune_job_dirs``). Run it on the host that owns the shared storage.
+    (``dmpi.node.userfs.prune_job_dirs``). Run it on the host that owns the shared storage.
 
     storage_path
         Where the shared storage is on this host.
@@ -140,8 +140,8 @@ def migrate_user_dir(storage_path, user, from_uid, uid, gid):
     from_uid, _ = checks.check_ids(from_uid, gid)
     root = users_root(storage_path)
     try:
-        changed = mpi_userfs.chown_tree(root, user, from_uid, uid, gid)
-        result = mpi_userfs.ensure_owned_dir(root, user, uid, gid, 0o700)
+        changed = dmpi.node.userfs.chown_tree(root, user, from_uid, uid, gid)
+        result = dmpi.node.userfs.ensure_owned_dir(root, user, uid, gid, 0o700)
     except Exception as exc:  # pylint: disable=broad-except
         raise NodeError(f"cannot migrate users/{user}: {exc}") from exc
     return {"entries_changed": changed, **result}
@@ -214,7 +214,7 @@ def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_byte
     tail_bytes
         At most this many bytes from the end of the file (default 64 KiB).
     seal_to
-        The master's public key file: the answer is sealed to it (:mod:`mpi_seal`), so
+        The master's public key file: the answer is sealed to it (:mod:`dmpi.seal`), so
         the user's output is not in the master's job cache or on its event bus.
     """
     checks.check_job_id(job_id)
@@ -243,6 +243,6 @@ def read_output(job_id, storage_path, user, uid, gid, stream="stdout", tail_byte
     if seal_to is None:
         return answer
     try:
-        return mpi_seal.seal(seal_to, json.dumps(answer).encode())
+        return dmpi.seal.seal(seal_to, json.dumps(answer).encode())
     except OSError as exc:
         raise NodeError(f"cannot seal the output to the master's key: {exc}") from exc

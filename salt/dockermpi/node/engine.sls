@@ -1,7 +1,7 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 {#- The mpi_node engine (_engines/mpi_node.py): a process in the minion that sends the
-    node's evidence about its jobs to the master's job engine when it changes (Docker's
+    node's evidence about its jobs to the master's job controller when it changes (Docker's
     event stream wakes it at once) and a small heartbeat every 2 seconds otherwise.
     Minion engines are read from the minion's configuration at start, so the minion
     restarts when the running one was not started with this configuration (a first run,

@@ -60,17 +60,21 @@ def test_image_references_are_pinned_by_digest_only():
         assert not contract.IMAGE_REFERENCE_RE.match(bad), bad
 
 
+CONTRACT_FILE = "_utils/dmpi/contract.py"
+USERFS_FILE = "_utils/dmpi/node/userfs.py"
+
+
 def test_no_module_outside_the_package_writes_the_contract_out_again():
-    """What the contract names is spelled once: no Salt module repeats a literal of it
-    (but mpi_userfs, whose source is the confined child's whole program: it may import
+    """What the contract names is spelled once: no module but the contract spells a
+    literal of it (but dmpi.node.userfs, whose source is the confined child's whole program: it may import
     nothing of the package, and its one copy is held equal below)."""
     literals = ['"io.dockermpi.job"', '"io.dockermpi.role"', '"io.dockermpi.user"',
                 '"mpi-jobs"', '"/run/dockermpi"', r'[0-9]{8}-[0-9]{6}-[0-9a-f]{6}',
                 '("succeeded", "failed", "cancelled", "timed_out")', '"mpi/drains/changed"']
     found = []
     for folder in ("_modules", "_states", "_runners", "_engines", "_utils"):
-        for path in sorted((REPO / folder).glob("*.py")):
-            if path.name == "mpi_userfs.py":
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.relative_to(REPO).as_posix() in (CONTRACT_FILE, USERFS_FILE):
                 continue
             text = path.read_text()
             found += [f"{path.relative_to(REPO)}: {literal}" for literal in literals
@@ -79,7 +83,6 @@ def test_no_module_outside_the_package_writes_the_contract_out_again():
 
 
 def test_the_confined_childs_job_id_pattern_is_the_contracts():
-    from tests.extension import load_extension
+    from dmpi.node import userfs  # pylint: disable=import-outside-toplevel
 
-    userfs = load_extension("_utils/mpi_userfs.py", "mpi_userfs_for_contract")
     assert userfs._JOB_DIR_RE.pattern == contract.JOB_ID_RE.pattern

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/admin.md's workflow for a new image, after the host pushed it: approve it by digest in
 # the site pillar, apply dockermpi.images on every node (each pulls and checks the
-# digest), then wait until the job engine hears every node, and give the demo user pi.py.
+# digest), then wait until the job controller hears every node, and give the demo user pi.py.
 # Arguments: the image's short name, its reference pinned by digest, the nodes' minion ids.
 set -euo pipefail
 (($# >= 3)) || { echo "usage: $0 NAME REGISTRY/REPO@sha256:DIGEST NODE..." >&2; exit 2; }
@@ -12,7 +12,7 @@ log() { printf '[cluster-ready %(%H:%M:%S)T] %s\n' -1 "$*"; }
 json_field() { python3 -c 'import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 
 # Every node's minion restarts once after its first highstate (for its mpi_node engine):
-# wait until the job engine hears all of them.
+# wait until the job controller hears all of them.
 wait_for_engine() {
     local deadline=$((SECONDS + $1)) found silent
     while :; do
@@ -27,11 +27,11 @@ print(" ".join(n for n in sys.argv[2].split(",")
                if not isinstance(found.get(n), dict) or not found[n].get("reachable")))' \
             "$found" "$nodes")
         [[ -z $silent ]] && return 0
-        ((SECONDS < deadline)) || { log "the job engine does not hear $silent" >&2; return 1; }
+        ((SECONDS < deadline)) || { log "the job controller does not hear $silent" >&2; return 1; }
         sleep 2
     done
 }
-log "waiting for the job engine to hear $nodes"
+log "waiting for the job controller to hear $nodes"
 wait_for_engine 180
 
 log "approving $name = $reference"

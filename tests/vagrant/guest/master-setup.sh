@@ -2,7 +2,7 @@
 # The master's part of docs/admin.md "Provisioning real hosts", between installing Salt and the
 # first highstate: the site pillar in /srv/pillar, the cluster's image registry, every
 # node's minion answering, and the package's modules synced (the master restarted so its
-# job engine runs them). Arguments: the nodes' minion ids.
+# job controller runs them). Arguments: the nodes' minion ids.
 set -euo pipefail
 (($#)) || { echo "usage: $0 NODE..." >&2; exit 2; }
 nodes=$(IFS=,; echo "$*")
@@ -51,7 +51,7 @@ print(" ".join(n for n in sys.argv[2].split(",") if answers.get(n) is not True))
 log "waiting for the minions of $nodes (keys preseeded)"
 wait_for_nodes 300
 
-log "salt-run saltutil.sync_all; restarting salt-master so the job engine runs the synced modules"
+log "salt-run saltutil.sync_all; restarting salt-master so the job controller runs the synced modules"
 salt-run saltutil.sync_all >/dev/null
 systemctl restart salt-master
 wait_for_nodes 120

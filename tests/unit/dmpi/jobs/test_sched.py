@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-import mpi_config
+import dmpi.settings
 from dmpi.jobs import sched
 
 NODE_SLOTS = 4
@@ -156,7 +156,7 @@ def test_fits_count_larger_than_candidates():
 
 
 def test_the_policies_are_the_ones_the_pillar_accepts():
-    assert sched.PLACEMENTS == mpi_config.PLACEMENTS
+    assert sched.PLACEMENTS == dmpi.settings.PLACEMENTS
 
 
 def test_place_spread_takes_the_nodes_with_most_free_slots_first():

@@ -345,7 +345,7 @@ def test_reads_see_every_write_committed_before_them_by_any_connection(store):
     assert store.get("j1")["state"] == "queued"
     assert store.jobs(states=["queued"], keys=["job_id", "state"]) == [
         {"job_id": "j1", "state": "queued"}]
-    # Another connection (another process, as the job engine) writes in between reads.
+    # Another connection (another process, as the job controller) writes in between reads.
     conn = sqlite3.connect(store.path, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
     conn.execute("UPDATE jobs SET state = 'running', record = json_set(record, '$.state', "

@@ -1,5 +1,5 @@
 """
-Unit tests of the job engine (``mpi_engine``) over a real job store: evidence in,
+Unit tests of the job controller (:mod:`dmpi.master.controller`) over a real job store: evidence in,
 decisions out. The nodes are a recording transport (the engine on the real cluster is
 tested by tests/integration); every other module is the real one.
 """
@@ -9,26 +9,11 @@ import time
 
 import pytest
 from dmpi.errors import StartFailure
-from tests.extension import load_extension
 
 from dmpi.jobs import rules
-from dmpi.jobs import sched
 from dmpi.jobs import store as store_module
-launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
-engine_module = load_extension("_utils/mpi_engine.py", "mpi_engine")
+from dmpi.master import controller
 
-
-def _utils():
-    found = {}
-    for name, module in (("mpi_rules", rules), ("mpi_sched", sched), ("mpi_launch", launch),
-                         ("mpi_engine", engine_module)):
-        for attr in dir(module):
-            if not attr.startswith("_") and callable(getattr(module, attr)):
-                found[f"{name}.{attr}"] = getattr(module, attr)
-    return found
-
-
-LIB = _utils()
 CONFIG = {
     "cluster_network": "10.0.0.0/16", "job_root": "/var/lib/dockermpi/jobs",
     "job_network": {"name": "dmpi-jobs", "addresses": "10.0.1.128/29", "standby": 2},
@@ -139,7 +124,7 @@ class InFlight:
     def pool(self, max_workers):
         counter = self
 
-        class CountingPool(engine_module.ThreadPoolExecutor):
+        class CountingPool(controller.ThreadPoolExecutor):
             def submit(self, fn, *args, **kwargs):
                 with counter.changed:
                     counter.count += 1
@@ -169,7 +154,7 @@ class InFlight:
 
 def _new_engine(store, transport, clock):
     """An engine whose thread pools tell when its background work is done."""
-    engine = engine_module.new_engine(store, transport, LIB, clock)
+    engine = controller.JobController(store, transport, clock)
     engine.in_flight = InFlight()
     engine.pool.shutdown(wait=True)
     engine.probe_pool.shutdown(wait=True)
@@ -715,12 +700,12 @@ def test_minion_returns_sorts_answers_failures_and_silence():
         "node3": {"ret": "boom", "success": False},
         "node4": "Minion did not return",
     }
-    results, errors = engine_module.minion_returns(returns, ["node1", "node2", "node3",
+    results, errors = controller.minion_returns(returns, ["node1", "node2", "node3",
                                                               "node4", "node5"])
     assert results == {"node1": {"ok": 1}}
     assert errors == {"node2": "ERROR: no such job", "node3": "boom",
                       "node4": "did not answer", "node5": "did not answer"}
-    assert engine_module.failed_calls_message("mpi_job.cleanup", errors).startswith(
+    assert controller.failed_calls_message("mpi_job.cleanup", errors).startswith(
         "mpi_job.cleanup failed on node2: ERROR: no such job; node3: boom; node4: did not")
 
 
@@ -814,7 +799,7 @@ def test_a_node_without_health_evidence_takes_no_job(world):
 
 def test_a_restarted_engine_knows_the_nodes_health_from_the_store(world):
     store, transport, clock, engine = world
-    clock.now += engine_module.FLUSH_SECONDS
+    clock.now += controller.FLUSH_SECONDS
     engine.tick()  # flushes the nodes' reports to the store
     clock.now += 1
     engine = _restart(engine, store, transport, clock)

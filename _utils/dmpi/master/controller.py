@@ -1,5 +1,5 @@
 """
-DockerMPI's job engine: one long-lived object on the master that owns every job's life.
+DockerMPI's job controller: one long-lived object on the master that owns every job's life.
 
 It takes evidence in (node reports and heartbeats, queued and cancel requests, the
 clock), and for each job one reconcile step decides from the rules (``dmpi.jobs.rules``)
@@ -10,7 +10,8 @@ queue allows (``dmpi.jobs.sched``); a start runs in a worker thread, and a start
 recorded on the job and reconciled like any other evidence, never retried or recursed
 into.
 
-The master engine ``_engines/mpi_master.py`` feeds it from Salt's event bus and gives it
+The ``mpi_master`` Salt engine (``_engines/mpi_master.py``) feeds it from Salt's event
+bus and gives it
 a transport to the nodes; benchmarks and tests feed it directly. Node liveness is kept
 in memory (heartbeats cost a dict update) and written to the store every few seconds.
 
@@ -24,6 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import dmpi.launch
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
 from dmpi.errors import StartFailure
 from dmpi.jobs import addresses, rules, sched
@@ -34,9 +36,9 @@ log = logging.getLogger(__name__)
 CLEANUP_TIMEOUT = 5  # seconds a node has to clean up before its reports take over
 CLEANUP_RETRY = 10  # seconds between clean-up requests for leftovers on one node
 FLUSH_SECONDS = 2  # how often heartbeats and reports are written to the store
-RELOAD_SECONDS = 30  # how often the engine's view of jobs is read again from the store
+RELOAD_SECONDS = 30  # how often the controller's view of jobs is read again from the store
 PLAN_SECONDS = 5  # the queue is planned at least this often
-STALL_SECONDS = 3  # a pass this late means the engine stalled: give nodes a grace
+STALL_SECONDS = 3  # a pass this late means the controller stalled: give nodes a grace
 MIB = 1 << 20
 SLOT_OVERHEAD_MIB = 64  # sshd and orted beside a node's ranks
 SLOT_OVERHEAD_PIDS = 32
@@ -64,8 +66,8 @@ def probe_host(address, port, timeout=PROBE_TIMEOUT):
         return False, f"{address} port {port}: {exc.strerror or exc}"
 
 
-def engine_settings(site_config):
-    """The job engine's settings (pillar ``mpi:engine``) from the site's settings."""
+def controller_settings(site_config):
+    """The job controller's settings (pillar ``mpi:engine``) from the site's settings."""
     found = dict(ENGINE_DEFAULTS)
     found.update((site_config or {}).get("engine") or {})
     return found
@@ -134,14 +136,7 @@ def job_environment(record, job_addresses):
     }
 
 
-def new_engine(store, transport, lib, clock=time.time):
-    """The job engine over ``store`` (``dmpi.jobs.store``), reaching nodes through
-    ``transport`` (see :class:`JobEngine`), with the utils modules in ``lib`` (the
-    caller's ``__utils__``: Salt does not give utils modules one of their own)."""
-    return JobEngine(store, transport, lib, clock)
-
-
-class JobEngine:
+class JobController:
     """
     Jobs' lives, from evidence to decisions.
 
@@ -155,13 +150,12 @@ class JobEngine:
     - ``host_addresses(minions, network)``: each minion's address in ``network``.
     """
 
-    def __init__(self, store, transport, lib, clock=time.time):
+    def __init__(self, store, transport, clock=time.time):
         self.store = store
         self.transport = transport
-        self.lib = lib
         self.clock = clock
         self.lock = threading.RLock()
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mpi-engine")
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mpi-controller")
         now = clock()
         self.nodes = {}
         for node, seen in store.nodes().items():
@@ -170,12 +164,12 @@ class JobEngine:
                                 "digest": report.get("digest"), "usable": not report.get("error"),
                                 "health": report.get("health")}
         self.started_at = now
-        # Nodes heard since this engine started. Minions need a while to reconnect after
+        # Nodes heard since this controller started. Minions need a while to reconnect after
         # a master restart; until a node is heard again (or restart_grace passed) its
         # silence says nothing.
         self.heard = set()
-        self.grace_until = now  # moved on when the engine itself stalls
-        # The engine's view of unfinished jobs (the store stays the record): queued in
+        self.grace_until = now  # moved on when the controller itself stalls
+        # The controller's view of unfinished jobs (the store stays the record): queued in
         # submission order, active ones, and which active jobs each node runs.
         self.queue, self.active, self.on_node = {}, {}, {}
         self.last_seq = 0
@@ -194,13 +188,13 @@ class JobEngine:
         # report are not leftovers to remove a second time.
         self.cleaning = set()
         self.plan_queued = False
-        # Addresses of containers on nodes not yet cleaned (only the engine writes them;
+        # Addresses of containers on nodes not yet cleaned (only the controller writes them;
         # the store keeps them across restarts).
         self.address_holds = store.get_meta("address_holds", {})
         self.waiting = store.get_meta("waiting", {})  # as last written
         # Maintenance: nodes an admin drained ({node: {reason, since, by}}, the store's).
         self.drains = store.drains()
-        self.settings = engine_settings((store.get_meta("site") or {}).get("config"))
+        self.settings = controller_settings((store.get_meta("site") or {}).get("config"))
         # Host probes of silent nodes run in threads of their own, never in the loop and
         # never behind a job's start: {node: when the last one started}.
         self.probe_host = probe_host
@@ -251,7 +245,7 @@ class JobEngine:
             seen = self.nodes.get(node)
             self.heard.add(node)
             if seen is None:
-                # Heard of before its first report (the engine restarted): alive, no
+                # Heard of before its first report (the controller restarted): alive, no
                 # evidence until its next full report.
                 self.nodes[node] = {"last_seen": now, "report": {}, "digest": None,
                                     "usable": False}
@@ -289,7 +283,7 @@ class JobEngine:
         now = self.clock()
         with self.lock:
             if now - self.last_pass > STALL_SECONDS:
-                # The engine stalled, so heartbeats may not have been read: grace.
+                # The controller stalled, so heartbeats may not have been read: grace.
                 self.grace_until = max(self.grace_until,
                                        now + rules.timeouts()["node"])
             self.last_pass = now
@@ -328,7 +322,7 @@ class JobEngine:
             try:
                 self.probe_pool.submit(self._probe, node, now, network,
                                        int(self.settings["probe_port"]))
-            except RuntimeError:  # the engine is stopping
+            except RuntimeError:  # the controller is stopping
                 return
 
     def _probe(self, node, started, network, port):
@@ -382,7 +376,7 @@ class JobEngine:
         return len(found)
 
     def _track(self, record):
-        """Keep the engine's view of one job in step with its record."""
+        """Keep the controller's view of one job in step with its record."""
         job_id = record["job_id"]
         old = self.active.pop(job_id, None)
         for node in (old or {}).get("placement") or {}:
@@ -397,7 +391,7 @@ class JobEngine:
                 self.on_node.setdefault(node, set()).add(job_id)
 
     def _evidence(self, now, names):
-        """What the rules see of the nodes ``names``: a node not heard since this engine
+        """What the rules see of the nodes ``names``: a node not heard since this controller
         started counts as alive (without evidence) until restart_grace has passed."""
         grace = rules.timeouts()["restart_grace"]
         judge_all = now - self.started_at > grace
@@ -544,7 +538,7 @@ class JobEngine:
 
         try:
             self.pool.submit(planned)
-        except RuntimeError:  # the engine is stopping: the next start plans
+        except RuntimeError:  # the controller is stopping: the next start plans
             self.plan_queued = False
             self.plan_due = True
 
@@ -591,7 +585,7 @@ class JobEngine:
             site = self.store.get_meta("site")
             if not site:
                 return []
-            self.settings = engine_settings(site["config"])
+            self.settings = controller_settings(site["config"])
             started = self._plan(site["config"], now)
         for record in started:
             self.transport.fire(job_tag(record["job_id"], "starting"),
@@ -715,7 +709,7 @@ class JobEngine:
             try:
                 self.pool.submit(self.transport.call_async, nodes, "mpi_image.pull",
                                  reference=image_ref)
-            except RuntimeError:  # the engine is stopping
+            except RuntimeError:  # the controller is stopping
                 return
 
     def _explain(self, blocked, queued, images, problems, any_node):
@@ -787,12 +781,11 @@ class JobEngine:
             "storage_path": config["storage"]["path"],
             "job_root": config["job_root"],
         }
-        launch = self.lib
         sshd_port, oob_ports, btl_ports = job_ports(config)
         host_addresses = self.transport.host_addresses(nodes, config["cluster_network"])
         files = self._job_files(config, record, job_addresses)
         environment = dict(spec["env"], **job_environment(record, job_addresses))
-        argv = launch["mpi_launch.launcher_argv"](
+        argv = dmpi.launch.launcher_argv(
             posixpath.join(record["output"]["dir_in_job"], "stdout"),
             posixpath.join(record["output"]["dir_in_job"], "stderr"),
             record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
@@ -839,16 +832,15 @@ class JobEngine:
         return cas
 
     def _job_files(self, config, record, job_addresses):
-        launch = self.lib
         account = account_name(record["user"], ACCOUNT_RE)
         uid = record["uid"]
         sshd_port = job_ports(config)[0]
         return {
-            "sshd_config": launch["mpi_launch.sshd_config_text"](sshd_port, account),
-            "passwd": launch["mpi_launch.passwd_text"](account, uid, uid, home=DATA_MOUNT),
-            "group": launch["mpi_launch.group_text"](account, uid),
-            "program": launch["mpi_launch.program_script_text"](record["cmd"]),
-            "hostfile": launch["mpi_launch.hostfile_text"](
+            "sshd_config": dmpi.launch.sshd_config_text(sshd_port, account),
+            "passwd": dmpi.launch.passwd_text(account, uid, uid, home=DATA_MOUNT),
+            "group": dmpi.launch.group_text(account, uid),
+            "program": dmpi.launch.program_script_text(record["cmd"]),
+            "hostfile": dmpi.launch.hostfile_text(
                 [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
             ),
         }

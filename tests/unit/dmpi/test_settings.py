@@ -1,5 +1,5 @@
 """
-Unit tests for the DockerMPI settings: ``_utils/mpi_config.py`` (the merge of the ``mpi``
+Unit tests for the DockerMPI settings: :mod:`dmpi.settings` (the merge of the ``mpi``
 pillar over defaults.yaml and the check of the result), and the
 ``mpi_config`` execution and state modules that bring it to the formula.
 
@@ -17,14 +17,14 @@ import salt.utils.dictupdate
 import yaml
 from salt.exceptions import SaltInvocationError
 
+from dmpi import settings
 from tests.extension import load_extension
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
-mpi_config = load_extension("_utils/mpi_config.py", "mpi_config")
 mpi_config_module = load_extension("_modules/mpi_config.py", "mpi_config_module")
 mpi_config_state = load_extension("_states/mpi_config.py", "mpi_config_state")
-ConfigError = mpi_config.ConfigError
+ConfigError = settings.ConfigError
 
 DEFAULTS = yaml.safe_load((REPO / "salt/dockermpi/defaults.yaml").read_text())["mpi"]
 TESTCLUSTER = yaml.safe_load((REPO / "pillar/testcluster.sls").read_text())["mpi"]
@@ -49,11 +49,11 @@ REQUIRED_BY_SITE = [
 
 def _site(**overrides):
     """Merged settings of SITE with ``overrides`` laid over it (as pillar would be)."""
-    return mpi_config.merge(DEFAULTS, mpi_config.merge(SITE, overrides))
+    return settings.merge(DEFAULTS, settings.merge(SITE, overrides))
 
 
 def _problems(**overrides):
-    return mpi_config.problems(_site(**overrides))
+    return settings.problems(_site(**overrides))
 
 
 def _leaves(mapping, prefix=()):
@@ -69,13 +69,13 @@ def _leaves(mapping, prefix=()):
 
 def test_merge_is_salts_recursive_merge_without_list_merging():
     for pillar in (TESTCLUSTER, EXAMPLE, SITE, {}):
-        assert mpi_config.merge(DEFAULTS, pillar) == salt.utils.dictupdate.merge(
+        assert settings.merge(DEFAULTS, pillar) == salt.utils.dictupdate.merge(
             copy.deepcopy(DEFAULTS), copy.deepcopy(pillar), strategy="recurse",
             merge_lists=False)
 
 
 def test_merge_mappings_key_by_key_lists_and_scalars_replace():
-    merged = mpi_config.merge(
+    merged = settings.merge(
         {"a": {"x": 1, "y": [1, 2]}, "b": [1], "c": {"d": 1}},
         {"a": {"y": [3]}, "b": [2], "c": None, "e": 5},
     )
@@ -85,7 +85,7 @@ def test_merge_mappings_key_by_key_lists_and_scalars_replace():
 def test_merge_changes_neither_input_and_shares_nothing():
     defaults = copy.deepcopy(DEFAULTS)
     pillar = copy.deepcopy(TESTCLUSTER)
-    merged = mpi_config.merge(defaults, pillar)
+    merged = settings.merge(defaults, pillar)
     assert defaults == DEFAULTS and pillar == TESTCLUSTER
     merged["storage"]["nfs"]["mount_options"].append("x")
     merged["docker"]["insecure_registries"].append("y")
@@ -93,27 +93,27 @@ def test_merge_changes_neither_input_and_shares_nothing():
 
 
 def test_merge_without_pillar_gives_the_defaults():
-    assert mpi_config.merge(DEFAULTS, None) == DEFAULTS
-    assert mpi_config.merge(DEFAULTS, {}) == DEFAULTS
+    assert settings.merge(DEFAULTS, None) == DEFAULTS
+    assert settings.merge(DEFAULTS, {}) == DEFAULTS
 
 
 @pytest.mark.parametrize("pillar", ["ports: 1", ["a"], 3])
 def test_merge_refuses_a_pillar_that_is_not_a_mapping(pillar):
     with pytest.raises(ConfigError, match=r"^mpi must be a mapping of settings, got "):
-        mpi_config.merge(DEFAULTS, pillar)
+        settings.merge(DEFAULTS, pillar)
 
 
 # ------------------------------------------------------------- shipped settings pass
 
 
 def test_test_cluster_pillar_is_valid():
-    config = mpi_config.validate(mpi_config.merge(DEFAULTS, TESTCLUSTER))
+    config = settings.validate(settings.merge(DEFAULTS, TESTCLUSTER))
     assert config["job_network"]["addresses"] == "10.251.1.128/25"
 
 
 def test_defaults_and_example_leave_exactly_the_required_settings_to_the_site():
-    assert mpi_config.problems(DEFAULTS) == REQUIRED_BY_SITE
-    assert mpi_config.problems(mpi_config.merge(DEFAULTS, EXAMPLE)) == REQUIRED_BY_SITE
+    assert settings.problems(DEFAULTS) == REQUIRED_BY_SITE
+    assert settings.problems(settings.merge(DEFAULTS, EXAMPLE)) == REQUIRED_BY_SITE
 
 
 def test_pillar_example_is_valid_with_its_documented_examples():
@@ -126,7 +126,7 @@ def test_pillar_example_is_valid_with_its_documented_examples():
     example["docker"]["registry_credentials"] = {
         "10.0.0.10:5000": {"username": "dockermpi", "password": "..."}}
     example["images"] = {"openmpi": f"10.0.0.10:5000/dockermpi/openmpi@{DIGEST}"}
-    mpi_config.validate(mpi_config.merge(DEFAULTS, example))
+    settings.validate(settings.merge(DEFAULTS, example))
 
 
 def test_pillar_example_documents_every_default():
@@ -141,7 +141,7 @@ def test_every_setting_of_the_defaults_is_checked():
         for key in path[:-1]:
             parent = parent[key]
         del parent[path[-1]]
-        assert mpi_config.problems(config) == [f"mpi:{':'.join(path)} is required"], path
+        assert settings.problems(config) == [f"mpi:{':'.join(path)} is required"], path
 
 
 # ------------------------------------------------------------------ every check
@@ -164,7 +164,7 @@ CASES = [
     ({"retention": {"keep_days": 3}},
      "mpi:retention:keep_days is not a DockerMPI setting (the keys of mpi:retention are: "
      "job_records_days, job_dirs_days)"),
-    # the job engine
+    # the job controller
     ({"engine": {"probe_port": 0}},
      "mpi:engine:probe_port must be a whole number from 1 to 65535 (a TCP port every "
      "node's host answers or refuses on), got 0"),
@@ -458,7 +458,7 @@ def test_each_check_names_the_key_and_the_problem(overrides, message):
     found = _problems(**overrides)
     assert found == [message]
     with pytest.raises(ConfigError) as caught:
-        mpi_config.validate(_site(**overrides))
+        settings.validate(_site(**overrides))
     assert str(caught.value) == message
     assert caught.value.problems == [message]
     assert isinstance(caught.value, ValueError)
@@ -476,7 +476,7 @@ def test_every_problem_is_reported_at_once_one_per_line():
         "images": {"mpi": "mpi:latest"},
     }
     with pytest.raises(ConfigError) as caught:
-        mpi_config.validate(_site(**overrides))
+        settings.validate(_site(**overrides))
     assert str(caught.value).splitlines() == [
         "mpi:slots_per_node must be a whole number of at least 1, got 0",
         "mpi:ports:oob 20100-20299 overlaps mpi:ports:btl 20250-20999",
@@ -488,7 +488,7 @@ def test_every_problem_is_reported_at_once_one_per_line():
 
 
 def test_settings_that_are_not_a_mapping():
-    assert mpi_config.problems(["mpi"]) == ["mpi must be a mapping of settings, got ['mpi']"]
+    assert settings.problems(["mpi"]) == ["mpi must be a mapping of settings, got ['mpi']"]
 
 
 def test_long_values_are_shortened_in_messages():
@@ -514,7 +514,7 @@ def test_validate_normalises_a_copy():
     }
     given = _site(**pillar)
     before = copy.deepcopy(given)
-    config = mpi_config.validate(given)
+    config = settings.validate(given)
     assert given == before
     assert config["cluster_network"] == "10.251.1.0/24"
     assert config["job_network"]["addresses"] == "10.251.1.128/25"
@@ -528,11 +528,11 @@ def test_validate_normalises_a_copy():
     assert config["job_network"]["unreachable"] == ["192.168.10.0/24"]
     assert config["docker"]["insecure_registries"] == []
     assert config["firewall"]["rules_file"] == "/etc/dockermpi/firewall.rules"
-    assert mpi_config.validate(config) == config
+    assert settings.validate(config) == config
 
 
 def test_preshared_storage_needs_no_nfs_server():
-    config = mpi_config.validate(_site(storage={"type": "preshared", "nfs": {"server": ""},
+    config = settings.validate(_site(storage={"type": "preshared", "nfs": {"server": ""},
                                                  "path": "/srv/cluster"}))
     assert config["storage"]["type"] == "preshared"
     # job_root under the NFS export is fine when nothing is exported
@@ -544,16 +544,10 @@ def test_preshared_storage_needs_no_nfs_server():
 
 @pytest.fixture
 def configure_loader_modules():
-    utils = {
-        "mpi_config.merge": mpi_config.merge,
-        "mpi_config.problems": mpi_config.problems,
-        "mpi_config.validate": mpi_config.validate,
-    }
     salt_functions = {
         "mpi_config.problems": mpi_config_module.problems,
     }
     return {
-        mpi_config_module: {"__utils__": utils},
         mpi_config_state: {"__salt__": salt_functions, "__opts__": {"test": False}},
     }
 
@@ -571,14 +565,6 @@ def test_module_raises_salt_errors():
     with pytest.raises(SaltInvocationError) as caught:
         mpi_config_module.validate(DEFAULTS)
     assert str(caught.value).splitlines() == REQUIRED_BY_SITE
-
-
-def test_module_virtual_says_why_without_the_utils():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(mpi_config_module, "__utils__", {}, raising=False)
-        assert mpi_config_module.__virtual__() == (
-            False, "mpi_config: the mpi_config utils module is not synced "
-            "(saltutil.sync_utils)")
 
 
 @pytest.mark.parametrize("test", [False, True])
@@ -610,7 +596,7 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
     assert DEFAULTS["hub"]["image"] == "notebook"
     assert _problems(hub=TESTCLUSTER["hub"]) == []
     hub_secrets = yaml.safe_load((REPO / "pillar/testcluster_hub.sls").read_text())["mpi"]
-    assert _problems(hub=mpi_config.merge(TESTCLUSTER["hub"], hub_secrets["hub"])) == []
+    assert _problems(hub=settings.merge(TESTCLUSTER["hub"], hub_secrets["hub"])) == []
     assert _problems(hub=EXAMPLE["hub"]) == []
 
 
@@ -724,7 +710,7 @@ def test_hub_checks_name_the_key_and_the_problem(hub, expected):
 ])
 def test_hub_api_urls_accepted(hub):
     assert _problems(hub=hub) == []
-    config = mpi_config.validate(_site(hub=hub))
+    config = settings.validate(_site(hub=hub))
     assert {key: config["hub"][key] for key in hub} == hub
 
 
@@ -743,7 +729,7 @@ def test_the_api_service_url_names_the_api_by_its_address(url):
     ("http://127.0.0.1/x", ("127.0.0.1", 80)), ("ftp://10.0.0.2", None), ("", None),
     ("https://10.0.0.2:99999", None), (None, None)])
 def test_endpoint(url, found):
-    assert mpi_config.endpoint(url) == found
+    assert settings.endpoint(url) == found
 
 
 def test_hub_github_needs_its_oauth_client():
@@ -759,7 +745,7 @@ def test_hub_github_needs_its_oauth_client():
 
 
 def test_hub_settings_normalised():
-    config = mpi_config.validate(_site(hub={"limits": {"cpus": 2}, "admin_users": None,
+    config = settings.validate(_site(hub={"limits": {"cpus": 2}, "admin_users": None,
                                             "venv": "/opt//hub/"}))
     assert config["hub"]["limits"]["cpus"] == 2.0
     assert config["hub"]["admin_users"] == []
@@ -776,7 +762,7 @@ API_LIMIT_KEYS = "requests_per_second, burst, streams, body_bytes, log_bytes, wa
 def test_api_defaults_and_shipped_api_pillars_are_valid():
     assert DEFAULTS["api"]["port"] == 8001
     assert DEFAULTS["api"]["allowed_clients"] == []  # the hub host, found by the state
-    assert set(DEFAULTS["api"]["limits"]) == set(mpi_config.API_LIMITS)
+    assert set(DEFAULTS["api"]["limits"]) == set(settings.API_LIMITS)
     assert _problems(api=TESTCLUSTER["api"]) == []
     assert _problems(api=EXAMPLE["api"]) == []
 
@@ -796,7 +782,7 @@ def test_api_defaults_and_shipped_api_pillars_are_valid():
 ])
 def test_api_settings_accepted(api):
     assert _problems(api=api) == []
-    config = mpi_config.validate(_site(api=api))
+    config = settings.validate(_site(api=api))
     for key, value in api.items():
         if isinstance(value, dict):
             assert config["api"][key] == dict(DEFAULTS["api"][key], **value)
@@ -806,7 +792,7 @@ def test_api_settings_accepted(api):
 
 def test_api_allowed_clients_left_empty_is_an_empty_list():
     # `allowed_clients:` with every entry commented out
-    assert mpi_config.validate(_site(api={"allowed_clients": None}))["api"][
+    assert settings.validate(_site(api={"allowed_clients": None}))["api"][
         "allowed_clients"] == []
 
 
@@ -863,7 +849,7 @@ API_CASES = [
     # every per-user limit: 0 would stop every call, a fraction or text is no count
     ({"limits": {key: bad}},
      f"mpi:api:limits:{key} must be a whole number of at least 1, got {shown}")
-    for key in mpi_config.API_LIMITS
+    for key in settings.API_LIMITS
     for bad, shown in ((0, "0"), (-1, "-1"), (1.5, "1.5"), ("1M", "'1M'"))
 ]
 
@@ -872,7 +858,7 @@ API_CASES = [
 def test_api_checks_name_the_key_and_the_problem(api, message):
     assert _problems(api=api) == [message]
     with pytest.raises(ConfigError) as caught:
-        mpi_config.validate(_site(api=api))
+        settings.validate(_site(api=api))
     assert caught.value.problems == [message]
 
 
@@ -901,7 +887,7 @@ def test_hub_tls_accepted_and_none_becomes_empty():
            "api_url": "https://dockermpi--service.hub.example.org/services/dockermpi",
            "tls": {"cert": PEM_CERT, "key": PEM_KEY, "ca": None}}
     assert _problems(hub=hub) == []
-    assert mpi_config.validate(_site(hub=hub))["hub"]["tls"] == {
+    assert settings.validate(_site(hub=hub))["hub"]["tls"] == {
         "cert": PEM_CERT, "key": PEM_KEY, "ca": ""}
 
 
@@ -918,4 +904,4 @@ def test_hub_tls_accepted_and_none_becomes_empty():
     (None, False),
 ])
 def test_a_token_url_is_encrypted_or_stays_on_its_host(url, expected):
-    assert mpi_config.is_encrypted_or_local(url) is expected
+    assert settings.is_encrypted_or_local(url) is expected

@@ -1,5 +1,5 @@
 """
-Unit tests of ``mpi_userfs``: file operations the node does inside a user's directory.
+Unit tests of :mod:`dmpi.node.userfs`: file operations the node does inside a user's directory.
 
 Everything runs on real files in a fake storage with ``users/alice`` (the attacker, whose
 jobs may plant anything in her directory) and ``users/bob`` (the victim). Each attack
@@ -25,12 +25,12 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.extension import REPO, load_extension
+from dmpi.node import userfs
+from tests.extension import REPO
 
-mpi_userfs = load_extension("_utils/mpi_userfs.py", "mpi_userfs_util")
-UserPathError = mpi_userfs.UserPathError
+UserPathError = userfs.UserPathError
 
-MODULE_PATH = str(REPO / "_utils" / "mpi_userfs.py")
+MODULE_PATH = str(REPO / "_utils" / "dmpi" / "node" / "userfs.py")
 # The venv's interpreter lives under /root (mode 0700): an unprivileged child cannot
 # execute it, so confined tests run the child with the system interpreter.
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -79,7 +79,7 @@ def shared_users(monkeypatch):
         _chown_tree_to(users / "bob", BOB_UID, BOB_GID)
         (users / "alice").chmod(0o700)
         (users / "bob").chmod(0o700)
-        monkeypatch.setattr(mpi_userfs, "CHILD_PYTHON", SYSTEM_PYTHON)
+        monkeypatch.setattr(userfs, "CHILD_PYTHON", SYSTEM_PYTHON)
         yield users
     finally:
         shutil.rmtree(base)
@@ -153,7 +153,7 @@ def _job_dir(users):
 
 @pytest.mark.parametrize("name", ["status.json", JOB, ".hidden", "é" * 127, "a" * 255, "..."])
 def test_check_component_accepts_one_component(name):
-    assert mpi_userfs.check_component(name) == name
+    assert userfs.check_component(name) == name
 
 
 @pytest.mark.parametrize(
@@ -161,26 +161,26 @@ def test_check_component_accepts_one_component(name):
 )
 def test_check_component_refuses_anything_else(name):
     with pytest.raises(UserPathError, match="path component"):
-        mpi_userfs.check_component(name)
+        userfs.check_component(name)
 
 
 def test_bad_arguments_are_programming_errors(users):
     root = str(users)
     with pytest.raises(TypeError, match="parts must be a list"):
-        mpi_userfs.makedirs(root, "alice/mpi-jobs")
+        userfs.makedirs(root, "alice/mpi-jobs")
     with pytest.raises(ValueError, match="absolute"):
-        mpi_userfs.makedirs("storage/users", ["alice"])
+        userfs.makedirs("storage/users", ["alice"])
     with pytest.raises(TypeError, match="data must be bytes"):
-        mpi_userfs.write_file(root, ["alice"], "status.json", "text")
+        userfs.write_file(root, ["alice"], "status.json", "text")
     for max_bytes, error in [(0, ValueError), (-1, ValueError), (16 * 2**20 + 1, ValueError),
                              (True, TypeError), ("10", TypeError)]:
         with pytest.raises(error, match="max_bytes"):
-            mpi_userfs.read_tail(root, ["alice"], "stderr", max_bytes)
+            userfs.read_tail(root, ["alice"], "stderr", max_bytes)
 
 
 def test_bad_components_in_parts_raise_user_path_error(users):
     with pytest.raises(UserPathError, match="path component '..'"):
-        mpi_userfs.makedirs(str(users), ["alice", "..", "bob", "planted"])
+        userfs.makedirs(str(users), ["alice", "..", "bob", "planted"])
     assert not (users / "bob" / "planted").exists()
 
 
@@ -189,12 +189,12 @@ def test_bad_components_in_parts_raise_user_path_error(users):
 
 def test_makedirs_creates_the_missing_directories_once(users):
     parts = ["alice", "mpi-jobs", JOB]
-    assert mpi_userfs.makedirs(str(users), parts) is None
+    assert userfs.makedirs(str(users), parts) is None
     created = users.joinpath(*parts)
     assert created.is_dir() and not created.is_symlink()
     assert stat.S_IMODE(created.stat().st_mode) == 0o700
     (created / "keep").write_bytes(b"kept")
-    mpi_userfs.makedirs(str(users), parts)
+    userfs.makedirs(str(users), parts)
     assert (created / "keep").read_bytes() == b"kept"
 
 
@@ -202,8 +202,8 @@ def test_write_file_replaces_the_file_atomically_with_exact_mode(users):
     root, parts = str(users), ["alice", "mpi-jobs", JOB]
     previous_umask = os.umask(0o077)
     try:
-        mpi_userfs.write_file(root, parts, "status.json", b'{"state": "queued"}')
-        mpi_userfs.write_file(root, parts, "status.json", b'{"state": "running"}', mode=0o640)
+        userfs.write_file(root, parts, "status.json", b'{"state": "queued"}')
+        userfs.write_file(root, parts, "status.json", b'{"state": "running"}', mode=0o640)
     finally:
         os.umask(previous_umask)
     job_dir = users.joinpath(*parts)
@@ -214,7 +214,7 @@ def test_write_file_replaces_the_file_atomically_with_exact_mode(users):
 
 def test_write_file_with_a_maximal_name_still_gets_a_temporary_name(users):
     name = "s" * 255
-    mpi_userfs.write_file(str(users), ["alice"], name, b"long")
+    userfs.write_file(str(users), ["alice"], name, b"long")
     assert (users / "alice" / name).read_bytes() == b"long"
 
 
@@ -223,14 +223,14 @@ def test_read_tail_returns_the_last_bytes(users):
     (job_dir / "stderr").write_bytes(b"line one\nline two\n")
     (job_dir / "empty").write_bytes(b"")
     root, parts = str(users), ["alice", "mpi-jobs", JOB]
-    assert mpi_userfs.read_tail(root, parts, "stderr", 9) == b"line two\n"
-    assert mpi_userfs.read_tail(root, parts, "stderr", 1000) == b"line one\nline two\n"
-    assert mpi_userfs.read_tail(root, parts, "empty", 10) == b""
+    assert userfs.read_tail(root, parts, "stderr", 9) == b"line two\n"
+    assert userfs.read_tail(root, parts, "stderr", 1000) == b"line one\nline two\n"
+    assert userfs.read_tail(root, parts, "empty", 10) == b""
 
 
 def test_read_tail_never_creates_and_names_a_missing_path(users):
     with pytest.raises(UserPathError) as raised:
-        mpi_userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stderr", 10)
+        userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stderr", 10)
     assert str(raised.value) == "alice/mpi-jobs: does not exist"
     assert os.listdir(users / "alice") == []
 
@@ -242,7 +242,7 @@ def test_read_tail_of_a_sparse_terabyte_reads_only_the_tail(users):
         sparse.seek(0, os.SEEK_END)
         sparse.write(b"THE END\n")
     before = _bytes_read()
-    tail = mpi_userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stdout", 4096)
+    tail = userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stdout", 4096)
     assert _bytes_read() - before < 2**20  # the tail, not the terabyte before it
     assert tail == bytes(4088) + b"THE END\n"
 
@@ -263,9 +263,9 @@ def test_a_linked_directory_component_never_reaches_bob(users, relative):
     before = _victims(users)
     root, parts = str(users), ["alice", "mpi-jobs", JOB]
     calls = [
-        lambda: mpi_userfs.makedirs(root, ["alice", "mpi-jobs", "planted"]),
-        lambda: mpi_userfs.write_file(root, parts, "status.json", b"overwritten"),
-        lambda: mpi_userfs.read_tail(root, parts, "stderr", 4096),
+        lambda: userfs.makedirs(root, ["alice", "mpi-jobs", "planted"]),
+        lambda: userfs.write_file(root, parts, "status.json", b"overwritten"),
+        lambda: userfs.read_tail(root, parts, "stderr", 4096),
     ]
     for call in calls:
         with pytest.raises(UserPathError) as raised:
@@ -279,7 +279,7 @@ def test_write_file_replaces_a_linked_file_name_without_touching_its_target(user
     bob_status = users / "bob" / "mpi-jobs" / JOB / "status.json"
     (job_dir / "status.json").symlink_to(bob_status)
     before = _victims(users)
-    mpi_userfs.write_file(str(users), ["alice", "mpi-jobs", JOB], "status.json", b"alice's")
+    userfs.write_file(str(users), ["alice", "mpi-jobs", JOB], "status.json", b"alice's")
     assert not (job_dir / "status.json").is_symlink()
     assert (job_dir / "status.json").read_bytes() == b"alice's"
     assert _victims(users) == before
@@ -289,7 +289,7 @@ def test_read_tail_refuses_a_linked_file_name(users):
     job_dir = _job_dir(users)
     (job_dir / "stderr").symlink_to(users / "bob" / "secret.txt")
     with pytest.raises(UserPathError, match="stderr: is a symbolic link"):
-        mpi_userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stderr", 4096)
+        userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stderr", 4096)
 
 
 def test_a_chain_of_1100_links_fails_cleanly_at_its_first_link(users):
@@ -302,9 +302,9 @@ def test_a_chain_of_1100_links_fails_cleanly_at_its_first_link(users):
     before = _victims(users)
     root, parts = str(users), ["alice", "mpi-jobs", JOB]
     for call in [
-        lambda: mpi_userfs.makedirs(root, parts),
-        lambda: mpi_userfs.write_file(root, parts, "status.json", b"x"),
-        lambda: mpi_userfs.read_tail(root, parts, "stderr", 10),
+        lambda: userfs.makedirs(root, parts),
+        lambda: userfs.write_file(root, parts, "status.json", b"x"),
+        lambda: userfs.read_tail(root, parts, "stderr", 10),
     ]:
         with pytest.raises(UserPathError, match="^alice/mpi-jobs: is a symbolic link"):
             call()
@@ -318,7 +318,7 @@ def test_write_file_never_opens_planted_fifos(users):
     job_dir = _job_dir(users)
     for name in ["status.json", "status.json.tmp", ".status.json.tmp"]:
         os.mkfifo(job_dir / name)
-    _within(BLOCKED_AFTER, mpi_userfs.write_file, str(users), ["alice", "mpi-jobs", JOB],
+    _within(BLOCKED_AFTER, userfs.write_file, str(users), ["alice", "mpi-jobs", JOB],
             "status.json", b"written")
     assert (job_dir / "status.json").read_bytes() == b"written"
     assert stat.S_ISFIFO((job_dir / "status.json.tmp").lstat().st_mode)
@@ -327,11 +327,11 @@ def test_write_file_never_opens_planted_fifos(users):
 def test_write_file_never_opens_a_planted_file_even_at_its_exact_temporary_name(users,
                                                                                monkeypatch):
     job_dir = _job_dir(users)
-    monkeypatch.setattr(mpi_userfs.secrets, "token_hex", lambda size: "guessed")
+    monkeypatch.setattr(userfs.secrets, "token_hex", lambda size: "guessed")
     (job_dir / ".status.json.guessed.tmp").symlink_to(users / "bob" / "secret.txt")
     before = _victims(users)
     with pytest.raises(UserPathError, match=f"^alice/mpi-jobs/{JOB}/status.json: "):
-        mpi_userfs.write_file(str(users), ["alice", "mpi-jobs", JOB], "status.json", b"x")
+        userfs.write_file(str(users), ["alice", "mpi-jobs", JOB], "status.json", b"x")
     assert _victims(users) == before
     assert (job_dir / ".status.json.guessed.tmp").is_symlink()
 
@@ -339,7 +339,7 @@ def test_write_file_never_opens_a_planted_file_even_at_its_exact_temporary_name(
 def test_read_tail_refuses_a_fifo_without_blocking(users):
     os.mkfifo(_job_dir(users) / "stderr")
     with pytest.raises(UserPathError, match="stderr: is a FIFO, not a regular file"):
-        _within(BLOCKED_AFTER, mpi_userfs.read_tail, str(users), ["alice", "mpi-jobs", JOB],
+        _within(BLOCKED_AFTER, userfs.read_tail, str(users), ["alice", "mpi-jobs", JOB],
                 "stderr", 10)
 
 
@@ -348,21 +348,21 @@ def test_read_tail_refuses_a_socket(users, monkeypatch):
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind("stderr")
         with pytest.raises(UserPathError, match="stderr: is a socket, not a regular file"):
-            _within(BLOCKED_AFTER, mpi_userfs.read_tail, str(users), ["alice", "mpi-jobs", JOB],
+            _within(BLOCKED_AFTER, userfs.read_tail, str(users), ["alice", "mpi-jobs", JOB],
                 "stderr", 10)
 
 
 def test_read_tail_refuses_a_directory(users):
     (_job_dir(users) / "stderr").mkdir()
     with pytest.raises(UserPathError, match="stderr: is a directory, not a regular file"):
-        mpi_userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stderr", 10)
+        userfs.read_tail(str(users), ["alice", "mpi-jobs", JOB], "stderr", 10)
 
 
 def test_write_file_onto_a_directory_fails_and_removes_its_temporary_file(users):
     job_dir = _job_dir(users)
     (job_dir / "status.json").mkdir()
     with pytest.raises(UserPathError, match=f"^alice/mpi-jobs/{JOB}/status.json: is a directory"):
-        mpi_userfs.write_file(str(users), ["alice", "mpi-jobs", JOB], "status.json", b"x")
+        userfs.write_file(str(users), ["alice", "mpi-jobs", JOB], "status.json", b"x")
     assert os.listdir(job_dir) == ["status.json"]
     assert (job_dir / "status.json").is_dir()
 
@@ -370,7 +370,7 @@ def test_write_file_onto_a_directory_fails_and_removes_its_temporary_file(users)
 def test_a_file_where_a_directory_belongs_is_refused(users):
     (users / "alice" / "mpi-jobs").write_bytes(b"not a directory")
     with pytest.raises(UserPathError, match="alice/mpi-jobs: is a regular file, not a directory"):
-        mpi_userfs.makedirs(str(users), ["alice", "mpi-jobs", JOB])
+        userfs.makedirs(str(users), ["alice", "mpi-jobs", JOB])
 
 
 # --- a race between check and use --------------------------------------------------
@@ -405,9 +405,9 @@ def test_swapping_a_component_for_a_link_during_the_walk_never_reaches_bob(users
                 if index >= 300 and min(outcomes.values()) >= 10:
                     break
                 for call in [
-                    lambda: mpi_userfs.write_file(str(users), ["alice", "mpi-jobs", f"w-{index}"],
+                    lambda: userfs.write_file(str(users), ["alice", "mpi-jobs", f"w-{index}"],
                                                   "status.json", b"raced"),
-                    lambda: mpi_userfs.makedirs(str(users), ["alice", "mpi-jobs", f"d-{index}"]),
+                    lambda: userfs.makedirs(str(users), ["alice", "mpi-jobs", f"d-{index}"]),
                 ]:
                     try:
                         call()
@@ -430,7 +430,7 @@ def test_swapping_a_component_for_a_link_during_the_walk_never_reaches_bob(users
 
 def test_confined_write_runs_as_the_user(shared_users):
     parts = ["alice", "mpi-jobs", JOB]
-    result = mpi_userfs.run_confined("write_file", uid=ALICE_UID, gid=ALICE_GID,
+    result = userfs.run_confined("write_file", uid=ALICE_UID, gid=ALICE_GID,
                                      root=str(shared_users), parts=parts, name="status.json",
                                      data=b'{"state": "running"}')
     assert result is None
@@ -441,10 +441,10 @@ def test_confined_write_runs_as_the_user(shared_users):
 
 
 def test_confined_read_returns_binary_content_intact(shared_users):
-    mpi_userfs.run_confined("write_file", uid=ALICE_UID, gid=ALICE_GID, root=str(shared_users),
+    userfs.run_confined("write_file", uid=ALICE_UID, gid=ALICE_GID, root=str(shared_users),
                             parts=["alice", "mpi-jobs", JOB], name="stdout",
                             data=bytes(range(256)))
-    tail = mpi_userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID,
+    tail = userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID,
                                    root=str(shared_users), parts=["alice", "mpi-jobs", JOB],
                                    name="stdout", max_bytes=200)
     assert tail == bytes(range(56, 256))
@@ -457,16 +457,16 @@ def test_confined_child_cannot_read_bobs_file_even_by_a_direct_path(shared_users
     (shared_users / "bob").chmod(dir_mode)
     (shared_users / "bob" / "secret.txt").chmod(file_mode)
     kwargs = {"root": str(shared_users), "parts": ["bob"], "name": "secret.txt", "max_bytes": 100}
-    assert mpi_userfs.read_tail(**kwargs) == BOB_SECRET  # only the uid stands in the way
+    assert userfs.read_tail(**kwargs) == BOB_SECRET  # only the uid stands in the way
     with pytest.raises(UserPathError, match="permission denied"):
-        mpi_userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID, **kwargs)
+        userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID, **kwargs)
 
 
 def test_confined_child_cannot_write_into_bobs_directory(shared_users):
     (shared_users / "bob").chmod(0o755)
     before = _victims(shared_users)
     with pytest.raises(UserPathError, match="^bob/mpi-jobs/.*permission denied"):
-        mpi_userfs.run_confined("write_file", uid=ALICE_UID, gid=ALICE_GID,
+        userfs.run_confined("write_file", uid=ALICE_UID, gid=ALICE_GID,
                                 root=str(shared_users), parts=["bob", "mpi-jobs", JOB],
                                 name="status.json", data=b"overwritten")
     assert _victims(shared_users) == before
@@ -480,7 +480,7 @@ def test_confined_child_drops_the_callers_supplementary_groups(shared_users):
     os.setgroups([SHARED_GID])  # the caller could read bob's directory through this group
     try:
         with pytest.raises(UserPathError, match="^bob: permission denied"):
-            mpi_userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID,
+            userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID,
                                     root=str(shared_users), parts=["bob"], name="secret.txt",
                                     max_bytes=100)
     finally:
@@ -490,28 +490,28 @@ def test_confined_child_drops_the_callers_supplementary_groups(shared_users):
 def test_confined_child_refuses_links_too(shared_users):
     (shared_users / "alice" / "mpi-jobs").symlink_to(shared_users / "bob" / "mpi-jobs")
     with pytest.raises(UserPathError, match="^alice/mpi-jobs: is a symbolic link"):
-        mpi_userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID,
+        userfs.run_confined("read_tail", uid=ALICE_UID, gid=ALICE_GID,
                                 root=str(shared_users), parts=["alice", "mpi-jobs", JOB],
                                 name="stderr", max_bytes=100)
 
 
 def test_argument_errors_come_back_from_the_child_as_they_are(users):
     with pytest.raises(ValueError, match="max_bytes must be between"):
-        mpi_userfs.run_confined("read_tail", root=str(users), parts=["alice"], name="stderr",
+        userfs.run_confined("read_tail", root=str(users), parts=["alice"], name="stderr",
                                 max_bytes=0)
     with pytest.raises(TypeError, match="parts must be a list"):
-        mpi_userfs.run_confined("makedirs", root=str(users), parts="alice")
+        userfs.run_confined("makedirs", root=str(users), parts="alice")
 
 
 @pytest.mark.parametrize("op", ["ensure_owned_dir", "chown_tree", "main", "os.system"])
 def test_run_confined_accepts_only_the_user_operations(users, op):
     with pytest.raises(ValueError, match="op must be one of"):
-        mpi_userfs.run_confined(op, root=str(users), name="alice")
+        userfs.run_confined(op, root=str(users), name="alice")
 
 
 def test_run_confined_wants_uid_and_gid_together(users):
     with pytest.raises(ValueError, match="together"):
-        mpi_userfs.run_confined("makedirs", uid=ALICE_UID, root=str(users), parts=["alice"])
+        userfs.run_confined("makedirs", uid=ALICE_UID, root=str(users), parts=["alice"])
 
 
 def test_the_child_script_enforces_the_allowlist_itself(users):
@@ -540,7 +540,7 @@ def test_a_slow_child_is_killed_at_the_timeout(users, tmp_path, monkeypatch, int
                                                timeout):
     if interpreter == "sleep":
         interpreter = _fake_child(tmp_path, "exec sleep 30")
-    monkeypatch.setattr(mpi_userfs, "CHILD_PYTHON", interpreter)
+    monkeypatch.setattr(userfs, "CHILD_PYTHON", interpreter)
     started = []
 
     class RecordingPopen(subprocess.Popen):
@@ -548,10 +548,10 @@ def test_a_slow_child_is_killed_at_the_timeout(users, tmp_path, monkeypatch, int
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(mpi_userfs.subprocess, "Popen", RecordingPopen)
+    monkeypatch.setattr(userfs.subprocess, "Popen", RecordingPopen)
     began = time.monotonic()
     with pytest.raises(UserPathError, match=f"did not finish within {timeout} s"):
-        mpi_userfs.run_confined("makedirs", timeout=timeout, root=str(users), parts=["alice", "x"])
+        userfs.run_confined("makedirs", timeout=timeout, root=str(users), parts=["alice", "x"])
     assert time.monotonic() - began < timeout + 5
     assert started[0].returncode == -signal.SIGKILL
 
@@ -566,32 +566,16 @@ def test_a_slow_child_is_killed_at_the_timeout(users, tmp_path, monkeypatch, int
     ("exec head -c 100000000 /dev/zero >&2", "gave no valid reply"),
 ], ids=["exit-status", "signal", "not-json", "not-an-object", "endless-stdout", "huge-stderr"])
 def test_a_misbehaving_child_raises_user_path_error(users, tmp_path, monkeypatch, body, message):
-    monkeypatch.setattr(mpi_userfs, "CHILD_PYTHON", _fake_child(tmp_path, body))
+    monkeypatch.setattr(userfs, "CHILD_PYTHON", _fake_child(tmp_path, body))
     with pytest.raises(UserPathError, match=message) as raised:
-        mpi_userfs.run_confined("makedirs", timeout=20, root=str(users), parts=["alice"])
+        userfs.run_confined("makedirs", timeout=20, root=str(users), parts=["alice"])
     assert len(str(raised.value)) < 1000
 
 
 def test_a_child_that_cannot_start_raises_user_path_error(users, monkeypatch):
-    monkeypatch.setattr(mpi_userfs, "CHILD_PYTHON", "/nonexistent/python3")
+    monkeypatch.setattr(userfs, "CHILD_PYTHON", "/nonexistent/python3")
     with pytest.raises(UserPathError, match="cannot start the confined child"):
-        mpi_userfs.run_confined("makedirs", root=str(users), parts=["alice"])
-
-
-def test_salt_loader_exposes_the_functions_and_the_child_finds_its_file(users, tmp_path):
-    import salt.config
-    import salt.loader
-
-    opts = salt.config.minion_config(None)
-    opts.update(utils_dirs=[str(REPO / "_utils")], cachedir=str(tmp_path / "cache"))
-    utils = salt.loader.utils(opts, whitelist=["mpi_userfs"])
-    for function in ["check_component", "makedirs", "write_file", "read_tail",
-                     "ensure_owned_dir", "chown_tree", "run_confined"]:
-        assert f"mpi_userfs.{function}" in utils
-    parts = ["alice", "mpi-jobs", JOB]
-    utils["mpi_userfs.run_confined"]("write_file", root=str(users), parts=parts,
-                                     name="status.json", data=b"{}")
-    assert utils["mpi_userfs.read_tail"](str(users), parts, "status.json", 10) == b"{}"
+        userfs.run_confined("makedirs", root=str(users), parts=["alice"])
 
 
 def test_the_child_runs_where_salt_keeps_utils_only_root_can_read(shared_users, tmp_path):
@@ -599,10 +583,10 @@ def test_the_child_runs_where_salt_keeps_utils_only_root_can_read(shared_users, 
     # and a users/ directory of 0711 lets it pass through but not list.
     private = pathlib.Path(tempfile.mkdtemp(prefix="mpi-userfs-extmods-"))
     try:
-        shutil.copy(REPO / "_utils" / "mpi_userfs.py", private / "mpi_userfs.py")
+        shutil.copy(REPO / "_utils" / "dmpi" / "node" / "userfs.py", private / "userfs.py")
         private.chmod(0o700)
         shared_users.chmod(0o711)
-        copy = load_extension_from(private / "mpi_userfs.py")
+        copy = load_extension_from(private / "userfs.py")
         copy.CHILD_PYTHON = SYSTEM_PYTHON
         parts = ["alice", "mpi-jobs", JOB]
         copy.run_confined("write_file", uid=ALICE_UID, gid=ALICE_GID, root=str(shared_users),
@@ -625,18 +609,18 @@ def load_extension_from(path):
 
 
 def test_ensure_owned_dir_creates_then_leaves_a_correct_directory_alone(users):
-    result = mpi_userfs.ensure_owned_dir(str(users), "carol", ALICE_UID, ALICE_GID)
+    result = userfs.ensure_owned_dir(str(users), "carol", ALICE_UID, ALICE_GID)
     assert result == {"created": True, "changed": True}  # made by root, then given away
     found = (users / "carol").lstat()
     assert stat.S_ISDIR(found.st_mode) and stat.S_IMODE(found.st_mode) == 0o700
     assert (found.st_uid, found.st_gid) == (ALICE_UID, ALICE_GID)
-    assert mpi_userfs.ensure_owned_dir(str(users), "carol", ALICE_UID, ALICE_GID) == {
+    assert userfs.ensure_owned_dir(str(users), "carol", ALICE_UID, ALICE_GID) == {
         "created": False, "changed": False}
 
 
 def test_ensure_owned_dir_fixes_owner_and_mode(users):
     (users / "alice").chmod(0o2755)
-    result = mpi_userfs.ensure_owned_dir(str(users), "alice", ALICE_UID, ALICE_GID, mode=0o750)
+    result = userfs.ensure_owned_dir(str(users), "alice", ALICE_UID, ALICE_GID, mode=0o750)
     assert result == {"created": False, "changed": True}
     found = (users / "alice").stat()
     assert (found.st_uid, found.st_gid, stat.S_IMODE(found.st_mode)) == (ALICE_UID, ALICE_GID,
@@ -651,7 +635,7 @@ def test_ensure_owned_dir_refuses_anything_but_a_directory(users, plant):
         (users / "carol").symlink_to(users / "bob")
     before = _victims(users)
     with pytest.raises(UserPathError, match="^carol: is "):
-        mpi_userfs.ensure_owned_dir(str(users), "carol", ALICE_UID, ALICE_GID)
+        userfs.ensure_owned_dir(str(users), "carol", ALICE_UID, ALICE_GID)
     assert _victims(users) == before
 
 
@@ -668,7 +652,7 @@ def test_chown_tree_moves_only_guest_entries_and_never_follows_links(users):
     os.chown(alice / "not-guest.txt", OTHER_UID, OTHER_UID)
     before_outside = _snapshot(outside)
 
-    changed = mpi_userfs.chown_tree(str(users), "alice", GUEST_UID, ALICE_UID, ALICE_GID)
+    changed = userfs.chown_tree(str(users), "alice", GUEST_UID, ALICE_UID, ALICE_GID)
 
     moved = ["", "data", "data/deep", "data/deep/result.txt", "data/fifo", "escape-file",
              "escape-dir"]
@@ -678,7 +662,7 @@ def test_chown_tree_moves_only_guest_entries_and_never_follows_links(users):
         assert (found.st_uid, found.st_gid) == (ALICE_UID, ALICE_GID), relative
     assert (alice / "not-guest.txt").lstat().st_uid == OTHER_UID
     assert _snapshot(outside) == before_outside
-    assert mpi_userfs.chown_tree(str(users), "alice", GUEST_UID, ALICE_UID, ALICE_GID) == 0
+    assert userfs.chown_tree(str(users), "alice", GUEST_UID, ALICE_UID, ALICE_GID) == 0
 
 
 def test_chown_tree_refuses_a_link_at_the_top(users):
@@ -687,15 +671,15 @@ def test_chown_tree_refuses_a_link_at_the_top(users):
     (users / "carol").symlink_to(outside)
     before = _snapshot(outside)
     with pytest.raises(UserPathError, match="^carol: is a symbolic link"):
-        mpi_userfs.chown_tree(str(users), "carol", GUEST_UID, ALICE_UID, ALICE_GID)
+        userfs.chown_tree(str(users), "carol", GUEST_UID, ALICE_UID, ALICE_GID)
     assert _snapshot(outside) == before
 
 
 def test_chown_tree_stops_at_its_depth_limit(users):
-    deep = users / "alice" / "/".join(["d"] * (mpi_userfs.MAX_TREE_DEPTH + 1))
+    deep = users / "alice" / "/".join(["d"] * (userfs.MAX_TREE_DEPTH + 1))
     deep.mkdir(parents=True)
     with pytest.raises(UserPathError, match="deeper than"):
-        mpi_userfs.chown_tree(str(users), "alice", GUEST_UID, ALICE_UID, ALICE_GID)
+        userfs.chown_tree(str(users), "alice", GUEST_UID, ALICE_UID, ALICE_GID)
 
 
 # --- property: whatever alice plants, nothing outside her directory changes -----------
@@ -796,11 +780,11 @@ def test_whatever_alice_plants_nothing_outside_her_directory_changes(users, tree
             parts = ["alice", *parts]
             try:
                 if op == "makedirs":
-                    mpi_userfs.makedirs(root, parts + [name])
+                    userfs.makedirs(root, parts + [name])
                 elif op == "write_file":
-                    mpi_userfs.write_file(root, parts, name, b"written by the node")
+                    userfs.write_file(root, parts, name, b"written by the node")
                 else:
-                    tail = mpi_userfs.read_tail(root, parts, name, max_bytes)
+                    tail = userfs.read_tail(root, parts, name, max_bytes)
                     assert tail in b"alice's own data" or tail in b"written by the node", tail
             except UserPathError:
                 pass
@@ -841,7 +825,7 @@ def test_prune_job_dirs_removes_old_untouched_job_dirs_only(users, tmp_path):
     touched = _aged_job_dir(users, "20200102-000000-dddddd", 100)
     (touched / "stdout").write_text("the user changed it today")
     (users / "alice" / "mpi-jobs" / "notes").write_text("not a job dir")
-    removed = mpi_userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"],
+    removed = userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"],
                                         time.time() - 30 * 86400, keep=[KEPT_JOB])
     assert removed == [OLD_JOB]
     assert sorted(os.listdir(users / "alice" / "mpi-jobs")) == sorted(
@@ -850,14 +834,14 @@ def test_prune_job_dirs_removes_old_untouched_job_dirs_only(users, tmp_path):
 
 
 def test_prune_job_dirs_of_a_user_without_jobs_removes_nothing(users):
-    assert mpi_userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"], time.time()) == []
+    assert userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"], time.time()) == []
 
 
 def test_prune_job_dirs_refuses_a_linked_mpi_jobs(users, tmp_path):
     (tmp_path / "elsewhere").mkdir()
     os.symlink(tmp_path / "elsewhere", users / "alice" / "mpi-jobs")
-    with pytest.raises(mpi_userfs.UserPathError, match="symbolic link"):
-        mpi_userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"], time.time())
+    with pytest.raises(userfs.UserPathError, match="symbolic link"):
+        userfs.prune_job_dirs(str(users), ["alice", "mpi-jobs"], time.time())
 
 
 def test_prune_job_dirs_runs_confined_as_the_user(shared_users):
@@ -865,7 +849,7 @@ def test_prune_job_dirs_runs_confined_as_the_user(shared_users):
     for path, _, files in os.walk(shared_users / "alice"):
         for name in [path] + [os.path.join(path, f) for f in files]:
             os.lchown(name, ALICE_UID, ALICE_GID)
-    removed = mpi_userfs.run_confined("prune_job_dirs", uid=ALICE_UID, gid=ALICE_GID,
+    removed = userfs.run_confined("prune_job_dirs", uid=ALICE_UID, gid=ALICE_GID,
                                       root=str(shared_users), parts=["alice", "mpi-jobs"],
                                       older_than=time.time() - 86400, keep=[])
     assert removed == [OLD_JOB]

@@ -1,5 +1,5 @@
 """
-Unit tests for ``_utils/mpi_launch.py``: the text and argv builders of a DockerMPI job.
+Unit tests for :mod:`dmpi.launch`: the text and argv builders of a DockerMPI job.
 
 The mpirun failure samples under ``data/mpirun/`` are real standard error captured from
 Open MPI 4.1.4 (Debian bookworm's openmpi-bin, image ``dockermpi/mpi:dev``) running
@@ -13,11 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.extension import load_extension
+from dmpi import launch
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "mpirun"
 
-mpi_launch = load_extension("_utils/mpi_launch.py", "mpi_launch")
 
 CIDR = "10.197.1.0/24"
 OOB = "20100-20199"
@@ -44,7 +43,7 @@ def _mca(argv):
 def test_keypair_is_openssh_ed25519_and_matches():
     from cryptography.hazmat.primitives import serialization
 
-    private, public = mpi_launch.generate_ed25519_keypair("job-42")
+    private, public = launch.generate_ed25519_keypair("job-42")
     assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----\n")
     assert private.endswith("-----END OPENSSH PRIVATE KEY-----\n")
     keytype, blob, comment = public.split(" ")
@@ -57,20 +56,20 @@ def test_keypair_is_openssh_ed25519_and_matches():
 
 
 def test_keypairs_differ():
-    assert mpi_launch.generate_ed25519_keypair()[0] != mpi_launch.generate_ed25519_keypair()[0]
+    assert launch.generate_ed25519_keypair()[0] != launch.generate_ed25519_keypair()[0]
 
 
 @pytest.mark.parametrize("comment", ["", "two words", None])
 def test_keypair_rejects_bad_comment(comment):
     with pytest.raises(ValueError, match="comment"):
-        mpi_launch.generate_ed25519_keypair(comment)
+        launch.generate_ed25519_keypair(comment)
 
 
 # ---------------------------------------------------------------------- ssh config text
 
 
 def test_sshd_config_for_unprivileged_sshd():
-    text = mpi_launch.sshd_config_text(SSH_PORT, "guest")
+    text = launch.sshd_config_text(SSH_PORT, "guest")
     lines = text.splitlines()
     for expected in (
         "Port 20022",
@@ -92,7 +91,7 @@ def test_sshd_config_for_unprivileged_sshd():
 
 
 def test_sshd_config_listen_address():
-    text = mpi_launch.sshd_config_text(SSH_PORT, "guest", listen_address="10.197.1.11")
+    text = launch.sshd_config_text(SSH_PORT, "guest", listen_address="10.197.1.11")
     assert "ListenAddress 10.197.1.11" in text.splitlines()
 
 
@@ -112,7 +111,7 @@ def test_sshd_config_listen_address():
 def test_sshd_config_rejects(kwargs, message):
     args = {"port": SSH_PORT, "user": "guest", **kwargs}
     with pytest.raises(ValueError, match=message):
-        mpi_launch.sshd_config_text(**args)
+        launch.sshd_config_text(**args)
 
 
 def _ssh_keygen_list(tmp_path, cert_line):
@@ -124,9 +123,9 @@ def _ssh_keygen_list(tmp_path, cert_line):
 
 
 def test_host_certificate_is_read_by_ssh_keygen(tmp_path):
-    ca_private, ca_public = mpi_launch.generate_ed25519_keypair("ca")
-    _, host_public = mpi_launch.generate_ed25519_keypair("host")
-    cert = mpi_launch.sign_ssh_certificate(ca_private, host_public, "host", "job-1@node1",
+    ca_private, ca_public = launch.generate_ed25519_keypair("ca")
+    _, host_public = launch.generate_ed25519_keypair("host")
+    cert = launch.sign_ssh_certificate(ca_private, host_public, "host", "job-1@node1",
                                            ["10.197.1.130"], 1_800_000_000, 1_800_003_600)
     listed = _ssh_keygen_list(tmp_path, cert)
     assert "host certificate" in listed
@@ -137,17 +136,17 @@ def test_host_certificate_is_read_by_ssh_keygen(tmp_path):
                                     input=ca_public, capture_output=True, text=True,
                                     check=True).stdout.split()[1]
     assert f"Signing CA: ED25519 {ca_fingerprint}" in listed
-    facts = mpi_launch.read_ssh_certificate(cert)
+    facts = launch.read_ssh_certificate(cert)
     assert facts == {"kind": "host", "key_id": "job-1@node1", "principals": ["10.197.1.130"],
                      "valid_after": 1_800_000_000, "valid_before": 1_800_003_600,
                      "ca": " ".join(ca_public.split()[:2])}
 
 
 def test_user_certificate_binds_principal_and_source_and_grants_nothing(tmp_path):
-    ca_private, _ = mpi_launch.generate_ed25519_keypair("ca")
-    _, user_public = mpi_launch.generate_ed25519_keypair("user")
-    principal = mpi_launch.job_principal("20261202-101010-abcdef")
-    cert = mpi_launch.sign_ssh_certificate(ca_private, user_public, "user", "job", [principal],
+    ca_private, _ = launch.generate_ed25519_keypair("ca")
+    _, user_public = launch.generate_ed25519_keypair("user")
+    principal = launch.job_principal("20261202-101010-abcdef")
+    cert = launch.sign_ssh_certificate(ca_private, user_public, "user", "job", [principal],
                                            1_800_000_000, 1_800_003_600,
                                            source_addresses=["10.197.1.130"])
     listed = _ssh_keygen_list(tmp_path, cert)
@@ -155,13 +154,13 @@ def test_user_certificate_binds_principal_and_source_and_grants_nothing(tmp_path
     assert principal in listed
     assert "source-address 10.197.1.130/32" in listed
     assert "Extensions: (none)" in listed  # no pty, no forwarding, no rc
-    assert mpi_launch.read_ssh_certificate(cert)["principals"] == [principal]
+    assert launch.read_ssh_certificate(cert)["principals"] == [principal]
 
 
 def test_read_certificate_refuses_a_forged_signature():
-    ca_private, _ = mpi_launch.generate_ed25519_keypair("ca")
-    _, host_public = mpi_launch.generate_ed25519_keypair("host")
-    cert = mpi_launch.sign_ssh_certificate(ca_private, host_public, "host", "id",
+    ca_private, _ = launch.generate_ed25519_keypair("ca")
+    _, host_public = launch.generate_ed25519_keypair("host")
+    cert = launch.sign_ssh_certificate(ca_private, host_public, "host", "id",
                                            ["10.0.0.1"], 1, 2)
     keytype, blob, _ = cert.split()
     import base64
@@ -170,14 +169,14 @@ def test_read_certificate_refuses_a_forged_signature():
     at = raw.index(b"10.0.0.1") + len(b"10.0.0.1") - 1
     raw[at] = ord("2")
     with pytest.raises(ValueError, match="does not verify"):
-        mpi_launch.read_ssh_certificate(f"{keytype} {base64.b64encode(bytes(raw)).decode()}")
+        launch.read_ssh_certificate(f"{keytype} {base64.b64encode(bytes(raw)).decode()}")
 
 
 @pytest.mark.parametrize("line", ["", "ssh-ed25519 AAAA", "ssh-ed25519-cert-v01@openssh.com !!",
                                   "ssh-ed25519-cert-v01@openssh.com AAAAAAAA"])
 def test_read_certificate_refuses_garbage(line):
     with pytest.raises(ValueError):
-        mpi_launch.read_ssh_certificate(line)
+        launch.read_ssh_certificate(line)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -188,25 +187,25 @@ def test_read_certificate_refuses_garbage(line):
     ({"valid_after": 5, "valid_before": 5}, "validity"),
 ])
 def test_sign_certificate_rejects(kwargs, message):
-    ca_private, _ = mpi_launch.generate_ed25519_keypair("ca")
-    _, public = mpi_launch.generate_ed25519_keypair("k")
+    ca_private, _ = launch.generate_ed25519_keypair("ca")
+    _, public = launch.generate_ed25519_keypair("k")
     args = {"ca_private_text": ca_private, "public_line": public, "kind": "host",
             "key_id": "id", "principals": ["10.0.0.1"], "valid_after": 1, "valid_before": 2}
     with pytest.raises(ValueError, match=message):
-        mpi_launch.sign_ssh_certificate(**dict(args, **kwargs))
+        launch.sign_ssh_certificate(**dict(args, **kwargs))
 
 
 def test_job_principal_names_the_job():
-    assert mpi_launch.job_principal("20261202-101010-abcdef") == \
+    assert launch.job_principal("20261202-101010-abcdef") == \
         "dockermpi-job-20261202-101010-abcdef"
     with pytest.raises(ValueError):
-        mpi_launch.job_principal("a b")
+        launch.job_principal("a b")
 
 
 def test_known_hosts_trusts_each_nodes_ca_for_its_own_address_only():
-    _, ca1 = mpi_launch.generate_ed25519_keypair("ca1")
-    _, ca2 = mpi_launch.generate_ed25519_keypair("ca2")
-    text = mpi_launch.known_hosts_text({"10.0.0.20": ca2, "10.0.0.3": ca1}, SSH_PORT)
+    _, ca1 = launch.generate_ed25519_keypair("ca1")
+    _, ca2 = launch.generate_ed25519_keypair("ca2")
+    text = launch.known_hosts_text({"10.0.0.20": ca2, "10.0.0.3": ca1}, SSH_PORT)
     assert text.splitlines() == [
         f"@cert-authority [10.0.0.3]:20022 {' '.join(ca1.split()[:2])}",
         f"@cert-authority [10.0.0.20]:20022 {' '.join(ca2.split()[:2])}",
@@ -216,15 +215,15 @@ def test_known_hosts_trusts_each_nodes_ca_for_its_own_address_only():
 @pytest.mark.parametrize("cas", [{}, {"node1": "ssh-ed25519 AAAA"}, {"10.0.0.1": "not a key"}])
 def test_known_hosts_rejects(cas):
     with pytest.raises(ValueError):
-        mpi_launch.known_hosts_text(cas, SSH_PORT)
+        launch.known_hosts_text(cas, SSH_PORT)
 
 
 def test_job_keys_give_each_node_its_own_part():
-    cas = {n: mpi_launch.generate_ed25519_keypair(f"{n}-ca") for n in ("node1", "node2")}
+    cas = {n: launch.generate_ed25519_keypair(f"{n}-ca") for n in ("node1", "node2")}
     addresses = {"node1": "10.0.1.130", "node2": "10.0.1.131"}
     public = {n: cas[n][1] for n in cas}
     job = "20261202-101010-abcdef"
-    made = {n: mpi_launch.job_keys(cas[n][0], job, n, addresses, public, "node1", SSH_PORT,
+    made = {n: launch.job_keys(cas[n][0], job, n, addresses, public, "node1", SSH_PORT,
                                    100, 200) for n in cas}
     assert set(made["node1"]) == {"ssh_host_key", "ssh_host_key-cert.pub", "user_ca.pub",
                                   "principals", "id_ed25519", "id_ed25519-cert.pub",
@@ -233,22 +232,22 @@ def test_job_keys_give_each_node_its_own_part():
     assert set(made["node2"]) == {"ssh_host_key", "ssh_host_key-cert.pub", "user_ca.pub",
                                   "principals"}
     for node, keys in made.items():
-        host = mpi_launch.read_ssh_certificate(keys["ssh_host_key-cert.pub"])
+        host = launch.read_ssh_certificate(keys["ssh_host_key-cert.pub"])
         assert (host["kind"], host["principals"]) == ("host", [addresses[node]])
         assert host["ca"] == public[node].rsplit(" ", 1)[0]  # signed by its own node's CA
         assert keys["user_ca.pub"] == public["node1"].rsplit(" ", 1)[0] + "\n"
         assert keys["principals"] == f"dockermpi-job-{job}\n"
-    user = mpi_launch.read_ssh_certificate(made["node1"]["id_ed25519-cert.pub"])
+    user = launch.read_ssh_certificate(made["node1"]["id_ed25519-cert.pub"])
     assert (user["kind"], user["principals"]) == ("user", [f"dockermpi-job-{job}"])
-    assert made["node1"]["known_hosts"] == mpi_launch.known_hosts_text(
+    assert made["node1"]["known_hosts"] == launch.known_hosts_text(
         {addresses[n]: public[n] for n in addresses}, SSH_PORT)
     assert made["node1"]["ssh_host_key"] != made["node2"]["ssh_host_key"]
 
 
 def test_job_keys_need_every_nodes_ca():
-    ca_private, ca_public = mpi_launch.generate_ed25519_keypair("ca")
+    ca_private, ca_public = launch.generate_ed25519_keypair("ca")
     with pytest.raises(ValueError, match="every node"):
-        mpi_launch.job_keys(ca_private, "20261202-101010-abcdef", "node1",
+        launch.job_keys(ca_private, "20261202-101010-abcdef", "node1",
                             {"node1": "10.0.1.130", "node2": "10.0.1.131"},
                             {"node1": ca_public}, "node1", SSH_PORT, 100, 200)
 
@@ -257,7 +256,7 @@ def test_job_keys_need_every_nodes_ca():
 
 
 def test_passwd_names_guest_with_data_home():
-    text = mpi_launch.passwd_text("guest", 2000, 2000)
+    text = launch.passwd_text("guest", 2000, 2000)
     entries = {fields[0]: fields for fields in (line.split(":") for line in text.splitlines())}
     assert all(len(fields) == 7 for fields in entries.values())
     assert entries["guest"] == ["guest", "x", "2000", "2000", "DockerMPI user", "/data", "/bin/sh"]
@@ -266,7 +265,7 @@ def test_passwd_names_guest_with_data_home():
 
 
 def test_group_names_guest_group():
-    lines = mpi_launch.group_text("guest", 2000).splitlines()
+    lines = launch.group_text("guest", 2000).splitlines()
     assert "guest:x:2000:" in lines
 
 
@@ -282,19 +281,19 @@ def test_group_names_guest_group():
 )
 def test_passwd_rejects(args, message):
     with pytest.raises(ValueError, match=message):
-        mpi_launch.passwd_text(*args)
+        launch.passwd_text(*args)
 
 
 def test_group_rejects_root_gid():
     with pytest.raises(ValueError, match="not root"):
-        mpi_launch.group_text("guest", 0)
+        launch.group_text("guest", 0)
 
 
 # ------------------------------------------------------------------------- hostfile
 
 
 def test_hostfile_keeps_placement_order():
-    text = mpi_launch.hostfile_text([("10.197.1.12", 4), ("10.197.1.11", 2)])
+    text = launch.hostfile_text([("10.197.1.12", 4), ("10.197.1.11", 2)])
     assert text == "10.197.1.12 slots=4 max_slots=4\n10.197.1.11 slots=2 max_slots=2\n"
 
 
@@ -311,7 +310,7 @@ def test_hostfile_keeps_placement_order():
 )
 def test_hostfile_rejects(placement, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        mpi_launch.hostfile_text(placement)
+        launch.hostfile_text(placement)
 
 
 # ------------------------------------------------------------------------- launcher
@@ -327,7 +326,7 @@ def _argv(**kwargs):
         "workdir": "/data/jobs/42",
     }
     args.update(kwargs)
-    return mpi_launch.mpirun_argv(**args)
+    return launch.mpirun_argv(**args)
 
 
 def test_mpirun_argv_settings():
@@ -353,7 +352,7 @@ def test_mpirun_argv_settings():
 def test_ssh_args_reach_the_job_port_with_job_keys():
     rsh_args = _mca(_argv())["plm_rsh_args"].split(" ")
     # Open MPI splits plm_rsh_args on spaces: every option must survive that split.
-    assert rsh_args == mpi_launch.ssh_args(SSH_PORT)
+    assert rsh_args == launch.ssh_args(SSH_PORT)
     joined = " ".join(rsh_args)
     for expected in ("-p 20022", "-i /run/dockermpi/id_ed25519",
                      "CertificateFile=/run/dockermpi/id_ed25519-cert.pub",
@@ -382,7 +381,7 @@ def test_the_program_never_reaches_mpirun_argv():
 
 def test_program_script_runs_every_word_as_data(tmp_path):
     script = tmp_path / "program"
-    script.write_text(mpi_launch.program_script_text(HOSTILE_PROGRAM))
+    script.write_text(launch.program_script_text(HOSTILE_PROGRAM))
     result = subprocess.run(["/bin/sh", str(script)], cwd=tmp_path, capture_output=True,
                             check=False)
     assert result.returncode == 0, result.stderr
@@ -392,9 +391,9 @@ def test_program_script_runs_every_word_as_data(tmp_path):
 
 def test_program_script_keeps_the_exit_code_and_reports_a_missing_program(tmp_path):
     script = tmp_path / "program"
-    script.write_text(mpi_launch.program_script_text(["sh", "-c", "exit 7"]))
+    script.write_text(launch.program_script_text(["sh", "-c", "exit 7"]))
     assert subprocess.run(["/bin/sh", str(script)], check=False).returncode == 7
-    script.write_text(mpi_launch.program_script_text(["no-such-program-here"]))
+    script.write_text(launch.program_script_text(["no-such-program-here"]))
     assert subprocess.run(["/bin/sh", str(script)], capture_output=True,
                           check=False).returncode == 127
 
@@ -406,7 +405,7 @@ def test_program_script_keeps_the_exit_code_and_reports_a_missing_program(tmp_pa
 )
 def test_program_script_rejects(program, message):
     with pytest.raises(ValueError, match=message):
-        mpi_launch.program_script_text(program)
+        launch.program_script_text(program)
 
 
 @pytest.mark.parametrize(
@@ -436,18 +435,18 @@ def test_mpirun_argv_rejects(kwargs, message):
 
 
 def test_launcher_argv_wraps_mpirun_in_fixed_script():
-    argv = mpi_launch.launcher_argv(
+    argv = launch.launcher_argv(
         "/data/jobs/42/stdout", "/data/jobs/42/stderr", 4, CIDR, OOB, BTL, SSH_PORT,
         "/data/jobs/42",
     )
-    assert argv[:6] == ["/bin/sh", "-c", mpi_launch.LAUNCHER_SCRIPT, "sh",
+    assert argv[:6] == ["/bin/sh", "-c", launch.LAUNCHER_SCRIPT, "sh",
                         "/data/jobs/42/stdout", "/data/jobs/42/stderr"]
     assert argv[6:] == _argv()
 
 
 def test_launcher_argv_rejects_same_output_file():
     with pytest.raises(ValueError, match="differ"):
-        mpi_launch.launcher_argv("/data/o", "/data/o", 1, CIDR, OOB, BTL, SSH_PORT, "/data")
+        launch.launcher_argv("/data/o", "/data/o", 1, CIDR, OOB, BTL, SSH_PORT, "/data")
 
 
 def test_launcher_script_redirects_and_keeps_exit_code(tmp_path):
@@ -455,7 +454,7 @@ def test_launcher_script_redirects_and_keeps_exit_code(tmp_path):
     out, err = tmp_path / "out", tmp_path / "err"
     hostile = ["$(touch pwned)", "; touch pwned2", "`id`", "a b"]
     script = 'printf "%s\\n" "$@"; echo oops >&2; exit 7'
-    argv = ["/bin/sh", "-c", mpi_launch.LAUNCHER_SCRIPT, "sh", str(out), str(err),
+    argv = ["/bin/sh", "-c", launch.LAUNCHER_SCRIPT, "sh", str(out), str(err),
             "/bin/sh", "-c", script, "inner"] + hostile
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, check=False)
     assert result.returncode == 7
@@ -486,37 +485,37 @@ def test_launcher_script_redirects_and_keeps_exit_code(tmp_path):
     ],
 )
 def test_parse_real_mpirun_stderr(sample, expected):
-    assert mpi_launch.parse_mpirun_failure(_sample(sample)) == expected
+    assert launch.parse_mpirun_failure(_sample(sample)) == expected
 
 
 def test_parse_crlf():
     text = _sample("exit3").replace("\n", "\r\n")
-    assert mpi_launch.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
+    assert launch.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
 
 
 def test_parse_last_message_wins_over_program_output():
     forged = _sample("segv").replace("rank 1 with", "rank 0 with").replace("signal 11", "signal 6")
     # The program printed a look-alike first; mpirun's real verdict comes last.
     text = forged + _sample("exit3os")
-    assert mpi_launch.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
+    assert launch.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
 
 
 def test_parse_unknown_signal_number_keeps_text():
     text = ("mpirun noticed that process rank 5 with PID 12 on node 10.0.0.1 exited on "
             "signal 99 (Odd signal).\n")
-    assert mpi_launch.parse_mpirun_failure(text) == {"rank": 5, "signal": 99, "signal_name": "Odd signal"}
+    assert launch.parse_mpirun_failure(text) == {"rank": 5, "signal": 99, "signal_name": "Odd signal"}
 
 
 def test_parse_never_raises_on_what_a_job_can_write():
-    assert mpi_launch.parse_mpirun_failure(b"bytes") is None
+    assert launch.parse_mpirun_failure(b"bytes") is None
     huge_rank = ("mpirun noticed that process rank " + "9" * 5000 + " with PID 12 on node n "
                  "exited on signal 11 (Segmentation fault).\n")
-    assert mpi_launch.parse_mpirun_failure(huge_rank) is None
+    assert launch.parse_mpirun_failure(huge_rank) is None
     unicode_digits = "MPI_ABORT was invoked on rank \u0663 in communicator W\nwith errorcode 1.\n"
-    assert mpi_launch.parse_mpirun_failure(unicode_digits) is None
+    assert launch.parse_mpirun_failure(unicode_digits) is None
     odd_signal = ("mpirun noticed that process rank 1 with PID 12 on node n exited on "
                   "signal 999.\n")
-    assert mpi_launch.parse_mpirun_failure(odd_signal) == {"rank": 1, "signal": 999,
+    assert launch.parse_mpirun_failure(odd_signal) == {"rank": 1, "signal": 999,
                                                            "signal_name": "SIG999"}
 
 
@@ -530,7 +529,7 @@ def test_parse_never_raises_on_what_a_job_can_write():
               st.text(alphabet="0123456789\u0663", max_size=6000), st.text(max_size=40)),
 ), max_size=6))
 def test_parse_never_raises_and_returns_a_well_formed_verdict(pieces):
-    found = mpi_launch.parse_mpirun_failure("\n".join(pieces))
+    found = launch.parse_mpirun_failure("\n".join(pieces))
     assert found is None or (isinstance(found["rank"], int) and 0 <= found["rank"] < 10**9)
     if found and "signal" in found:
         assert isinstance(found["signal_name"], str) and len(found["signal_name"]) <= 40

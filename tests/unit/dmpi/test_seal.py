@@ -1,5 +1,5 @@
 """
-Unit tests of ``_utils/mpi_seal.py``: values sealed to one Salt key pair, made by Salt
+Unit tests of :mod:`dmpi.seal`: values sealed to one Salt key pair, made by Salt
 itself (``salt.crypt.write_keys``), open with that pair's private key only.
 """
 
@@ -8,9 +8,8 @@ import json
 import pytest
 import salt.crypt
 
-from tests.extension import load_extension
+from dmpi import seal
 
-mpi_seal = load_extension("_utils/mpi_seal.py", "mpi_seal")
 
 
 @pytest.fixture
@@ -28,17 +27,17 @@ def keys(tmp_path):
 def test_a_sealed_value_opens_with_the_recipients_key_only(keys):
     private, public = keys["minion"]
     secret = json.dumps({"SECRET_TOKEN": "s3cr3t-value"}).encode()
-    sealed = mpi_seal.seal(public, secret)
-    assert mpi_seal.is_sealed(sealed)
+    sealed = seal.seal(public, secret)
+    assert seal.is_sealed(sealed)
     assert "s3cr3t" not in json.dumps(sealed)
-    assert mpi_seal.unseal(private, sealed) == secret
+    assert seal.unseal(private, sealed) == secret
     with pytest.raises(ValueError, match="cannot open"):
-        mpi_seal.unseal(keys["other"][0], sealed)
+        seal.unseal(keys["other"][0], sealed)
 
 
 def test_each_seal_is_fresh(keys):
     _, public = keys["minion"]
-    assert mpi_seal.seal(public, b"same")["data"] != mpi_seal.seal(public, b"same")["data"]
+    assert seal.seal(public, b"same")["data"] != seal.seal(public, b"same")["data"]
 
 
 @pytest.mark.parametrize("change", [
@@ -52,23 +51,23 @@ def test_each_seal_is_fresh(keys):
 def test_a_changed_or_forged_value_is_refused(keys, change):
     private, public = keys["minion"]
     with pytest.raises(ValueError):
-        mpi_seal.unseal(private, change(mpi_seal.seal(public, b"output")))
+        seal.unseal(private, change(seal.seal(public, b"output")))
 
 
 def test_only_bytes_are_sealed(keys):
     with pytest.raises(TypeError):
-        mpi_seal.seal(keys["minion"][1], "text")
+        seal.seal(keys["minion"][1], "text")
 
 
 def test_a_replaced_key_file_is_read_again(keys, tmp_path):
     """Keys are loaded once per version of their file (loading an RSA private key costs
     tens of milliseconds); a new key in the same place is the one used."""
     private, public = keys["minion"]
-    assert mpi_seal.unseal(private, mpi_seal.seal(public, b"one")) == b"one"
+    assert seal.unseal(private, seal.seal(public, b"one")) == b"one"
     other_private, other_public = keys["other"]
     replaced = tmp_path / "replaced"
     replaced.mkdir()
     for source, name in ((other_private, "minion.pem"), (other_public, "minion.pub")):
         (replaced / name).write_bytes(open(source, "rb").read())
         (replaced / name).replace(private if name.endswith(".pem") else public)
-    assert mpi_seal.unseal(private, mpi_seal.seal(public, b"two")) == b"two"
+    assert seal.unseal(private, seal.seal(public, b"two")) == b"two"

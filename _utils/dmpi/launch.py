@@ -806,7 +806,7 @@ def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_por
 # ---------------------------------------------------------------------- failure parse
 
 # Open MPI 4.1.4 help messages (orte/tools/orterun/help-orterun.txt, help-mpi-api.txt),
-# as captured from real runs in tests/unit/data/mpirun/. mpirun wraps some of them at
+# as captured from real runs in tests/unit/dmpi/data/mpirun/. mpirun wraps some of them at
 # fixed columns, so whitespace between words is matched loosely.
 # Numbers are ASCII and bounded ([0-9]{1,9}): the text is the job's, and a rank of 5000
 # digits, or Unicode digits, must make the verdict vaguer, never raise.

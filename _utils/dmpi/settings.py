@@ -14,7 +14,7 @@ other state of the formula requires, and the ``mpi`` runner on the master.
   ranges as ``[first, last]`` of ints, ``cpus_per_slot`` a float) or raises
   :class:`ConfigError` holding every problem, one per line.
 
-Loaded by Salt as ``__utils__["mpi_config.validate"]``; the names master and nodes agree on
+The Salt faces import it (``import dmpi.settings``); the names master and nodes agree on
 are in :mod:`dmpi.contract`. Pure: no I/O.
 """
 
@@ -42,7 +42,7 @@ __all__ = [
 
 # ------------------------------------------------------------------ limits of settings
 
-#: Ports jobs may use: unprivileged ones (``mpi_launch`` refuses the others).
+#: Ports jobs may use: unprivileged ones (:mod:`dmpi.launch` refuses the others).
 PORT_MIN = 1024
 PORT_MAX = 65535
 #: The port ranges under ``mpi:ports``: a job's sshd (its first port), Open MPI's
@@ -155,7 +155,7 @@ def user_for_identity(identity):
 
     .. code-block:: python
 
-        __utils__["mpi_config.user_for_identity"]("Ann.Lee@example.org")
+        dmpi.settings.user_for_identity("Ann.Lee@example.org")
     """
     if not isinstance(identity, str) or not identity or len(identity) > 255:
         raise ValueError(f"{_shown(identity)} is not a hub user name")
@@ -186,7 +186,7 @@ def merge(defaults, pillar_mpi):
 
     .. code-block:: python
 
-        config = __utils__["mpi_config.merge"](defaults["mpi"], pillar.get("mpi"))
+        config = dmpi.settings.merge(defaults["mpi"], pillar.get("mpi"))
     """
     if pillar_mpi is None:
         pillar_mpi = {}
@@ -223,7 +223,7 @@ def problems(config):
 
     .. code-block:: python
 
-        for line in __utils__["mpi_config.problems"](config):
+        for line in dmpi.settings.problems(config):
             log.error("%s", line)
     """
     return _Checker(config).run()[1]
@@ -245,7 +245,7 @@ def validate(config):
 
     .. code-block:: python
 
-        config = __utils__["mpi_config.validate"](__utils__["mpi_config.merge"](defaults, pillar))
+        config = dmpi.settings.validate(dmpi.settings.merge(defaults, pillar))
     """
     normalised, found = _Checker(config).run()
     if found:
@@ -879,7 +879,7 @@ class _Checker:
                                  f"got {_shown(address)}")
 
     def check_engine(self):
-        """``mpi:engine``: how the master's job engine judges a silent node (dmpi.jobs.rules)."""
+        """``mpi:engine``: how the master's job controller judges a silent node (dmpi.jobs.rules)."""
         engine = self.mapping("engine")
         if engine is None:
             return
@@ -966,7 +966,7 @@ def endpoint(url):
 
     .. code-block:: python
 
-        __utils__["mpi_config.endpoint"]("https://10.0.0.2:8001")  # ("10.0.0.2", 8001)
+        dmpi.settings.endpoint("https://10.0.0.2:8001")  # ("10.0.0.2", 8001)
     """
     parsed = urllib.parse.urlsplit(url if isinstance(url, str) else "")
     try:

@@ -21,9 +21,9 @@ Every problem with a user path or its content raises :class:`UserPathError`, who
 message names the path relative to ``root``. Bad arguments from the caller (a ``parts``
 that is not a list, a ``max_bytes`` out of range) raise ``TypeError`` or ``ValueError``.
 
-This file is both a Salt utils module (``__utils__["mpi_userfs.write_file"]`` ...) and the
-script the confined child runs as ``python3 -I -S mpi_userfs.py``, with a JSON request
-on stdin, so it imports nothing but the standard library.
+This file is both a module of the node's library (``dmpi.node.userfs.write_file`` ...)
+and the whole program the confined child runs (``python3 -I -S -c <this file>``, with a
+JSON request on stdin), so it imports nothing but the standard library.
 
 :depends: none
 """
@@ -155,7 +155,7 @@ def check_component(name):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.check_component"]("status.json")
+        dmpi.node.userfs.check_component("status.json")
     """
     if not isinstance(name, str):
         raise UserPathError(f"path component {name!r} is not a string")
@@ -245,7 +245,7 @@ def makedirs(root, parts, mode=0o700):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.makedirs"]("/srv/dockermpi/users", ["alice", "mpi-jobs", job_id])
+        dmpi.node.userfs.makedirs("/srv/dockermpi/users", ["alice", "mpi-jobs", job_id])
     """
     with _directory(root, parts, create=True, mode=mode):
         pass
@@ -288,7 +288,7 @@ def write_file(root, parts, name, data, mode=0o644):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.write_file"](
+        dmpi.node.userfs.write_file(
             "/srv/dockermpi/users", ["alice", "mpi-jobs", job_id], "status.json", b"{}"
         )
     """
@@ -348,7 +348,7 @@ def read_tail(root, parts, name, max_bytes, offset=None):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.read_tail"](
+        dmpi.node.userfs.read_tail(
             "/srv/dockermpi/users", ["alice", "mpi-jobs", job_id], "stderr", 65536
         )
     """
@@ -413,7 +413,7 @@ def ensure_owned_dir(root, name, uid, gid, mode=0o700):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.ensure_owned_dir"]("/srv/dockermpi/users", "alice", 2001, 2001)
+        dmpi.node.userfs.ensure_owned_dir("/srv/dockermpi/users", "alice", 2001, 2001)
     """
     check_component(name)
     _check_id(uid, "uid")
@@ -475,7 +475,7 @@ def chown_tree(root, name, from_uid, to_uid, to_gid):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.chown_tree"]("/srv/dockermpi/users", "alice", 1500, 2001, 2001)
+        dmpi.node.userfs.chown_tree("/srv/dockermpi/users", "alice", 1500, 2001, 2001)
     """
     check_component(name)
     for value, what in ((from_uid, "from_uid"), (to_uid, "to_uid"), (to_gid, "to_gid")):
@@ -580,7 +580,7 @@ def prune_job_dirs(root, parts, older_than, keep=()):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.run_confined"](
+        dmpi.node.userfs.run_confined(
             "prune_job_dirs", uid=100000, gid=100000, root="/srv/dockermpi/users",
             parts=["alice", "mpi-jobs"], older_than=time.time() - 30 * 86400, keep=[])
     """
@@ -740,7 +740,7 @@ def run_confined(op, uid=None, gid=None, timeout=10.0, **kwargs):
 
     .. code-block:: python
 
-        __utils__["mpi_userfs.run_confined"](
+        dmpi.node.userfs.run_confined(
             "read_tail", uid=2001, gid=2001, root="/srv/dockermpi/users",
             parts=["alice", "mpi-jobs", job_id], name="stderr", max_bytes=65536,
         )
