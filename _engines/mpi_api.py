@@ -6,8 +6,9 @@ notebooks, the ``mpi`` command, ``dockermpi.Client``) queue, watch and cancel th
 Who calls is the hub's answer about the caller's token (``GET <hub API>/user``): only a
 *user*'s token that carries the scope ``access:services!service=dockermpi`` (or
 ``access:services``) is taken, and the answer is kept for ``token_cache_seconds``. Each
-call runs the ``mpi`` runner's function in this process, in a worker thread marked as
-that user (``mpi_caller``): the runner then shows and touches that user's jobs only.
+call runs one of the user calls (:data:`dmpi.master.user_calls.CALLS`, nothing else) in
+this process, in a worker thread, as that user: it shows and touches that user's jobs
+only.
 Live events come from the master's event bus, filtered here by the job's owner: a
 stream carries nothing of any other user.
 
@@ -32,8 +33,7 @@ Master configuration (written by the ``dockermpi.api`` state from pillar ``mpi:a
           limits: {requests_per_second: 20, burst: 40, streams: 4,
                    body_bytes: 1048576, log_bytes: 1048576, wait_seconds: 60}
 
-:depends: tornado (a dependency of Salt); the ``mpi`` runner; the ``mpi_caller``,
-    ``mpi_config`` utils module; ``dmpi.jobs.record`` and ``dmpi.jobs.store``
+:depends: tornado (a dependency of Salt); the ``dmpi`` package (``_utils``)
 """
 
 import asyncio
@@ -44,19 +44,17 @@ import ipaddress
 import json
 import logging
 import math
-import os
 import re
 import ssl
 import threading
 import time
 
-import salt.loader
-import salt.utils.event
 import dmpi.settings
 from dmpi.contract import (API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
                            JOB_TAG_RE, STATES)
-from dmpi.jobs import record as job_record
-from dmpi.jobs import store as job_store
+from dmpi.errors import DockerMPIError, NoSuchJob, RequestError
+from dmpi.master import user_calls
+from dmpi.master.site import Site
 
 log = logging.getLogger(__name__)
 
@@ -222,11 +220,12 @@ class Slots:
             del self.held[user]
 
 
-# -------------------------------------------------------------- the runner, in-process
+# ------------------------------------------------------------ the user calls, in-process
 
 
 class Jobs:
-    """The ``mpi`` runner's functions, called as a hub user in worker threads.
+    """The user calls (``functions``: name -> function(caller, **kwargs)), called as a
+    hub user in worker threads.
 
     The calls users poll (:data:`POLLED`) have a few threads of their own: they only
     read the store, in a fraction of a millisecond, and a few threads serve a crowd of
@@ -234,45 +233,38 @@ class Jobs:
     wait behind the slow calls (submit, logs, whoami ask the nodes or the file server),
     which keep the ``workers`` threads."""
 
-    def __init__(self, runners, utils, workers):
-        self.runners = runners
-        self.utils = utils
+    def __init__(self, functions, workers):
+        self.functions = functions
         self.pool = concurrent.futures.ThreadPoolExecutor(workers,
                                                           thread_name_prefix="mpi-api")
         self.polled = concurrent.futures.ThreadPoolExecutor(POLLED_WORKERS,
                                                             thread_name_prefix="mpi-api-poll")
 
     def _call_as(self, identity, fun, kwargs):
-        with self.utils["mpi_caller.as_hub_user"](identity):
-            return self.runners[f"mpi.{fun}"](**kwargs)
+        return self.functions[fun](user_calls.hub_user(identity), **kwargs)
 
     async def call(self, identity, fun, **kwargs):
-        """The runner's answer; Refused(400/404) when it refused the call."""
+        """The call's answer; Refused(400/404) when it refused."""
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(self.polled if fun in POLLED else self.pool,
-                                                self._call_as, identity, fun, kwargs)
+            return await loop.run_in_executor(self.polled if fun in POLLED else self.pool,
+                                              self._call_as, identity, fun, kwargs)
         except TypeError as exc:  # an argument the function does not take
             raise Refused(400, f"bad arguments for {fun}: {exc}") from None
-        if isinstance(result, dict) and ("error" in result or result.get("state") == "rejected"):
-            message = str(result.get("error") or f"{fun} was rejected").strip()
-            status = 404 if message.startswith("no such job") else 400
-            body = {k: v for k, v in result.items() if k != "retcode"}
-            raise Refused(status, message.splitlines()[0] if status == 404 else message,
-                          body=body)
-        if isinstance(result, dict):
-            result.pop("retcode", None)
-        return result
+        except NoSuchJob as exc:
+            raise Refused(404, str(exc)) from None
+        except DockerMPIError as exc:
+            body = {"state": "rejected"} if fun == "submit" else {}
+            raise Refused(400, str(exc).strip(), body=body) from None
 
 
 class Listeners:
     """Every open event stream, by DockerMPI user; fed from the master's bus by one
     thread that reads each changed job's record and hands it to its owner only."""
 
-    def __init__(self, opts, utils, loop):
-        self.opts = opts
-        self.utils = utils
+    def __init__(self, site, loop):
+        self.site = site
         self.loop = loop
         self.by_user = collections.defaultdict(set)  # user -> {asyncio.Queue}
 
@@ -295,12 +287,10 @@ class Listeners:
 
     def run(self):
         """Follow the bus until the process ends (in a thread of its own)."""
-        store = job_store.open_store(
-            os.path.join(self.opts["cachedir"], "dockermpi", "jobs.sqlite"))
+        store = self.site.store()
         while True:
             try:
-                with salt.utils.event.get_master_event(self.opts, self.opts["sock_dir"],
-                                                       listen=True) as bus:
+                with self.site.job_events() as bus:
                     bus.subscribe(JOB_TAG_PREFIX)
                     while True:
                         event = bus.get_event(wait=5, tag=JOB_TAG_PREFIX, match_type="startswith",
@@ -313,9 +303,7 @@ class Listeners:
                         record = store.get(match.group(1))
                         if record is None:
                             continue
-                        waiting = store.get_meta("waiting", {}) if record["state"] == "queued" \
-                            else None
-                        view = job_record.public(record, waiting)
+                        view = user_calls.public(store, record)
                         self.loop.call_soon_threadsafe(self._deliver, record["user"], view)
             except Exception:  # pylint: disable=broad-except
                 log.exception("mpi_api: reading the event bus failed; reconnecting")
@@ -421,7 +409,7 @@ def _openapi():
     }
 
 
-def make_app(opts, runners, utils, settings):
+def make_app(site, functions, settings):
     """The tornado application of the API (importing tornado only here: a minion that
     loads this module's ``__virtual__`` needs none of it)."""
     import tornado.httpclient  # pylint: disable=import-outside-toplevel
@@ -446,8 +434,8 @@ def make_app(opts, runners, utils, settings):
     slots = Slots(limits["streams"])
     calls = Slots(CALLS_PER_USER, "calls in progress", "mpi_api CALLS_PER_USER",
                   "wait for one to end")
-    jobs = Jobs(runners, utils, int(settings.get("workers", 16)))
-    listeners = Listeners(opts, utils, asyncio.get_event_loop())
+    jobs = Jobs(functions, int(settings.get("workers", 16)))
+    listeners = Listeners(site, asyncio.get_event_loop())
     try:
         allowed = [ipaddress.ip_network(a, strict=False)
                    for a in settings.get("allowed_clients") or []]
@@ -495,7 +483,7 @@ def make_app(opts, runners, utils, settings):
                 self.hub_user = await identity.user(self._token())
                 try:
                     self.user = dmpi.settings.user_for_identity(self.hub_user)
-                except ValueError as exc:
+                except RequestError as exc:
                     raise Refused(403, str(exc)) from None
                 rate.take(self.hub_user)
 
@@ -815,7 +803,7 @@ def _loaded(dunder):
     return dunder.value() if hasattr(dunder, "value") else dunder
 
 
-def tls_context(cert, key, host, utils):
+def tls_context(cert, key, host):
     """The server side TLS of the API (None on loopback without a certificate)."""
     if not (cert and key):
         if dmpi.settings.is_loopback(host):
@@ -834,21 +822,15 @@ def start(hub_api_url, port=8001, host="0.0.0.0", allowed_clients=None,
     """Serve the API until the master stops."""
     import tornado.httpserver  # pylint: disable=import-outside-toplevel
 
-    opts, utils = _loaded(__opts__), _loaded(__utils__)
-    ssl_options = tls_context(tls_cert, tls_key, host, utils)
-    # The runner must read the caller from the very mpi_caller module this engine marks
-    # threads with (the runners Salt hands engines load utils of their own): with two
-    # copies every call would look like an admin's.
-    runners = salt.loader.runner(opts, utils=utils)
-    if runners.pack.get("__utils__") is not utils:
-        raise RuntimeError("mpi_api: the runners' utils are not this engine's; refusing "
-                           "to serve")
+    ssl_options = tls_context(tls_cert, tls_key, host)
+    site = Site(_loaded(__opts__))
+    functions = {name: functools.partial(fun, site) for name, fun in user_calls.CALLS.items()}
     settings = {"hub_api_url": hub_api_url, "allowed_clients": allowed_clients,
                 "token_cache_seconds": token_cache_seconds, "limits": limits,
                 "workers": workers, "hub_ca": hub_ca}
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    app, listeners = make_app(opts, runners, utils, settings)
+    app, listeners = make_app(site, functions, settings)
     threading.Thread(target=listeners.run, name="mpi-api-bus", daemon=True).start()
     server = tornado.httpserver.HTTPServer(app, max_body_size=DISCARD_BYTES,
                                            max_buffer_size=1 << 20,

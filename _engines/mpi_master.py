@@ -27,25 +27,18 @@ Master configuration:
 Optional settings: ``interval`` (seconds between passes of the clock, default 1) and
 ``settings_interval`` (seconds between reads of the site's settings, default 60). The
 queue is planned with the site's settings as the nodes see them, read every
-``settings_interval`` by a thread of this engine (``mpi.settings``) and at each submit.
+``settings_interval`` by a thread of this engine and at each submit.
 
 :depends: the ``dmpi`` package (``_utils``); the ``mpi_node`` engine on the nodes
 """
 
-import ipaddress
-import json
 import logging
-import os
 import threading
 import time
 
-import salt.client
-import salt.utils.event
-import dmpi.seal
-from dmpi.master import controller
 from dmpi.contract import DRAINS_TAG, JOB_TAG_RE, NODE_TAG_RE
-from dmpi.jobs import store as job_store
-from salt.exceptions import CommandExecutionError
+from dmpi.master import controller
+from dmpi.master.site import Site
 
 log = logging.getLogger(__name__)
 
@@ -59,69 +52,6 @@ def __virtual__():
     if __opts__.get("__role") != "master":
         return False, "mpi_master runs on the Salt master"
     return __virtualname__
-
-
-class _CallFailed(CommandExecutionError):
-    """A call to nodes failed on some of them; ``answered`` are those that did answer."""
-
-    def __init__(self, message, answered):
-        super().__init__(message)
-        self.answered = answered
-
-
-class SaltTransport:
-    """How the controller reaches nodes and the event bus, through the master."""
-
-    def __init__(self, opts, runners):
-        self.opts = opts
-        self.runners = runners
-        self._local = threading.local()
-
-    def _client(self):
-        """The calling thread's LocalClient: made once per controller thread (a LocalClient
-        is not shared between threads), not once per call."""
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = salt.client.get_local_client(mopts=self.opts)
-        return client
-
-    def call(self, minions, fun, timeout, **kwargs):
-        """Run fun on minions in parallel; ``{minion: return}``; raises if any failed."""
-        returns = self._client().cmd(list(minions), fun, kwarg=kwargs, tgt_type="list",
-                                     timeout=timeout, full_return=True)
-        results, errors = controller.minion_returns(returns, minions)
-        if errors:
-            raise _CallFailed(controller.failed_calls_message(fun, errors),
-                              list(results))
-        return results
-
-    def seal_for(self, minion, value):
-        """``value`` (JSON) sealed to the minion's accepted Salt key: what a publish
-        carries of users' secrets is then ciphertext in the job cache and on the bus."""
-        return dmpi.seal.seal(
-            os.path.join(self.opts["pki_dir"], "minions", minion), json.dumps(value).encode())
-
-    def call_async(self, minions, fun, **kwargs):
-        self._client().cmd_async(list(minions), fun, tgt_type="list", kwarg=kwargs)
-
-    def fire(self, tag, data):
-        with salt.utils.event.get_master_event(self.opts, self.opts["sock_dir"],
-                                               listen=False) as bus:
-            bus.fire_event(data, tag)
-
-    def host_addresses(self, minions, network):
-        """Each minion's address on the cluster network, from its cached grains."""
-        net = ipaddress.ip_network(network)
-        grains = self.runners["cache.grains"](tgt=list(minions), tgt_type="list")
-        addresses = {}
-        for minion in minions:
-            found = [a for a in grains.get(minion, {}).get("ipv4", [])
-                     if ipaddress.ip_address(a) in net]
-            if not found:
-                raise CommandExecutionError(
-                    f"{minion} has no address in the cluster network {network}")
-            addresses[minion] = found[0]
-        return addresses
 
 
 def _dispatch(jobs, tag, data):
@@ -150,17 +80,16 @@ def _loaded(dunder):
     return dunder.value() if hasattr(dunder, "value") else dunder
 
 
-def _read_settings(runners, every):
-    """Read the site's settings every ``every`` seconds (``mpi.settings`` stores them
+def _read_settings(site, every):
+    """Read the site's settings every ``every`` seconds (``Site.settings`` stores them
     for the controller's next plan); a failure is logged when it changes, the settings the
     controller has are kept."""
     last_error = None
     while True:
-        time.sleep(every)  # a new master has no mpi runner before its first sync
+        time.sleep(every)
         try:
-            answer = runners["mpi.settings"]()
-            error = answer.get("error") if isinstance(answer, dict) and "retcode" in answer \
-                else None
+            site.settings(fresh=True)
+            error = None
         except Exception as exc:  # pylint: disable=broad-except
             error = str(exc)
         if error != last_error:
@@ -174,17 +103,14 @@ def _read_settings(runners, every):
 
 def start(interval=1.0, settings_interval=60.0):
     """Run the job controller until the master stops."""
-    opts = _loaded(__opts__)
-    store = job_store.open_store(os.path.join(opts["cachedir"], "dockermpi", "jobs.sqlite"))
-    runners = _loaded(__runners__)
-    jobs = controller.JobController(store, SaltTransport(opts, runners))
-    threading.Thread(target=_read_settings, args=(runners, float(settings_interval)),
+    site = Site(_loaded(__opts__))
+    jobs = controller.JobController(site.store(), site)
+    threading.Thread(target=_read_settings, args=(site, float(settings_interval)),
                      name="mpi-settings", daemon=True).start()
     interval = float(interval)
     next_pass = time.monotonic()
     log.info("DockerMPI job controller started")
-    with salt.utils.event.get_master_event(opts, opts["sock_dir"],
-                                           listen=True) as bus:
+    with site.job_events() as bus:
         bus.subscribe("mpi/")
         while True:
             event = bus.get_event(wait=max(0.01, next_pass - time.monotonic()), tag="mpi/",

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What does DockerMPI's user API cost per call, on its own, with no cluster?
 
-The real API (``_engines/mpi_api.py``'s ``make_app``, the real ``mpi`` runner and utils
-through Salt's loader, as the engine's ``start()`` loads them, and a real SQLite job
+The real API (``_engines/mpi_api.py``'s ``make_app`` serving the real user calls of
+``dmpi.master.user_calls``, as the engine's ``start()`` makes it, and a real SQLite job
 store) runs in a child process of its own; this process is the load (tornado's HTTP
 client, a new connection per call, as the hub's proxy makes them), the hub's ``GET
 /user`` (tokens are checked once each, then the API's cache answers) and the job controller
@@ -31,14 +31,14 @@ about the burst's size times the CPU per call of the API and the load together.
 Then, as a check, records written from this process are read back through the API at
 once (readers must see committed writes).
 
-Then the runner alone: ``mpi.status`` and ``mpi.list`` called ``--direct`` times each in
-one thread of the API's process, as a worker thread calls them: the CPU per call that is
-the runner's and the store's, not HTTP's.
+Then the calls alone: ``status`` and ``list`` called ``--direct`` times each in one
+thread of the API's process, as a worker thread calls them: the CPU per call that is the
+calls' and the store's, not HTTP's.
 
 ``--profile FILE``: the flat-out phase once more under cProfile (the event loop thread
 and every worker thread), saved to FILE and its top functions printed.
-``--source DIR``: take ``_engines``, ``_runners`` and ``_utils`` from DIR (a copy of
-another version) to compare two versions on the same machine.
+``--source DIR``: take ``_engines`` and ``_utils`` (the ``dmpi`` package) from DIR (a
+copy of another version of the same layout) to compare two versions on one machine.
 
 Run from the repository root (no root, no cluster, no lock)::
 
@@ -157,9 +157,13 @@ def _profiling_pool(profiles):
 def serve(args):
     """The child: the API on a free port; answers ``cpu`` and ``profile on|off FILE``
     lines on stdin."""
+    import functools  # pylint: disable=import-outside-toplevel
+
     import salt.config  # pylint: disable=import-outside-toplevel
-    import salt.loader  # pylint: disable=import-outside-toplevel
     import tornado.httpserver  # pylint: disable=import-outside-toplevel
+    from dmpi.errors import DockerMPIError  # pylint: disable=import-outside-toplevel
+    from dmpi.master import user_calls  # pylint: disable=import-outside-toplevel
+    from dmpi.master.site import Site  # pylint: disable=import-outside-toplevel
 
     from tests.extension import load_extension  # pylint: disable=import-outside-toplevel
 
@@ -170,13 +174,12 @@ def serve(args):
     config = tmp / "master"
     config.write_text(json.dumps({
         "root_dir": str(tmp), "cachedir": str(tmp / "cache"), "sock_dir": str(tmp / "sock"),
-        "pki_dir": str(tmp / "pki"), "log_file": str(tmp / "master.log"),
-        "runner_dirs": [str(source / "_runners")], "utils_dirs": [str(source / "_utils")]}))
+        "pki_dir": str(tmp / "pki"), "log_file": str(tmp / "master.log")}))
     opts = salt.config.master_config(str(config))
     opts["__role"] = "master"
-    utils = salt.loader.utils(opts)
-    runners = salt.loader.runner(opts, utils=utils)
-    store = job_store.open_store(os.path.join(opts["cachedir"], "dockermpi", "jobs.sqlite"))
+    site = Site(opts)
+    functions = {name: functools.partial(fun, site) for name, fun in user_calls.CALLS.items()}
+    store = site.store()
     ids = _fill(store, args.users, args.jobs)
     mpi_api = load_extension(str(source / "_engines" / "mpi_api.py"), "mpi_api_bench")
     profiles = []
@@ -191,7 +194,7 @@ def serve(args):
                 "token_cache_seconds": 3600, "limits": limits, "workers": args.workers}
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    app, _ = mpi_api.make_app(opts, runners, utils, settings)
+    app, _ = mpi_api.make_app(site, functions, settings)
     server = tornado.httpserver.HTTPServer(app, max_body_size=mpi_api.DISCARD_BYTES,
                                            max_buffer_size=1 << 20,
                                            idle_connection_timeout=3600)
@@ -215,16 +218,17 @@ def serve(args):
         stats.dump_stats(path)
 
     def direct(fun, count):
-        """CPU ms per call of the runner's function alone, as a worker thread calls it
-        (no HTTP, no event loop, no thread hop)."""
+        """CPU ms per call of the user call alone, as a worker thread calls it (no HTTP,
+        no event loop, no thread hop)."""
         user = sorted(ids)[0]
+        caller = user_calls.hub_user(user)
         kwargs = {"job_id": ids[user][-1]} if fun == "status" else {}
         started = time.process_time()
         for _ in range(count):
-            with utils["mpi_caller.as_hub_user"](user):
-                found = runners[f"mpi.{fun}"](**kwargs)
-            if isinstance(found, dict) and "error" in found:
-                return f"mpi.{fun} failed: {found['error']}"
+            try:
+                functions[fun](caller, **kwargs)
+            except DockerMPIError as exc:
+                return f"{fun} failed: {exc}"
         return 1000 * (time.process_time() - started) / count
 
     def commands():
@@ -384,7 +388,11 @@ async def main(args):
          f"http://127.0.0.1:{hub_port[0]}/hub/api", "--source", args.source,
          "--users", str(args.users), "--jobs", str(args.jobs), "--log-level", args.log_level,
          "--workers", str(args.workers)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+        # The dmpi package of --source, before any other on the path.
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(pathlib.Path(args.source) / "_utils")]
+            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])))
     try:
         ready = await asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline)
         if not ready:
@@ -432,7 +440,7 @@ async def main(args):
             if isinstance(direct[fun], str):
                 failed.append(direct[fun])
             else:
-                print(f"api_cpu_runner_{fun}_cpu_ms_per_call {direct[fun]:.3f}")
+                print(f"api_cpu_call_{fun}_cpu_ms_per_call {direct[fun]:.3f}")
         if args.profile:
             concurrency = max(args.concurrency)
             log(f"flat out x{concurrency} under cProfile for {args.seconds:g} s")
@@ -453,7 +461,7 @@ async def main(args):
         tmp.cleanup()
     print(table(["phase", "clients", "calls", "calls/s", "API CPU ms/call", "API cores",
                  "load CPU ms/call", "p50 ms", "p95 ms", "p99 ms", "errors"], rows))
-    print(f"\nthe runner alone (mpi.status / mpi.list called {args.direct} times in one "
+    print(f"\nthe calls alone (status / list called {args.direct} times in one "
           "thread, no HTTP): " + ", ".join(f"{fun} {fmt(ms, 3)} ms" for fun, ms in direct.items()
                                            if not isinstance(ms, str)) + " of CPU per call")
     if args.profile:

@@ -24,6 +24,21 @@ class RequestError(DockerMPIError, ValueError):
     """An argument of a job request is wrong; the message says which and why."""
 
 
+class NoSuchJob(RequestError):
+    """The job does not exist, or is not the caller's to see: the two are told alike, so
+    that no user learns of another's jobs."""
+
+
+class ClusterError(DockerMPIError, RuntimeError):
+    """The cluster cannot do what was asked now (no node reports, a call to a node
+    failed, the site's settings are invalid); the message says which. For a call to
+    nodes, ``answered`` lists the nodes that did answer."""
+
+    def __init__(self, message, answered=()):
+        super().__init__(message)
+        self.answered = list(answered)
+
+
 class StoreError(DockerMPIError, RuntimeError):
     """The job store cannot be used, or cannot do what was asked (no uid left, a name
     taken)."""

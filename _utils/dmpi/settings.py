@@ -28,7 +28,7 @@ import urllib.parse
 from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
                            IMAGE_NAME_RE, IMAGE_REFERENCE_RE, MAX_STANDBY_NAMESPACES,
                            USER_RE)
-from dmpi.errors import ConfigError
+from dmpi.errors import ConfigError, RequestError
 
 __all__ = [
     "endpoint",
@@ -149,7 +149,7 @@ def user_for_identity(identity):
     hex digits of the name's SHA-256 (``Ann.Lee@example.org`` -> ``ann-lee-example-org-
     <hash>``), so two hub names never share a directory. (Someone may still register a
     hub name equal to another's mapped name: the master's store binds each user name to
-    the first identity that used it.) ``ValueError`` for an empty or non-text identity.
+    the first identity that used it.) RequestError for an empty or non-text identity.
 
     CLI Example:
 
@@ -158,7 +158,7 @@ def user_for_identity(identity):
         dmpi.settings.user_for_identity("Ann.Lee@example.org")
     """
     if not isinstance(identity, str) or not identity or len(identity) > 255:
-        raise ValueError(f"{_shown(identity)} is not a hub user name")
+        raise RequestError(f"{_shown(identity)} is not a hub user name")
     if USER_RE.match(identity):
         return identity
     base = re.sub(r"[^a-z0-9]+", "-", identity.lower()).strip("-")[:40].strip("-")

@@ -1,10 +1,11 @@
 """The user API's HTTP layer (``_engines/mpi_api.py``) on a real tornado server: who may
-call, per-user limits, bodies, errors. The runner's functions are stand-ins that record
-who called them; a small tornado app answers for the hub's ``GET /user``. The real hub,
-runner and proxy are in tests/integration/test_hub.py."""
+call, per-user limits, bodies, errors. The user calls are stand-ins that record who
+called them (but for status and list over a real store); a small tornado app answers for
+the hub's ``GET /user``. The real hub, calls and proxy are in tests/integration/test_hub.py."""
 
 import asyncio
 import contextlib
+import functools
 import http.client
 import json
 import ssl
@@ -17,13 +18,13 @@ import pytest
 import tornado.httpserver
 import tornado.web
 
-from dmpi.jobs import store as job_store
+from dmpi.errors import NoSuchJob
+from dmpi.master import user_calls
+from dmpi.master.site import Site
 from tests.cluster import tls
 from tests.extension import load_extension
 
 mpi_api = load_extension("_engines/mpi_api.py", "mpi_api")
-mpi_caller = load_extension("_utils/mpi_caller.py", "mpi_caller")
-import dmpi.settings  # noqa: E402
 
 SCOPE = "access:services!service=dockermpi"
 #: token -> the hub's model of its owner (None: the hub refuses it)
@@ -50,35 +51,22 @@ class HubUser(tornado.web.RequestHandler):
 
 
 class Runner:
-    """The runner's functions as the API calls them: each records the hub user its
-    thread acts for."""
+    """The user calls as the API makes them: each records the hub user it acts for."""
 
     def __init__(self):
         self.calls = []
 
-    def __getitem__(self, name):
-        fun = name.split(".", 1)[1]
-
-        def call(**kwargs):
-            self.calls.append((fun, mpi_caller.hub_user(), kwargs))
+    def __getitem__(self, fun):
+        def call(caller, **kwargs):
+            self.calls.append((fun, caller.identity, kwargs))
             if fun == "status" and kwargs["job_id"] != "20261202-120000-aaaaaa":
-                return {"error": f"no such job: {kwargs['job_id']}", "retcode": 1}
+                raise NoSuchJob(f"no such job: {kwargs['job_id']}")
             if fun == "submit":
-                return {"job_id": "20261202-120000-aaaaaa", "state": "queued", "retcode": 0}
+                return {"job_id": "20261202-120000-aaaaaa", "state": "queued"}
             if fun == "list":
                 return []
-            return {"fun": fun, "retcode": 0}
+            return {"fun": fun}
         return call
-
-
-class Utils(dict):
-    pass
-
-
-UTILS = Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user,
-               "mpi_config.user_for_identity": dmpi.settings.user_for_identity,
-               "mpi_config.is_loopback": dmpi.settings.is_loopback,
-               "mpi_config.is_encrypted_or_local": dmpi.settings.is_encrypted_or_local})
 
 
 @pytest.fixture
@@ -94,7 +82,6 @@ def _serving(runner, allowed_clients, tls_files=None, hub_ca=True):
     """The API's base URL, serving ``runner``'s functions until the block ends; with
     ``tls_files`` (of :func:`_tls_files`) the API and the hub stand-in serve TLS, and the
     API checks the hub's certificate with the CA unless ``hub_ca`` is false."""
-    utils = UTILS
     ready = threading.Event()
     found = {}
 
@@ -103,10 +90,8 @@ def _serving(runner, allowed_clients, tls_files=None, hub_ca=True):
         asyncio.set_event_loop(loop)
         hub_ssl = api_ssl = None
         if tls_files:
-            hub_ssl = mpi_api.tls_context(tls_files["hub_cert"], tls_files["hub_key"], "0.0.0.0",
-                                          UTILS)
-            api_ssl = mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0",
-                                          UTILS)
+            hub_ssl = mpi_api.tls_context(tls_files["hub_cert"], tls_files["hub_key"], "0.0.0.0")
+            api_ssl = mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0")
         hub = tornado.httpserver.HTTPServer(tornado.web.Application([("/hub/api/user", HubUser)]),
                                             ssl_options=hub_ssl)
         hub_port = _listen(hub)
@@ -118,7 +103,7 @@ def _serving(runner, allowed_clients, tls_files=None, hub_ca=True):
                     "token_cache_seconds": 60,
                     "limits": {"requests_per_second": 2, "burst": 5, "streams": 1,
                                "body_bytes": 1024, "log_bytes": 4096, "wait_seconds": 5}}
-        app, _ = mpi_api.make_app({}, runner, utils, settings)
+        app, _ = mpi_api.make_app(Site({}), runner, settings)
         api = tornado.httpserver.HTTPServer(app, max_body_size=mpi_api.DISCARD_BYTES,
                                             ssl_options=api_ssl)
         scheme = "https" if tls_files else "http"
@@ -169,7 +154,6 @@ def test_each_call_runs_as_the_hub_user_whose_token_it_is(server):
     assert call(url, "/whoami", token="bob-token-0123456789")[0] == 200
     assert [(fun, who) for fun, who, _ in runner.calls] == [("whoami", "ann"),
                                                             ("whoami", "bob")]
-    assert mpi_caller.hub_user() is None  # nothing leaks into other threads
 
 
 @pytest.mark.parametrize("token, status", [
@@ -272,9 +256,9 @@ def test_an_engine_configuration_without_every_limit_is_refused_naming_those_mis
                 "limits": {"requests_per_second": 2, "burst": 5, "streams": 1,
                            "body_bytes": 1024}}
     with pytest.raises(ValueError, match="limits lack log_bytes, wait_seconds; .*mpi:api:limits"):
-        mpi_api.make_app({}, Runner(), Utils(), settings)
+        mpi_api.make_app(Site({}), Runner(), settings)
     with pytest.raises(ValueError, match="lack requests_per_second, burst, streams, body_bytes"):
-        mpi_api.make_app({}, Runner(), Utils(), dict(settings, limits=None))
+        mpi_api.make_app(Site({}), Runner(), dict(settings, limits=None))
 
 
 @pytest.mark.parametrize("method, path", [
@@ -294,17 +278,14 @@ def test_polled_calls_have_threads_of_their_own_so_slow_calls_never_hold_them_up
     release = threading.Event()
 
     class SlowSubmit(Runner):
-        def __getitem__(self, name):
-            fun = name.split(".", 1)[1]
-
-            def run(**kwargs):
+        def __getitem__(self, fun):
+            def run(caller, **kwargs):
                 if fun == "submit":
                     release.wait(30)
                 return {"fun": fun, "thread": threading.current_thread().name}
             return run
 
-    jobs = mpi_api.Jobs(SlowSubmit(), Utils({"mpi_caller.as_hub_user": mpi_caller.as_hub_user}),
-                        workers=1)
+    jobs = mpi_api.Jobs(SlowSubmit(), workers=1)
 
     async def polled_while_the_only_worker_is_busy():
         slow = asyncio.ensure_future(jobs.call("ann", "submit"))
@@ -325,13 +306,8 @@ def test_polled_calls_have_threads_of_their_own_so_slow_calls_never_hold_them_up
 def real_runner(tmp_path, monkeypatch):
     """(base URL of the API, the job store): the API serving the real runner's status
     and list over a real store, with two users' jobs."""
-    runner = load_extension("_runners/mpi.py", "mpi_runner_for_api")
-    monkeypatch.setattr(runner, "__utils__", {
-        "mpi_caller.hub_user": mpi_caller.hub_user,
-        "mpi_config.user_for_identity": dmpi.settings.user_for_identity}, raising=False)
-    monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path)}, raising=False)
-    monkeypatch.setattr(runner, "__context__", {}, raising=False)
-    store = job_store.open_store(str(tmp_path / "dockermpi" / "jobs.sqlite"))
+    site = Site({"cachedir": str(tmp_path)})
+    store = site.store()
     for n, (user, state) in enumerate([("ann", "running"), ("bob", "queued"), ("ann", "queued"),
                                        ("ann", "succeeded")]):
         job_id = f"20261202-12000{n}-aaaaaa"
@@ -345,7 +321,8 @@ def real_runner(tmp_path, monkeypatch):
             store.transition(job_id, state, ended=1764677000.75, exit_code=0)
     store.set_meta("waiting", {"20261202-120001-aaaaaa": "user limit",
                                "20261202-120002-aaaaaa": "free slots"})
-    functions = {"mpi.status": runner.status, "mpi.list": runner.list_}
+    functions = {"status": functools.partial(user_calls.status, site),
+                 "list": functools.partial(user_calls.list_jobs, site)}
     with _serving(functions, ["127.0.0.0/8"]) as url:
         yield url, store
 
@@ -398,20 +375,18 @@ class Printing(Runner):
     def stdout_reads(self):
         return sum(1 for fun, _, kw in self.calls if fun == "logs" and kw["stream"] == "stdout")
 
-    def __getitem__(self, name):
-        fun = name.split(".", 1)[1]
-
-        def call(**kwargs):
-            self.calls.append((fun, mpi_caller.hub_user(), kwargs))
+    def __getitem__(self, fun):
+        def call(caller, **kwargs):
+            self.calls.append((fun, caller.identity, kwargs))
             if fun == "status":
                 ended = self.stdout_reads() >= self.reads
                 return {"job_id": self.JOB, "user": "ann", "state":
-                        "succeeded" if ended else "running", "closed": ended, "retcode": 0}
+                        "succeeded" if ended else "running", "closed": ended}
             if fun == "logs" and kwargs["stream"] == "stdout":
                 return {"data": "line\n", "offset": kwargs["offset"] + 5}
             if fun == "logs":
                 return {"data": "", "offset": kwargs["offset"]}
-            return {"fun": fun, "retcode": 0}
+            return {"fun": fun}
         return call
 
 
@@ -476,8 +451,8 @@ def test_the_engine_refuses_plain_http_for_tokens_between_hosts(tls_files):
     settings = {"hub_api_url": "http://10.0.0.5:8081/hub/api", "allowed_clients": ["10.0.0.5"],
                 "limits": dict.fromkeys(mpi_api.LIMITS, 5)}
     with pytest.raises(ValueError, match="plain http to another host.*mpi:api:hub_api_url"):
-        mpi_api.make_app({}, Runner(), UTILS, settings)
+        mpi_api.make_app(Site({}), Runner(), settings)
     with pytest.raises(ValueError, match="listening on 0.0.0.0 needs tls_cert and tls_key"):
-        mpi_api.tls_context(None, None, "0.0.0.0", UTILS)
-    assert mpi_api.tls_context(None, None, "127.0.0.1", UTILS) is None
-    assert mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0", UTILS)
+        mpi_api.tls_context(None, None, "0.0.0.0")
+    assert mpi_api.tls_context(None, None, "127.0.0.1") is None
+    assert mpi_api.tls_context(tls_files["api_cert"], tls_files["api_key"], "0.0.0.0")

@@ -2,8 +2,10 @@
 job controller plans with what the pillar says now, without waiting for a submit."""
 
 import logging
+import types
 
 import pytest
+from dmpi.errors import ClusterError
 from tests.extension import load_extension
 
 mpi_master = load_extension("_engines/mpi_master.py", "mpi_master_engine")
@@ -15,7 +17,7 @@ class Stop(Exception):
 
 def _rounds(monkeypatch, answers):
     """Run the reader over ``answers`` (one per round: a return or an exception of
-    ``mpi.settings``); returns the seconds it slept before each round."""
+    ``Site.settings``); returns the seconds it slept before each round."""
     slept, pending = [], list(answers)
 
     def sleep(seconds):
@@ -23,7 +25,8 @@ def _rounds(monkeypatch, answers):
             raise Stop
         slept.append(seconds)
 
-    def settings():
+    def settings(fresh):
+        assert fresh
         answer = pending.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -31,7 +34,7 @@ def _rounds(monkeypatch, answers):
 
     monkeypatch.setattr(mpi_master.time, "sleep", sleep)
     with pytest.raises(Stop):
-        mpi_master._read_settings({"mpi.settings": settings}, 60.0)
+        mpi_master._read_settings(types.SimpleNamespace(settings=settings), 60.0)
     return slept
 
 
@@ -41,16 +44,16 @@ def test_the_settings_are_read_every_interval_and_first_after_one(monkeypatch):
 
 
 def test_a_bad_pillar_is_logged_once_and_its_end_once(monkeypatch, caplog):
-    bad = {"error": "the site's mpi pillar is invalid, so no job can be accepted:\n"
-                    "mpi:slots_per_node must be a whole number of at least 1", "retcode": 1}
+    bad = ClusterError("the site's mpi pillar is invalid, so no job can be accepted:\n"
+                       "mpi:slots_per_node must be a whole number of at least 1")
     with caplog.at_level(logging.INFO, logger=mpi_master.log.name):
-        _rounds(monkeypatch, [{"slots_per_node": 2}, bad, bad, KeyError("mpi.settings"),
+        _rounds(monkeypatch, [{"slots_per_node": 2}, bad, bad, KeyError("settings"),
                               {"slots_per_node": 3}, {"slots_per_node": 3}])
     said = [(r.levelname, r.getMessage().split(":", 1)[1].strip()) for r in caplog.records]
     assert said == [
         ("WARNING", "the site's settings were not read again, the last ones stay: "
-                    + bad["error"]),
+                    + str(bad)),
         ("WARNING", "the site's settings were not read again, the last ones stay: "
-                    "'mpi.settings'"),
+                    "'settings'"),
         ("INFO", "the site's settings are read again"),
     ]

@@ -11,6 +11,9 @@ def test_every_error_is_a_dockermpi_error_and_keeps_its_builtin_base():
     assert issubclass(errors.ConfigError, ValueError)
     assert issubclass(errors.RequestError, ValueError)
     assert issubclass(errors.StoreError, RuntimeError)
+    assert issubclass(errors.NoSuchJob, errors.RequestError)
+    assert issubclass(errors.ClusterError, errors.DockerMPIError)
+    assert issubclass(errors.ClusterError, RuntimeError)
     assert issubclass(StartFailure, errors.DockerMPIError)
 
 

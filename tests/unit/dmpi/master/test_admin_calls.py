@@ -1,15 +1,19 @@
-"""Unit tests of the ``mpi`` runner's maintenance commands (``drain``, ``resume``,
-``nodes``) over a real job store: who may call them, what they record and show. The
-master's minion list and event bus are replaced; the job controller's part is in
-tests/unit/dmpi/master/test_controller.py, the whole on the cluster in tests/integration/test_maintenance.py."""
+"""The admins' maintenance commands (``dmpi.master.admin_calls``: ``drain``,
+``resume``, ``nodes``) over a real job store, and the ``mpi`` runner's face of them:
+what they record and show, and how a refusal reaches ``salt-run``. The master's minion
+list and event bus are a Site subclass that records; the job controller's part is in
+tests/unit/dmpi/master/test_controller.py, the whole on the cluster in
+tests/integration/test_maintenance.py. (Users cannot reach these at all: the user API
+serves ``dmpi.master.user_calls`` only, test_user_calls.py.)"""
 
 import time
 
 import pytest
-from dmpi.jobs import store as store_module
+from dmpi.errors import RequestError
+from dmpi.master import admin_calls
+from dmpi.master.site import Site
 from tests.extension import load_extension
 
-caller = load_extension("_utils/mpi_caller.py", "mpi_caller_for_runner")
 runner = load_extension("_runners/mpi.py", "mpi_runner_maintenance")
 
 REF = "10.251.1.2:5000/dockermpi/mpi@sha256:" + "a" * 64
@@ -17,9 +21,24 @@ HEALTH = {"docker": "ok", "storage": "ok", "images": [REF, "other@sha256:" + "b"
           "job_ca": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 
 
+class RecordingSite(Site):
+    """Three MPI nodes; what would go on the event bus is recorded in ``fired``."""
+
+    def __init__(self, cachedir):
+        super().__init__({"cachedir": str(cachedir)})
+        self.fired = []
+
+    def mpi_nodes(self):
+        return ["node1", "node2", "node3"]
+
+    def fire(self, tag, data):
+        self.fired.append(tag)
+
+
 @pytest.fixture
 def master(tmp_path, monkeypatch):
-    store = store_module.open_store(str(tmp_path / "jobs.sqlite"))
+    site = RecordingSite(tmp_path)
+    store = site.store()
     store.set_meta("site", {"config": {"slots_per_node": 2, "images": {"mpi": REF}}})
     now = time.time()
     store.nodes_seen({
@@ -28,22 +47,15 @@ def master(tmp_path, monkeypatch):
                         "health": dict(HEALTH, storage="not writable: Read-only file system")}),
         "node3": (now - 60, {"engine": "ok", "jobs": {}, "health": HEALTH}),
     })
-    fired = []
-    monkeypatch.setattr(runner.job_store, "open_store", lambda path: store)
-    monkeypatch.setattr(runner, "__utils__", {"mpi_caller.hub_user": caller.hub_user},
-                        raising=False)
-    monkeypatch.setattr(runner, "__opts__", {"cachedir": str(tmp_path), "user": "root"},
-                        raising=False)
+    monkeypatch.setattr(runner, "_SITE", [site])
     monkeypatch.setattr(runner, "__context__", {}, raising=False)
     # Salt's name for the salt-run caller (drain records it)
     monkeypatch.setattr(runner, "__user__", "root", raising=False)
-    monkeypatch.setattr(runner, "_mpi_nodes", lambda: ["node1", "node2", "node3"])
-    monkeypatch.setattr(runner, "_drains_changed", lambda: fired.append("mpi/drains/changed"))
-    return store, fired
+    return site
 
 
-def test_drain_records_who_why_and_since_and_tells_the_engine(master):
-    store, fired = master
+def test_drain_records_who_why_and_since_and_tells_the_controller(master):
+    store, fired = master.store(), master.fired
     drained = runner.drain("node1", reason="disk swap, ticket 4711")
     assert drained["node"] == "node1" and drained["running_jobs"] == []
     assert drained["drained"]["reason"] == "disk swap, ticket 4711"
@@ -77,20 +89,13 @@ def test_nodes_show_health_and_why_a_node_is_not_eligible(master):
     ({"node": "node1", "reason": "x" * 201}, "reason is required"),
 ])
 def test_drain_refuses_bad_arguments(master, args, words):
-    store, fired = master
-    answer = runner.drain(**args)
-    assert answer["retcode"] == 1 and words in answer["error"]
+    with pytest.raises(RequestError, match=words):
+        admin_calls.drain(master, by="root", **args)
+    assert master.store().drains() == {} and master.fired == []
+
+
+def test_a_refusal_reaches_salt_run_as_an_error_and_exit_code_1(master):
+    answer = runner.drain("node9", reason="x")
+    assert answer == {"error": "'node9' is not an MPI node", "retcode": 1}
     assert runner.__context__["retcode"] == 1
-    assert store.drains() == {} and fired == []
-
-
-@pytest.mark.parametrize("call", [lambda: runner.drain("node1", reason="mine now"),
-                                  lambda: runner.resume("node1"), runner.nodes,
-                                  runner.settings])
-def test_hub_users_cannot_drain_resume_see_nodes_or_reread_settings(master, call):
-    store, fired = master
-    store.drain("node1", "maintenance")
-    with caller.as_hub_user("alice"):  # as the API engine calls for a hub user
-        answer = call()
-    assert answer["retcode"] == 1 and "for DockerMPI admins only" in answer["error"]
-    assert store.drains()["node1"]["reason"] == "maintenance" and fired == []
+    assert master.store().drains() == {} and master.fired == []

@@ -1,13 +1,13 @@
-"""Hub identities as DockerMPI users: name mapping and binding in the store. (Who is a hub
-user at all is the API engine's mark on the calling thread: test_mpi_caller.py.)"""
+"""Hub identities as DockerMPI users: name mapping and binding in the store. (What a hub
+user may do as one: tests/unit/dmpi/master/test_user_calls.py.)"""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dmpi.contract import is_user
 import dmpi.settings
-
+from dmpi.contract import is_user
+from dmpi.errors import RequestError
 from dmpi.jobs import store as job_store
 
 
@@ -37,7 +37,7 @@ def test_every_hub_name_maps_to_a_valid_user_name(name):
 
 @pytest.mark.parametrize("bad", ["", None, 5, "x" * 256])
 def test_no_identity_is_refused(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(RequestError, match="is not a hub user name"):
         dmpi.settings.user_for_identity(bad)
 
 

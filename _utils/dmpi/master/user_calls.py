@@ -1,0 +1,340 @@
+"""
+What a DockerMPI user may ask of the master: submit, wait, status, list, cancel, logs,
+history, usage, whoami, images. This module is the whole of it: the ``mpi_api`` engine
+serves :data:`CALLS` to JupyterHub users and nothing else; admin commands live in
+:mod:`dmpi.master.admin_calls`, which the API does not import.
+
+Every function takes the :class:`~dmpi.master.site.Site` and the :class:`Caller`. A hub
+user acts as themselves only: they cannot name another user, and another user's job is
+"no such job" to them, as a job that does not exist. An admin (``salt-run``) names
+whom a job is for and sees every job.
+
+Refusals raise :class:`~dmpi.errors.RequestError` (:class:`~dmpi.errors.NoSuchJob` for
+a job the caller cannot see) and :class:`~dmpi.errors.ClusterError`.
+"""
+
+import dataclasses
+import datetime
+import posixpath
+import re
+import secrets
+import time
+
+import dmpi.settings
+from dmpi.contract import ACTIVE, DATA_MOUNT, FINAL, JOB_ID_RE, JOB_TAG_PREFIX
+from dmpi.errors import ClusterError, NoSuchJob, RequestError
+from dmpi.jobs import accounting, sched
+from dmpi.jobs import record as job_record
+from dmpi.jobs import request as job_request
+
+CONTROLLER_SILENCE = 30  # seconds without a sign of the job controller before submit refuses
+CANCEL_WAIT = 15  # seconds cancel waits for the job controller to end the job
+MAX_TAIL = 16 << 20  # bytes of output one logs call returns at most
+_JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """Who calls: a JupyterHub user (``identity``, their hub name, as the hub said
+    through the API) or an admin (``identity`` None; ``name``, their login, is
+    recorded where an admin's act is)."""
+
+    identity: str = None
+    name: str = None
+
+    @property
+    def is_admin(self):
+        return self.identity is None
+
+    def acting_user(self, user):
+        """Whose job it is: an admin names the user; a hub user is themselves, whatever
+        ``user`` says (and may not name anyone else)."""
+        if self.is_admin:
+            return user
+        own = dmpi.settings.user_for_identity(self.identity)
+        if user is not None and user not in (self.identity, own):
+            raise RequestError(
+                "user cannot be chosen: a hub user's jobs always run as themselves")
+        return own
+
+
+def hub_user(identity):
+    """The caller for JupyterHub user ``identity``; RequestError when the hub name
+    cannot be a DockerMPI user."""
+    if not isinstance(identity, str) or not identity:
+        raise RequestError("a hub user name is required")
+    dmpi.settings.user_for_identity(identity)
+    return Caller(identity=identity)
+
+
+#: An admin on the master (``salt-run``, the job controller).
+ADMIN = Caller()
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
+           slots_per_node=None, walltime=None, env=None, workdir=None, name=None):
+    """Validate a job and queue it; the job's public record (``state: queued``).
+    Nothing is queued when it raises. Arguments as the ``mpi.launch`` runner's."""
+    user = caller.acting_user(user)
+    job_name = _job_name(name)
+    all_nodes = site.mpi_nodes()
+    if not all_nodes:
+        raise RequestError("there are no MPI nodes (grain roles:mpi-node)")
+    store = site.store()
+    _check_controller(store)
+    config = site.node_settings(all_nodes[0])
+    limits = config["limits"]
+    request = job_request.validate_request(user, image, np, cmd, nodes, slots_per_node,
+                                           walltime, env, workdir, limits)
+    images = config.get("images") or {}
+    if request["image"] not in images:
+        raise RequestError(
+            f"image {request['image']!r} is not approved; approved images: {sorted(images)}")
+    candidates, count = site.candidates(request["nodes"], all_nodes)
+    node_slots = int(config["slots_per_node"])
+    try:
+        sched.place(request["np"], {n: node_slots for n in candidates},
+                    count, request["slots_per_node"], node_slots)
+    except ValueError as exc:
+        raise RequestError(
+            f"this job can never run: {exc} (each node has {node_slots} slots)") from None
+    queued_limit = int(limits["max_queued_jobs_per_user"])
+    if queued_limit and len(store.jobs(["queued"], user=request["user"])) >= queued_limit:
+        raise RequestError(
+            f"user {request['user']} already has {queued_limit} jobs queued, the site's "
+            "limit (mpi:limits:max_queued_jobs_per_user); wait for some to start")
+    uid = site.user_uid(config, request["user"], identity=caller.identity)
+    job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    record = job_record.new(
+        job_id, request, name=job_name, uid=uid, image_ref=images[request["image"]],
+        # None: any MPI node, as the queue finds them (not a copy of today's list).
+        candidates=None if request["nodes"] is None or "count" in request["nodes"]
+        else candidates,
+        count=count, workdir=workdir, config=config, now=time.time())
+    store.add(record)
+    site.fire_job(job_id, "queued", {"user": request["user"]})
+    return job_record.public(record)
+
+
+def wait(site, caller, job_id, timeout=None):
+    """The job's public record once its state is final (``closed`` becomes true a moment
+    later, once its containers are gone and status.json is written), or as it is when
+    ``timeout`` seconds passed."""
+    store = site.store()
+    known_job(store, caller, job_id)
+    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    with site.job_events() as bus:
+        bus.subscribe(f"{JOB_TAG_PREFIX}{job_id}/")
+        while True:
+            record = store.get(job_id)
+            if record["state"] in FINAL or (deadline and time.monotonic() > deadline):
+                return public(store, record)
+            # Events make this prompt; reading the store each second makes it certain.
+            bus.get_event(wait=1, tag=f"{JOB_TAG_PREFIX}{job_id}/", match_type="startswith")
+
+
+def status(site, caller, job_id):
+    """The job's public record, with the history of its states."""
+    store = site.store()
+    return public(store, known_job(store, caller, job_id))
+
+
+def list_jobs(site, caller, user=None, state=None):
+    """The caller's jobs (an admin's: every user's, or ``user``'s), oldest first: id,
+    name, user, state, np, placement, times, reason, and why a queued job waits."""
+    user = caller.acting_user(user)
+    states = job_states(state)
+    keys = ("job_id", "name", "user", "state", "np", "placement", "submitted", "started",
+            "ended", "reason")
+    store = site.store()
+    found = store.jobs(states, user=user, keys=keys)
+    # Why queued jobs wait, as the controller last planned: read only when one is listed.
+    waiting = store.get_meta("waiting", {}) if any(
+        r["state"] == "queued" for r in found) else {}
+    return [dict(r, waiting_for=waiting.get(r["job_id"]) if r["state"] == "queued" else None)
+            for r in found]
+
+
+def cancel(site, caller, job_id, reason="cancelled by request"):
+    """Ask the job controller to end a job and wait (a while) for it to; the record."""
+    store = site.store()
+    record = known_job(store, caller, job_id)
+    if record["state"] in FINAL:
+        return dict(public(store, record), note=f"job had already ended ({record['state']})")
+    store.update(job_id, cancel_requested=str(reason)[:200])
+    site.fire_job(job_id, "cancel")
+    ended = wait(site, caller, job_id, timeout=CANCEL_WAIT)
+    if ended.get("state") not in FINAL:
+        ended["note"] = "cancel requested; the job controller has not ended the job yet"
+    return ended
+
+
+def logs(site, caller, job_id, stream="stdout", tail=65536, offset=None):
+    """The end of a job's output (at most ``tail`` bytes), read on one of the nodes; with
+    ``offset``, ``{"data": text, "offset": n}`` from byte ``offset`` on."""
+    if stream not in ("stdout", "stderr"):
+        raise RequestError("stream must be stdout or stderr")
+    store = site.store()
+    record = known_job(store, caller, job_id)
+    alive = site.alive()
+    readers = [n for n in record.get("placement") or {} if n in alive] or sorted(alive)
+    if not readers:
+        raise ClusterError("no MPI node is reporting; cannot read shared storage")
+    config = record["spec"]["config"]
+    sealed = site.call(readers[:1], "mpi_job.read_output", timeout=15,
+                       job_id=job_id, storage_path=config["storage"]["path"],
+                       user=record["user"], uid=record["uid"], gid=record["uid"],
+                       stream=stream, tail_bytes=_tail_bytes(tail), offset=_offset(offset),
+                       seal=True)[readers[0]]
+    return site.opened(sealed, readers[0])
+
+
+def history(site, caller, user=None, since=None, until=None, state=None, format=None):  # pylint: disable=redefined-builtin
+    """Ended jobs with what they used (``dmpi.jobs.accounting``), oldest first: rows,
+    or with ``format=csv`` one CSV text."""
+    if format not in (None, "json", "csv"):
+        raise RequestError("format must be json or csv")
+    _, _, rows = _ended_rows(site, caller, user, since, until, state)
+    return accounting.to_csv(rows) if format == "csv" else rows
+
+
+def usage(site, caller, user=None, since=None, until=None):
+    """Usage per user and in total over the jobs that ended in the window; without
+    ``until``, jobs queued or running now are counted too."""
+    user, end, rows = _ended_rows(site, caller, user, since, until, None)
+    active = site.store().jobs(["queued"] + list(ACTIVE), user=user) if end is None else []
+    return accounting.usage(rows, active)
+
+
+def whoami(site, caller):
+    """For a hub user: their hub name, DockerMPI user, uid and directory, made on first
+    use. For an admin: ``{"admin": true, "caller": name}``."""
+    if caller.is_admin:
+        return {"admin": True, "caller": caller.name}
+    user = caller.acting_user(None)
+    config = site.settings()
+    uid = site.user_uid(config, user, identity=caller.identity)
+    return {"user": caller.identity, "account": user, "uid": uid, "gid": uid,
+            "dir": posixpath.join(config["storage"]["path"], "users", user),
+            "dir_in_job": DATA_MOUNT}
+
+
+def images(site, caller):  # pylint: disable=unused-argument
+    """The approved images (pillar ``mpi:images``) by short name, with the reference
+    each is pinned to."""
+    found = site.settings().get("images") or {}
+    return {"images": [{"name": name, "reference": found[name]} for name in sorted(found)]}
+
+
+#: The calls the user API serves, by the name it serves them under.
+CALLS = {"submit": submit, "wait": wait, "status": status, "list": list_jobs,
+         "cancel": cancel, "logs": logs, "history": history, "usage": usage,
+         "whoami": whoami, "images": images}
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def known_job(store, caller, job_id):
+    """The record of an existing job the caller may see (a hub user sees only their
+    own); NoSuchJob for any other, as for a job that does not exist."""
+    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
+        raise RequestError(f"{str(job_id)[:40]!r} is not a job id (YYYYMMDD-HHMMSS-xxxxxx)")
+    record = store.get(job_id)
+    if record is not None and not caller.is_admin \
+            and record["user"] != caller.acting_user(None):
+        record = None
+    if record is None:
+        raise NoSuchJob(f"no such job: {job_id}")
+    return record
+
+
+def public(store, record):
+    """What callers see of a job (``dmpi.jobs.record.public``), with why it waits when
+    it is queued."""
+    waiting = store.get_meta("waiting", {}) if record["state"] == "queued" else None
+    return job_record.public(record, waiting)
+
+
+def job_states(state):
+    """The job states a ``state`` argument names (None: all)."""
+    if not state:
+        return None
+    states = [s.strip() for s in (state if isinstance(state, list) else str(state).split(","))]
+    unknown = sorted(set(states) - set(("queued",) + ACTIVE + FINAL))
+    if unknown:
+        raise RequestError(f"unknown job states: {str(unknown)[:200]}")
+    return states
+
+
+def _check_controller(store):
+    """Submitting needs the job controller running on the master."""
+    seen = (store.get_meta("engine") or {}).get("pid_alive", 0)
+    if time.time() - seen > CONTROLLER_SILENCE:
+        raise ClusterError(
+            "the DockerMPI job controller is not running on the master (master config: "
+            "engines: [mpi_master: {}], then restart salt-master); nothing was queued")
+
+
+def _job_name(name):
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _JOB_NAME_RE.match(name):
+        raise RequestError(
+            f"name {str(name)[:60]!r} is not a job name: letters, digits, '.', '_', '+' "
+            "and '-', starting with a letter or digit, at most 64 characters")
+    return name
+
+
+def _offset(offset):
+    if offset is None:
+        return None
+    try:
+        offset = int(offset)
+    except (TypeError, ValueError, OverflowError):
+        raise RequestError(f"offset must be a byte offset, got {str(offset)[:40]!r}") from None
+    if not 0 <= offset < 1 << 62:
+        raise RequestError("offset must be a byte offset, 0 or more")
+    return offset
+
+
+def _tail_bytes(tail):
+    try:
+        tail = int(tail)
+    except (TypeError, ValueError, OverflowError):
+        raise RequestError(f"tail must be a number of bytes, got {str(tail)[:40]!r}") from None
+    if not 1 <= tail <= MAX_TAIL:
+        raise RequestError("tail must be between 1 byte and 16 MiB")
+    return tail
+
+
+def _ended_rows(site, caller, user, since, until, state):
+    """(user, end of the window, history rows) of the caller's ended jobs in the
+    window (``dmpi.jobs.accounting``)."""
+    user = caller.acting_user(user)
+    start, end = moment(since, "since"), moment(until, "until")
+    states = job_states(state) or list(FINAL)
+    if set(states) - set(FINAL):
+        raise RequestError(f"history holds ended jobs only: {', '.join(FINAL)}")
+    rows = [accounting.history_row(record) for record in site.store().jobs(states, user=user)]
+    return user, end, [row for row in rows if accounting.in_window(row, start, end)]
+
+
+def moment(value, what):
+    """Epoch seconds from ``value``: a number, or an ISO date/time (UTC unless it says)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        when = datetime.datetime.fromisoformat(str(value)[:40])
+    except ValueError:
+        raise RequestError(
+            f"{what} must be a date like 2026-12-01 or 2026-12-01T14:30, got "
+            f"{str(value)[:40]!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()

@@ -1,0 +1,219 @@
+"""What users may ask of the master (``dmpi.master.user_calls``), over a real job store:
+a hub user acts as themselves only, and another user's job is "no such job" to them, as a
+job that does not exist; an admin sees and names anyone. The cluster side of the
+:class:`~dmpi.master.site.Site` (minion lists, calls to nodes, the event bus) is a
+subclass that records instead of reaching Salt."""
+
+import ast
+import contextlib
+import pathlib
+import time
+
+import dmpi.settings
+import pytest
+import yaml
+from dmpi.errors import ClusterError, DockerMPIError, NoSuchJob, RequestError
+from dmpi.master import admin_calls, user_calls
+from dmpi.master.site import Site
+
+REPO = pathlib.Path(__file__).resolve().parents[4]
+DEFAULTS = yaml.safe_load((REPO / "salt/dockermpi/defaults.yaml").read_text())["mpi"]
+IMAGE = "10.251.1.2:5000/dockermpi/mpi@sha256:" + "0123456789abcdef" * 4
+CONFIG = dmpi.settings.validate(dmpi.settings.merge(DEFAULTS, {
+    "cluster_network": "10.251.1.0/24", "job_network": {"addresses": "10.251.1.128/25"},
+    "storage": {"type": "nfs", "nfs": {"server": "10.251.1.10"}}, "images": {"mpi": IMAGE},
+    "slots_per_node": 2}))
+ALICE = user_calls.hub_user("alice")
+BOB = user_calls.hub_user("bob")
+
+
+class LocalSite(Site):
+    """A Site with a real store in ``cachedir`` whose cluster is two reporting nodes that
+    hold ``outputs``; what would reach Salt is recorded in ``events`` and ``node_calls``."""
+
+    def __init__(self, cachedir):
+        super().__init__({"cachedir": str(cachedir)})
+        self.events, self.node_calls, self.outputs = [], [], {}
+
+    def mpi_nodes(self):
+        return ["node1", "node2"]
+
+    def alive(self, now=None):
+        return {"node1", "node2"}
+
+    def node_settings(self, minion, fresh=False):
+        return CONFIG
+
+    def settings(self, fresh=False):
+        return CONFIG
+
+    def user_uid(self, config, user, check_dir=False, identity=None):
+        uid, _ = self.store().user_uid(user, 100000, 100100, identity=identity)
+        return uid
+
+    def fire(self, tag, data):
+        self.events.append(tag)
+
+    def call(self, minions, fun, timeout, **kwargs):
+        self.node_calls.append((fun, kwargs))
+        return {minions[0]: self.outputs[kwargs["job_id"]]}
+
+    def opened(self, sealed, node):
+        return sealed
+
+    @contextlib.contextmanager
+    def job_events(self):
+        yield NoEvents()
+
+
+class NoEvents:
+    """A bus on which nothing happens: waits end by their timeout."""
+
+    def subscribe(self, tag):
+        pass
+
+    def get_event(self, wait, tag, match_type):
+        return None
+
+
+@pytest.fixture
+def site(tmp_path):
+    site = LocalSite(tmp_path)
+    site.store().set_meta("engine", {"pid_alive": time.time()})
+    return site
+
+
+def _submit(site, caller, **kwargs):
+    job = dict(image="mpi", np=2, cmd=["hostname"])
+    job.update(kwargs)
+    return user_calls.submit(site, caller, **job)
+
+
+@pytest.fixture
+def jobs(site):
+    """(alice's job id, bob's job id), each queued by its own user."""
+    alice = _submit(site, ALICE)["job_id"]
+    bob = _submit(site, BOB)["job_id"]
+    site.outputs = {alice: {"data": "alice's output", "offset": 14},
+                    bob: {"data": "bob's secret output", "offset": 19}}
+    site.events.clear()
+    return alice, bob
+
+
+def test_a_hub_users_job_is_theirs_under_their_mapped_name(site):
+    ann = user_calls.hub_user("Ann.Lee@example.org")
+    queued = _submit(site, ann)
+    mapped = dmpi.settings.user_for_identity("Ann.Lee@example.org")
+    assert queued["state"] == "queued" and queued["user"] == mapped
+    assert site.store().users()[mapped]["identity"] == "Ann.Lee@example.org"
+    assert site.events == [f"mpi/job/{queued['job_id']}/queued"]
+
+
+@pytest.mark.parametrize("call", [
+    lambda site, job: user_calls.status(site, ALICE, job),
+    lambda site, job: user_calls.wait(site, ALICE, job, timeout=0),
+    lambda site, job: user_calls.cancel(site, ALICE, job),
+    lambda site, job: user_calls.logs(site, ALICE, job),
+    lambda site, job: user_calls.logs(site, ALICE, job, stream="stderr", offset=0),
+])
+def test_another_users_job_is_no_such_job_and_stays_untouched(site, jobs, call):
+    _, bob_job = jobs
+    with pytest.raises(NoSuchJob) as theirs:
+        call(site, bob_job)
+    with pytest.raises(NoSuchJob) as missing:
+        call(site, "20991231-000000-ffffff")
+    # Alice cannot tell bob's job from one that does not exist.
+    assert str(theirs.value) == str(missing.value).replace("20991231-000000-ffffff", bob_job)
+    record = site.store().get(bob_job)
+    assert record["state"] == "queued" and not record.get("cancel_requested")
+    assert site.events == [] and site.node_calls == []
+
+
+def test_a_hub_user_lists_and_reads_only_their_own(site, jobs):
+    alice_job, bob_job = jobs
+    assert [j["job_id"] for j in user_calls.list_jobs(site, ALICE)] == [alice_job]
+    assert user_calls.status(site, ALICE, alice_job)["user"] == "alice"
+    assert user_calls.logs(site, ALICE, alice_job)["data"] == "alice's output"
+    assert [j["job_id"] for j in user_calls.list_jobs(site, user_calls.ADMIN)] == \
+        [alice_job, bob_job]
+
+
+@pytest.mark.parametrize("call", [
+    lambda site: user_calls.list_jobs(site, ALICE, user="bob"),
+    lambda site: user_calls.history(site, ALICE, user="bob"),
+    lambda site: user_calls.usage(site, ALICE, user="bob"),
+    lambda site: _submit(site, ALICE, user="bob"),
+])
+def test_a_hub_user_cannot_name_another_user(site, jobs, call):
+    with pytest.raises(RequestError, match="a hub user's jobs always run as themselves"):
+        call(site)
+    assert len(site.store().jobs(None)) == 2 and site.events == []
+
+
+def test_naming_themselves_is_allowed(site):
+    assert _submit(site, ALICE, user="alice")["user"] == "alice"
+    assert user_calls.list_jobs(site, ALICE, user="alice")[0]["user"] == "alice"
+
+
+def test_an_admin_names_whom_a_job_is_for_and_sees_every_job(site, jobs):
+    _, bob_job = jobs
+    queued = _submit(site, user_calls.ADMIN, user="carol")
+    assert queued["user"] == "carol"
+    assert user_calls.status(site, user_calls.ADMIN, bob_job)["user"] == "bob"
+    assert user_calls.whoami(site, user_calls.Caller(name="root")) == {
+        "admin": True, "caller": "root"}
+
+
+def test_a_hub_user_learns_who_they_are(site):
+    assert user_calls.whoami(site, ALICE) == {
+        "user": "alice", "account": "alice", "uid": 100000, "gid": 100000,
+        "dir": "/srv/dockermpi/users/alice", "dir_in_job": "/data"}
+
+
+@pytest.mark.parametrize("identity", ["", None, 5, "x" * 256])
+def test_a_hub_user_needs_a_hub_name(identity):
+    with pytest.raises(RequestError):
+        user_calls.hub_user(identity)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"image": "other"}, "image 'other' is not approved"),
+    ({"np": 9}, "this job can never run"),
+    ({"name": "../x"}, "is not a job name"),
+    ({"nodes": "node7"}, "nodes not known as MPI nodes"),
+])
+def test_a_bad_submit_queues_nothing_and_says_why(site, kwargs, words):
+    with pytest.raises(RequestError, match=words):
+        _submit(site, ALICE, **kwargs)
+    assert site.store().jobs(None) == [] and site.events == []
+
+
+def test_submit_refuses_while_the_job_controller_is_silent(site):
+    site.store().set_meta("engine", {"pid_alive": time.time() - 600})
+    with pytest.raises(ClusterError, match="job controller is not running"):
+        _submit(site, ALICE)
+    assert site.store().jobs(None) == []
+
+
+def test_every_refusal_is_a_dockermpi_error(site, jobs):
+    for call in (lambda: user_calls.status(site, ALICE, "not-a-job"),
+                 lambda: user_calls.logs(site, ALICE, jobs[0], stream="stdin"),
+                 lambda: user_calls.logs(site, ALICE, jobs[0], tail=0),
+                 lambda: user_calls.history(site, ALICE, format="xml"),
+                 lambda: user_calls.history(site, ALICE, since="yesterday"),
+                 lambda: user_calls.list_jobs(site, ALICE, state="lost")):
+        with pytest.raises(DockerMPIError):
+            call()
+
+
+def test_the_user_api_can_reach_user_calls_only():
+    admin = {getattr(admin_calls, name) for name in dir(admin_calls)
+             if callable(getattr(admin_calls, name)) and not name.startswith("_")}
+    assert set(user_calls.CALLS) == {"submit", "wait", "status", "list", "cancel", "logs",
+                                     "history", "usage", "whoami", "images"}
+    assert not admin & set(user_calls.CALLS.values())
+    # The API engine imports no admin call: what it serves is user_calls.CALLS.
+    api = ast.parse((REPO / "_engines" / "mpi_api.py").read_text())
+    imported = {alias.name for node in ast.walk(api)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    assert "admin_calls" not in imported and "dmpi.master.admin_calls" not in imported
