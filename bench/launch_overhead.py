@@ -424,10 +424,6 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per side and node count")
     parser.add_argument("--nodes", default="1,2,3", help="node counts (default 1,2,3)")
     parser.add_argument("--user", default="bench-launch", help="job user (must start with bench)")
-    # Per-job port slots are gone (each job has its own namespace and the whole OOB
-    # range; the plain mpirun borrows OOB ports from the job's BTL range instead); the
-    # option is still accepted so existing command lines keep working.
-    parser.add_argument("--oob-slot", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
     parser.add_argument("--back-to-back", action="store_true",
                         help="start each launch as soon as the previous returned, not once "
@@ -439,9 +435,6 @@ def main(argv=None):
     if args.repeat < 1 or not all(1 <= c <= len(NODES) for c in counts):
         parser.error(f"--repeat must be >= 1 and node counts between 1 and {len(NODES)}")
     check_common_args(parser, args)
-    if args.oob_slot is not None:
-        log("--oob-slot is ignored: jobs have no port slots any more; the plain mpirun takes "
-            f"its OOB ports from the top {PLAIN_OOB_PORTS} of the job's BTL range")
     trap_sigterm()
 
     jobs = Jobs(args.user)

@@ -16,7 +16,7 @@ ENGINE_FIELDS = ("placement", "job_addresses", "started", "deadline", "ended", "
 
 #: What only the master reads: the scheduling spec, the store's own column, and the
 #: engine's notes that reach users as ``reason`` instead.
-PRIVATE_FIELDS = ("spec", "port_slot", "cancel_requested", "start_error")
+PRIVATE_FIELDS = ("spec", "cancel_requested", "start_error")
 
 #: The site's settings a job keeps from its submit (``spec.config``).
 CONFIG_KEYS = ("cluster_network", "job_network", "ports", "storage", "job_root",

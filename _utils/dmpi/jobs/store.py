@@ -19,7 +19,7 @@ import time
 from dmpi.contract import FINAL, STATES
 from dmpi.errors import StoreError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _OPENED = {}  # path -> ((st_dev, st_ino) of the file, JobStore): open_store's
 _OPENED_LOCK = threading.Lock()
@@ -32,7 +32,6 @@ CREATE TABLE IF NOT EXISTS jobs (
     id TEXT NOT NULL UNIQUE,
     user TEXT NOT NULL,
     state TEXT NOT NULL,
-    port_slot INTEGER,
     record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
@@ -87,6 +86,8 @@ CREATE TABLE IF NOT EXISTS drains (
 """,
     # 5: a user's jobs are found by index: every poll of a user's list reads them.
     4: "CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user, seq);\n",
+    # 6: no port slots: each job has a network namespace and addresses of its own.
+    5: "ALTER TABLE jobs DROP COLUMN port_slot;\n",
 }
 
 
@@ -176,21 +177,15 @@ class JobStore:
                 (record["job_id"], record["user"], record["state"], json.dumps(record)),
             )
 
-    @staticmethod
-    def _row(row):
-        record = json.loads(row[1])
-        record["port_slot"] = row[0]
-        return record
-
     def get(self, job_id, conn=None):
         """The job's record, or None."""
         rows = (conn or self._reader()).execute(
-            "SELECT port_slot, record FROM jobs WHERE id = ?", (job_id,)).fetchall()
-        return self._row(rows[0]) if rows else None
+            "SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchall()
+        return json.loads(rows[0][0]) if rows else None
 
     def jobs(self, states=None, user=None, conn=None, keys=None):
         """Records in submission order, optionally only these states / this user; with
-        ``keys`` (names of top-level fields; ``port_slot`` is not one), only those
+        ``keys`` (names of top-level fields), only those
         fields of each (None where a record has none), picked out by SQLite, so the
         rest of each record is never decoded."""
         if keys:
@@ -218,8 +213,8 @@ class JobStore:
         """``[(seq, record)]`` in submission order, filtered as :meth:`jobs` says."""
         query, args = self._where(states, user, after)
         rows = (conn or self._reader()).execute(
-            f"SELECT seq, port_slot, record FROM jobs{query} ORDER BY seq", args).fetchall()
-        return [(row[0], self._row(row[1:])) for row in rows]
+            f"SELECT seq, record FROM jobs{query} ORDER BY seq", args).fetchall()
+        return [(row[0], json.loads(row[1])) for row in rows]
 
     @staticmethod
     def _where(states, user, after):
@@ -257,17 +252,15 @@ class JobStore:
             if record is None or (expect is not None and record["state"] not in expect):
                 return None
             now = time.time()
-            port_slot = fields.pop("port_slot", record.pop("port_slot"))
             record.update(fields)
             record["state"] = state
             if reason is not None or state in FINAL:
                 record["reason"] = reason
             record.setdefault("history", []).append({"state": state, "at": now, "reason": reason})
             conn.execute(
-                "UPDATE jobs SET state = ?, port_slot = ?, record = ? WHERE id = ?",
-                (state, port_slot, json.dumps(record), job_id),
+                "UPDATE jobs SET state = ?, record = ? WHERE id = ?",
+                (state, json.dumps(record), job_id),
             )
-            record["port_slot"] = port_slot
             return record
 
     def update(self, job_id, conn=None, **fields):
@@ -277,7 +270,6 @@ class JobStore:
             record = self.get(job_id, conn)
             if record is None:
                 return None
-            record.pop("port_slot")
             record.update(fields)
             conn.execute("UPDATE jobs SET record = ? WHERE id = ?", (json.dumps(record), job_id))
             return record
@@ -488,8 +480,8 @@ class JobStore:
         # Inserted without their sequence numbers: AUTOINCREMENT numbers them above any
         # this store ever gave, and the running engine reads new jobs by that number.
         conn.execute("DELETE FROM jobs")
-        conn.execute("INSERT INTO jobs (id, user, state, port_slot, record) "
-                     "SELECT id, user, state, port_slot, record FROM backup.jobs ORDER BY seq")
+        conn.execute("INSERT INTO jobs (id, user, state, record) "
+                     "SELECT id, user, state, record FROM backup.jobs ORDER BY seq")
         unfinished = [row[0] for row in conn.execute(
             f"SELECT id FROM jobs WHERE state NOT IN ({final}) ORDER BY seq", FINAL)]
         for job_id in unfinished:

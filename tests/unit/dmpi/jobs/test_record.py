@@ -43,7 +43,7 @@ def test_a_named_workdir_is_the_checked_one():
 
 
 def test_the_public_view_hides_what_only_the_master_reads():
-    record = dict(_new(), port_slot=3, cancel_requested="admin", start_error="x")
+    record = dict(_new(), cancel_requested="admin", start_error="x")
     view = job_record.public(record, {JOB: "resources"})
     assert not set(view) & set(job_record.PRIVATE_FIELDS)
     assert view["waiting_for"] == "resources" and view["retcode"] == 1

@@ -36,7 +36,6 @@ def test_add_then_get_returns_the_record(store):
     assert record["job_id"] == "j1"
     assert record["state"] == "queued"
     assert record["cmd"] == ["hostname"]
-    assert record["port_slot"] is None
 
 
 def test_get_unknown_job_is_none(store):
@@ -134,27 +133,24 @@ def test_only_first_of_two_final_transitions_wins(store):
     assert [h["state"] for h in record["history"]] == ["running", "cancelled"]
 
 
-def test_port_slot_is_stored_and_kept(store):
+def test_fields_of_a_transition_are_kept_by_later_ones(store):
     store.add(_record("j1"))
-    assert store.transition("j1", "starting", port_slot=3, placement={"n1": 2})["port_slot"] == 3
-    assert store.get("j1")["port_slot"] == 3
-    assert store.jobs()[0]["port_slot"] == 3
-    # A later transition without port_slot keeps it.
-    assert store.transition("j1", "running")["port_slot"] == 3
-    assert store.get("j1")["port_slot"] == 3
+    assert store.transition("j1", "starting", placement={"n1": 2})["placement"] == {"n1": 2}
+    assert store.jobs()[0]["placement"] == {"n1": 2}
+    assert store.transition("j1", "running")["placement"] == {"n1": 2}
     assert store.get("j1")["placement"] == {"n1": 2}
 
 
 def test_update_merges_fields_without_changing_state(store):
     store.add(_record("j1"))
-    store.transition("j1", "starting", port_slot=1)
+    store.transition("j1", "starting", placement={"n1": 2})
     store.update("j1", waiting_for=None, timings={"pull": 1.5})
     record = store.get("j1")
     assert record["state"] == "starting"
     assert record["timings"] == {"pull": 1.5}
     assert record["waiting_for"] is None
     assert record["np"] == 2
-    assert record["port_slot"] == 1
+    assert record["placement"] == {"n1": 2}
     assert [h["state"] for h in record["history"]] == ["starting"]
 
 
@@ -188,12 +184,12 @@ def test_node_seen_defaults_to_now(store):
 
 def test_meta_default_then_set_then_overwrite(store):
     assert store.get_meta("site") is None
-    assert store.get_meta("next_port_slot", 0) == 0
+    assert store.get_meta("next_counter", 0) == 0
     store.set_meta("site", {"config": {"slots_per_node": 4}})
-    store.set_meta("next_port_slot", 5)
-    store.set_meta("next_port_slot", 6)
+    store.set_meta("next_counter", 5)
+    store.set_meta("next_counter", 6)
     assert store.get_meta("site") == {"config": {"slots_per_node": 4}}
-    assert store.get_meta("next_port_slot", 0) == 6
+    assert store.get_meta("next_counter", 0) == 6
 
 
 # ------------------------------------------------------------------------ transactions
@@ -203,25 +199,24 @@ def test_transaction_rolls_back_everything_on_exception(store):
     store.add(_record("j1"))
     with pytest.raises(RuntimeError):
         with store.transaction() as conn:
-            assert store.transition("j1", "starting", conn=conn, port_slot=2)["state"] == "starting"
+            assert store.transition("j1", "starting", conn=conn)["state"] == "starting"
             store.update("j1", conn=conn, waiting_for="resources")
-            store.set_meta("next_port_slot", 3, conn=conn)
+            store.set_meta("next_counter", 3, conn=conn)
             assert store.get("j1", conn=conn)["state"] == "starting"
             raise RuntimeError("schedule crashed")
     record = store.get("j1")
     assert record["state"] == "queued"
-    assert record["port_slot"] is None
     assert "waiting_for" not in record
-    assert store.get_meta("next_port_slot") is None
+    assert store.get_meta("next_counter") is None
 
 
 def test_transaction_commits_on_success(store):
     store.add(_record("j1"))
     with store.transaction() as conn:
         store.transition("j1", "starting", conn=conn)
-        store.set_meta("next_port_slot", 1, conn=conn)
+        store.set_meta("next_counter", 1, conn=conn)
     assert store.get("j1")["state"] == "starting"
-    assert store.get_meta("next_port_slot") == 1
+    assert store.get_meta("next_counter") == 1
 
 
 # ---------------------------------------------------------------------------- schema
@@ -265,7 +260,7 @@ def test_a_version_1_store_is_migrated_with_its_records_intact(tmp_path):
     conn.close()
     store = job_store.open_store(str(path))
     record = store.get("j1")
-    assert record["job_id"] == "j1" and record["port_slot"] == 4
+    assert record["job_id"] == "j1" and "port_slot" not in record
     assert store.get_meta("next_port_slot") == 5
     assert store.user_uid("alice", 100000, 100009) == (100000, True)
     conn = sqlite3.connect(path)
@@ -304,7 +299,7 @@ def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
     store.drain("node1", "maintenance")
     assert job_store.open_store(str(path)).drains()["node1"]["reason"] == "maintenance"
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == job_store.SCHEMA_VERSION == 5
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == job_store.SCHEMA_VERSION == 6
     assert "jobs_user" in {r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'index'")}
     conn.close()
@@ -525,13 +520,14 @@ CREATE TABLE drains (
 
 
 _SCHEMA_V5_ADDS = "CREATE INDEX jobs_user ON jobs (user, seq);\n"
+_SCHEMA_V6_CHANGES = "ALTER TABLE jobs DROP COLUMN port_slot;\n"
 
 
-def test_todays_schema_is_version_5_as_frozen_here(tmp_path):
-    """If this fails the schema changed: add a migration from 5 and a frozen copy of 6."""
+def test_todays_schema_is_version_6_as_frozen_here(tmp_path):
+    """If this fails the schema changed: add a migration from 6 and a frozen copy of 7."""
     store = job_store.open_store(str(tmp_path / "new.sqlite"))
     frozen = sqlite3.connect(":memory:")
-    frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS + _SCHEMA_V5_ADDS)
+    frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS + _SCHEMA_V5_ADDS + _SCHEMA_V6_CHANGES)
 
     def columns(conn):
         tables = [r[0] for r in conn.execute(
@@ -544,7 +540,7 @@ def test_todays_schema_is_version_5_as_frozen_here(tmp_path):
 
     with store._connect() as conn:
         assert columns(conn) == columns(frozen)
-    assert job_store.SCHEMA_VERSION == 5
+    assert job_store.SCHEMA_VERSION == 6
 
 
 def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_moves_on(
@@ -559,20 +555,22 @@ def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_m
     conn.execute("INSERT INTO meta VALUES ('next_uid', '100001')")
     conn.commit()
     conn.close()
-    # The next version (drains, schema 4) and one after it that adds a column: the steps
-    # from 3 must keep every record.
-    monkeypatch.setattr(job_store, "SCHEMA_VERSION", 5)
-    monkeypatch.setitem(job_store._MIGRATIONS, 4, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
+    # Today's steps from 3 and one after them that adds a column: every step must keep
+    # every record.
+    monkeypatch.setattr(job_store, "SCHEMA_VERSION", 7)
+    monkeypatch.setitem(job_store._MIGRATIONS, 6, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
     store = job_store.open_store(path)
     record = store.get("j1")
-    assert (record["state"], record["ended"], record["port_slot"]) == ("succeeded", 5.0, 3)
+    assert (record["state"], record["ended"]) == ("succeeded", 5.0)
+    assert "port_slot" not in record
     assert store.drains() == {}
     assert store.users()["alice"] == {"uid": 100000, "created": 1.0, "dir_ready": True,
                                       "identity": "alice@hub"}
     assert store.user_uid("bob", 100000, 100009) == (100001, True)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
-    assert "ended" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+    assert [r[1] for r in conn.execute("PRAGMA table_info(jobs)")] == [
+        "seq", "id", "user", "state", "record", "ended"]
     conn.close()
 
 
