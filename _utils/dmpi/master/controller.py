@@ -6,30 +6,29 @@ clock), and for each job one reconcile step decides from the rules (``dmpi.jobs.
 whether it ends; every end of a job goes through that step. Ending records the final
 state and announces it at once; the clean-up of containers and keys follows in the
 background, off the path of whoever waits for the result. Planning starts what the
-queue allows (``dmpi.jobs.sched``); a start runs in a worker thread, and a start that fails is
-recorded on the job and reconciled like any other evidence, never retried or recursed
-into.
+queue allows (``dmpi.jobs.sched``); a start runs in a worker thread
+(:mod:`dmpi.master.starter` brings the job up), and a start that fails is recorded on the
+job and reconciled like any other evidence, never retried or recursed into.
 
 The ``mpi_master`` Salt engine (``_engines/mpi_master.py``) feeds it from Salt's event
-bus and gives it
-a transport to the nodes; benchmarks and tests feed it directly. Node liveness is kept
-in memory (heartbeats cost a dict update) and written to the store every few seconds.
+bus and gives it the master's :class:`~dmpi.master.site.Site` as its transport to the
+nodes; benchmarks and tests feed it directly. Node liveness is kept in memory
+(heartbeats cost a dict update) and written to the store every few seconds.
 
 The object is not a Salt function: nothing here is callable by users.
 """
 
 import logging
-import posixpath
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import dmpi.launch
-from dmpi.contract import ACCOUNT_RE, DATA_MOUNT, job_tag
+from dmpi.contract import job_tag
 from dmpi.errors import StartFailure
 from dmpi.jobs import addresses, rules, sched
 from dmpi.jobs import record as job_record
+from dmpi.master import starter
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +38,6 @@ FLUSH_SECONDS = 2  # how often heartbeats and reports are written to the store
 RELOAD_SECONDS = 30  # how often the controller's view of jobs is read again from the store
 PLAN_SECONDS = 5  # the queue is planned at least this often
 STALL_SECONDS = 3  # a pass this late means the controller stalled: give nodes a grace
-MIB = 1 << 20
-SLOT_OVERHEAD_MIB = 64  # sshd and orted beside a node's ranks
-SLOT_OVERHEAD_PIDS = 32
 # pillar mpi:engine when a site's settings (read by mpi.submit) predate it
 ENGINE_DEFAULTS = {"probe_port": 22, "silent_grace": 90}
 PROBE_TIMEOUT = 1.0  # seconds a TCP connect to a silent node's host may take
@@ -71,69 +67,6 @@ def controller_settings(site_config):
     found = dict(ENGINE_DEFAULTS)
     found.update((site_config or {}).get("engine") or {})
     return found
-
-
-class StartError(Exception):
-    """A job could not be started; the message says why (without Salt's info dump)."""
-
-
-def minion_returns(returns, minions):
-    """Sort a ``LocalClient.cmd(..., full_return=True)`` answer: ``(results, errors)``,
-    ``{minion: return}`` of those that succeeded and ``{minion: why}`` of the others
-    (no answer, a non-zero retcode, or ``success`` false)."""
-    results, errors = {}, {}
-    for minion in minions:
-        answer = returns.get(minion)
-        if not isinstance(answer, dict) or "ret" not in answer:
-            errors[minion] = "did not answer"
-        elif answer.get("retcode", 0) != 0 or answer.get("success") is False:
-            errors[minion] = str(answer["ret"])
-        else:
-            results[minion] = answer["ret"]
-    return results, errors
-
-
-def failed_calls_message(fun, errors):
-    """One line naming each minion a call of ``fun`` failed on, and why."""
-    return f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))
-
-
-def account_name(user, pattern):
-    """The POSIX account name the user has inside job containers."""
-    lowered = user.lower()
-    if lowered in ("root", "nobody", "sshd") or not pattern.match(lowered):
-        return "mpiuser"  # system names stay the system's inside the container
-    return lowered
-
-
-def job_ports(config):
-    """(sshd port, OOB range, BTL range) inside every job's own network namespace."""
-    ports = config["ports"]
-    return int(ports["sshd"][0]), tuple(int(p) for p in ports["oob"]), \
-        tuple(int(p) for p in ports["btl"])
-
-
-def node_limits(config, ranks):
-    """The limits of the container that runs ``ranks`` of a job's ranks on a node."""
-    limits = config["limits"]
-    return {
-        "memory": (ranks * int(limits["memory_per_slot_mb"]) + SLOT_OVERHEAD_MIB) * MIB,
-        "pids": ranks * int(limits["pids_per_slot"]) + SLOT_OVERHEAD_PIDS,
-        "nano_cpus": int(ranks * float(limits["cpus_per_slot"]) * 1e9),
-        "tmp_size": int(limits["tmp_size_mb"]) * MIB,
-    }
-
-
-def job_environment(record, job_addresses):
-    """What every rank is told about its job (like Slurm's SLURM_JOB_ID and friends)."""
-    return {
-        "DMPI_JOB_ID": record["job_id"],
-        "DMPI_JOB_DIR": record["output"]["dir_in_job"],
-        "DMPI_NTASKS": str(record["np"]),
-        "DMPI_NODELIST": ",".join(record["placement"]),
-        "DMPI_ADDRESSES": ",".join(job_addresses[n] for n in record["placement"]),
-        "DMPI_JOB_NAME": record.get("name") or "",
-    }
 
 
 class JobController:
@@ -736,7 +669,9 @@ class JobController:
         job_id = record["job_id"]
         timings = dict(record["timings"], queued=round(self.clock() - record["submitted"], 3))
         try:
-            started, timings = self._bring_up(record, timings)
+            started, timings = starter.bring_up(
+                self.transport, record, timings, self._job_cas(list(record["placement"])),
+                self.clock)
             error = None
         except Exception as exc:  # pylint: disable=broad-except
             failure = StartFailure.from_wire(str(getattr(exc, "error", None) or exc))
@@ -765,62 +700,6 @@ class JobController:
                 self._clean_up_soon(current)
             self.plan_due = True
 
-    def _bring_up(self, record, timings):
-        """Workers on every node and the launcher, in one publish; returns (start time,
-        timings). Raises on any failure."""
-        spec, placement = record["spec"], record["placement"]
-        config = spec["config"]
-        nodes = list(placement)
-        job_addresses = record["job_addresses"]
-        common = {
-            "job_id": record["job_id"],
-            "image": spec["image_ref"],
-            "user": record["user"],
-            "uid": record["uid"],
-            "gid": record["uid"],
-            "storage_path": config["storage"]["path"],
-            "job_root": config["job_root"],
-        }
-        sshd_port, oob_ports, btl_ports = job_ports(config)
-        host_addresses = self.transport.host_addresses(nodes, config["cluster_network"])
-        files = self._job_files(config, record, job_addresses)
-        environment = dict(spec["env"], **job_environment(record, job_addresses))
-        argv = dmpi.launch.launcher_argv(
-            posixpath.join(record["output"]["dir_in_job"], "stdout"),
-            posixpath.join(record["output"]["dir_in_job"], "stderr"),
-            record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
-            spec["workdir"], env_names=sorted(environment),
-        )
-        launcher_node = nodes[0]
-        allowed = {"peers": sorted(job_addresses.values()),
-                   "hosts": sorted(host_addresses.values()),
-                   "unreachable": [config["cluster_network"]]
-                   + list(config["job_network"].get("unreachable") or [])}
-        mark = time.monotonic()
-        # One publish starts the whole job: each node takes its own address and limits,
-        # and the launcher's node starts mpirun once every peer's sshd is proven. That
-        # node runs its ranks in the launcher container, so its worker gets the small
-        # default limits.
-        view = job_record.public(dict(record, state="running", started=self.clock(), timings=timings))
-        workers = self.transport.call(
-            nodes, "mpi_job.start_worker", timeout=30,
-            network=config["job_network"]["name"], addresses=job_addresses,
-            allowed_sources=allowed, sshd_port=sshd_port, files=files,
-            limits={n: node_limits(config, placement[n]) for n in nodes if n != launcher_node},
-            launcher={"node": launcher_node, "argv": argv,
-                      "environment": self.transport.seal_for(launcher_node, environment),
-                      "status": view, "limits": node_limits(config, placement[launcher_node])},
-            job_cas=self._job_cas(nodes), valid_seconds=record["walltime"],
-            **common)
-        if not workers[launcher_node].get("launcher"):
-            raise StartError(f"{launcher_node} did not start the launcher")
-        # Running from now: node reports taken before this saw a job still coming up
-        # (peers' sshd not yet answering, no launcher yet) and say nothing about it.
-        started = self.clock()
-        timings["containers_up"] = round(time.monotonic() - mark, 3)
-        timings["sshd_ready"] = round(max(w["sshd_ready_seconds"] for w in workers.values()), 3)
-        return started, timings
-
     def _job_cas(self, nodes):
         """The job CA public key each node last reported (its keys are made there)."""
         with self.lock:
@@ -828,22 +707,8 @@ class JobController:
                    for n in nodes}
         missing = sorted(n for n, ca in cas.items() if not ca)
         if missing:
-            raise StartError(f"{', '.join(missing)} reported no job CA")
+            raise starter.StartError(f"{', '.join(missing)} reported no job CA")
         return cas
-
-    def _job_files(self, config, record, job_addresses):
-        account = account_name(record["user"], ACCOUNT_RE)
-        uid = record["uid"]
-        sshd_port = job_ports(config)[0]
-        return {
-            "sshd_config": dmpi.launch.sshd_config_text(sshd_port, account),
-            "passwd": dmpi.launch.passwd_text(account, uid, uid, home=DATA_MOUNT),
-            "group": dmpi.launch.group_text(account, uid),
-            "program": dmpi.launch.program_script_text(record["cmd"]),
-            "hostfile": dmpi.launch.hostfile_text(
-                [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
-            ),
-        }
 
     # ------------------------------------------------------------------ addresses
 

@@ -31,7 +31,6 @@ from dmpi.contract import DRAINS_TAG, NODE_ROLE, job_tag
 from dmpi.errors import ClusterError, ConfigError, RequestError, StoreError
 from dmpi.jobs import rules
 from dmpi.jobs import store as job_store
-from dmpi.master import controller
 
 NODE_TARGET = f"G@roles:{NODE_ROLE}"
 DEFAULTS_FILE = "dockermpi/defaults.yaml"
@@ -91,9 +90,9 @@ class Site:
         naming every minion that failed (``answered``: those that did not)."""
         returns = self.client().cmd(list(minions), fun, kwarg=kwargs, tgt_type="list",
                                     timeout=timeout, full_return=True)
-        results, errors = controller.minion_returns(returns, minions)
+        results, errors = minion_returns(returns, minions)
         if errors:
-            raise ClusterError(controller.failed_calls_message(fun, errors), list(results))
+            raise ClusterError(failed_calls_message(fun, errors), list(results))
         return results
 
     def call_async(self, minions, fun, **kwargs):
@@ -318,3 +317,24 @@ def _file_stats(paths):
             for name in sorted(files):
                 add(os.path.join(directory, name))
     return stats
+
+
+def minion_returns(returns, minions):
+    """Sort a ``LocalClient.cmd(..., full_return=True)`` answer: ``(results, errors)``,
+    ``{minion: return}`` of those that succeeded and ``{minion: why}`` of the others
+    (no answer, a non-zero retcode, or ``success`` false)."""
+    results, errors = {}, {}
+    for minion in minions:
+        answer = returns.get(minion)
+        if not isinstance(answer, dict) or "ret" not in answer:
+            errors[minion] = "did not answer"
+        elif answer.get("retcode", 0) != 0 or answer.get("success") is False:
+            errors[minion] = str(answer["ret"])
+        else:
+            results[minion] = answer["ret"]
+    return results, errors
+
+
+def failed_calls_message(fun, errors):
+    """One line naming each minion a call of ``fun`` failed on, and why."""
+    return f"{fun} failed on " + "; ".join(f"{m}: {e}" for m, e in sorted(errors.items()))

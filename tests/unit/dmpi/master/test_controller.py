@@ -693,22 +693,6 @@ def test_a_clean_up_keeps_the_sites_standby_namespaces(world):
     assert cleanups and cleanups[0][2]["standby"] == 2
 
 
-def test_minion_returns_sorts_answers_failures_and_silence():
-    returns = {
-        "node1": {"ret": {"ok": 1}, "retcode": 0},
-        "node2": {"ret": "ERROR: no such job", "retcode": 1},
-        "node3": {"ret": "boom", "success": False},
-        "node4": "Minion did not return",
-    }
-    results, errors = controller.minion_returns(returns, ["node1", "node2", "node3",
-                                                              "node4", "node5"])
-    assert results == {"node1": {"ok": 1}}
-    assert errors == {"node2": "ERROR: no such job", "node3": "boom",
-                      "node4": "did not answer", "node5": "did not answer"}
-    assert controller.failed_calls_message("mpi_job.cleanup", errors).startswith(
-        "mpi_job.cleanup failed on node2: ERROR: no such job; node3: boom; node4: did not")
-
-
 # ------------------------------------------------------------------- maintenance
 
 

@@ -11,7 +11,7 @@ import salt.cache
 import salt.config
 from dmpi.errors import ClusterError
 from dmpi.master import admin_calls
-from dmpi.master.site import Site
+from dmpi.master.site import Site, failed_calls_message, minion_returns
 
 DEFAULTS = pathlib.Path(__file__).resolve().parents[4] / "salt" / "dockermpi" / "defaults.yaml"
 
@@ -183,3 +183,18 @@ def test_an_admins_read_of_the_settings_shows_no_registry_password(site):
     # the controller's own copy keeps it (nodes pull with it)
     assert site.store().get_meta("site")["config"]["docker"]["registry_credentials"][
         "10.251.1.2:5000"]["password"] == "s3cret-registry-login"
+
+
+def test_minion_returns_sorts_answers_failures_and_silence():
+    returns = {
+        "node1": {"ret": {"ok": 1}, "retcode": 0},
+        "node2": {"ret": "ERROR: no such job", "retcode": 1},
+        "node3": {"ret": "boom", "success": False},
+        "node4": "Minion did not return",
+    }
+    results, errors = minion_returns(returns, ["node1", "node2", "node3", "node4", "node5"])
+    assert results == {"node1": {"ok": 1}}
+    assert errors == {"node2": "ERROR: no such job", "node3": "boom",
+                      "node4": "did not answer", "node5": "did not answer"}
+    assert failed_calls_message("mpi_job.cleanup", errors).startswith(
+        "mpi_job.cleanup failed on node2: ERROR: no such job; node3: boom; node4: did not")
