@@ -90,6 +90,7 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         return {"state": "rejected", "error": str(exc), "retcode": 1}
     return dict(queued, retcode=0)  # queued is what submit promises
 
+
 def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,
            walltime=None, env=None, workdir=None, name=None):
     """
@@ -161,6 +162,7 @@ def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
+
 def _trap_sigterm():
     """Turn SIGTERM into an exception so the job can be cancelled; returns the old handler."""
 
@@ -192,6 +194,7 @@ def wait(job_id, timeout=None):
     __context__["retcode"] = view["retcode"]
     return view
 
+
 def status(job_id):
     """
     Return a job's record, with the history of its states.
@@ -203,6 +206,7 @@ def status(job_id):
         salt-run mpi.status 20261130-132321-b26398
     """
     return _answer(user_calls.status, _site(), _admin(), job_id)
+
 
 def list_(user=None, state=None):
     """
@@ -222,6 +226,7 @@ def list_(user=None, state=None):
     """
     return _answer(user_calls.list_jobs, _site(), _admin(), user=user, state=state)
 
+
 def cancel(job_id, reason="cancelled by request"):
     """
     Cancel a job: a queued job leaves the queue; a running one is stopped and every
@@ -234,6 +239,7 @@ def cancel(job_id, reason="cancelled by request"):
         salt-run mpi.cancel 20261130-132321-b26398
     """
     return _answer(user_calls.cancel, _site(), _admin(), job_id, reason=reason)
+
 
 def logs(job_id, stream="stdout", tail=65536, offset=None):
     """
@@ -255,6 +261,7 @@ def logs(job_id, stream="stdout", tail=65536, offset=None):
     """
     return _answer(user_calls.logs, _site(), _admin(), job_id, stream=stream, tail=tail,
                    offset=offset)
+
 
 def history(user=None, since=None, until=None, state=None, format=None):  # pylint: disable=redefined-builtin
     """
@@ -284,6 +291,7 @@ def history(user=None, since=None, until=None, state=None, format=None):  # pyli
     return _answer(user_calls.history, _site(), _admin(), user=user, since=since, until=until,
                    state=state, format=format)
 
+
 def usage(user=None, since=None, until=None):
     """
     Usage per user and in total, like Slurm's ``sreport``: jobs by final state, core-hours
@@ -307,12 +315,13 @@ def usage(user=None, since=None, until=None):
     """
     return _answer(user_calls.usage, _site(), _admin(), user=user, since=since, until=until)
 
+
 def whoami():
     """
-    Who is calling, as DockerMPI sees it. For a hub user (through the API): their hub
-    name, DockerMPI user name, uid and directory, made on first use; JupyterHub's
-    spawner asks this before it starts the user's notebook as that uid. For an admin:
-    ``{"admin": true, "caller": name}``.
+    Who is calling, as DockerMPI sees it: ``{"admin": true, "caller": name}`` from
+    ``salt-run``. (Through the user API a hub user gets their DockerMPI user name, uid
+    and directory, made on first use; JupyterHub's spawner asks it before it starts the
+    user's notebook as that uid.)
 
     CLI Example:
 
@@ -321,6 +330,7 @@ def whoami():
         salt-run mpi.whoami
     """
     return _answer(user_calls.whoami, _site(), _admin())
+
 
 def images():
     """
@@ -335,6 +345,7 @@ def images():
     """
     return _answer(user_calls.images, _site(), _admin())
 
+
 # ------------------------------------------------------------------------- admin
 
 
@@ -343,7 +354,7 @@ def nodes():
     Show every MPI node: slots, used slots, running jobs, whether it reports, its engine,
     its health (Docker engine, shared storage, approved images present), whether an admin
     drained it (why, since when, by whom), whether it may take new jobs and, if not, why;
-    for a silent node running jobs, whether its host still answers the engine's probe.
+    for a silent node running jobs, whether its host still answers the job controller's probe.
 
     CLI Example:
 
@@ -352,6 +363,7 @@ def nodes():
         salt-run mpi.nodes
     """
     return _answer(admin_calls.nodes, _site())
+
 
 def drain(node, reason=None):
     """
@@ -372,6 +384,7 @@ def drain(node, reason=None):
     """
     return _answer(admin_calls.drain, _site(), node, reason, by=_admin().name)
 
+
 def resume(node):
     """
     Undo :func:`drain`: the node takes new jobs again (when it is healthy). Admins only.
@@ -386,6 +399,7 @@ def resume(node):
         salt-run mpi.resume node2
     """
     return _answer(admin_calls.resume, _site(), node)
+
 
 def prune(job_records_days=None, job_dirs_days=None):
     """
@@ -410,14 +424,15 @@ def prune(job_records_days=None, job_dirs_days=None):
     return _answer(admin_calls.prune, _site(), job_records_days=job_records_days,
                    job_dirs_days=job_dirs_days)
 
+
 def settings():
     """
     Read the site's settings again, as the nodes see them (the pillar the master renders
     for the first MPI node, over the defaults, checked), and hand them to the job controller,
-    which plans the queue with them from its next pass. The engine reads them itself
+    which plans the queue with them from its next pass. The controller reads them itself
     every minute and each submit reads them, so a pillar change reaches an idle queue
     without a submit; this is the way to have it at once. Returns the settings, or fails
-    naming every problem of a bad pillar (the engine then keeps the settings it has).
+    naming every problem of a bad pillar (the job controller then keeps the settings it has).
 
     CLI Example:
 
@@ -426,6 +441,7 @@ def settings():
         salt-run mpi.settings
     """
     return _answer(admin_calls.settings, _site())
+
 
 def backup(path=None):
     """
@@ -446,6 +462,7 @@ def backup(path=None):
     """
     return _answer(admin_calls.backup, _site(), path)
 
+
 def restore(path):
     """
     Replace the master's job records with those of a backup (``mpi.backup``), e.g. on a
@@ -465,6 +482,7 @@ def restore(path):
     """
     return _answer(admin_calls.restore, _site(), path)
 
+
 def add_user(user):
     """
     Give a user their own uid (from ``mpi:users``, allocated once and never reused) and
@@ -479,6 +497,7 @@ def add_user(user):
     """
     return _answer(admin_calls.add_user, _site(), user)
 
+
 def users():
     """
     List every user the master has given a uid: ``{name: {uid, created, dir_ready}}``.
@@ -490,6 +509,7 @@ def users():
         salt-run mpi.users
     """
     return _answer(admin_calls.users, _site())
+
 
 def migrate_users(from_uid=None):
     """

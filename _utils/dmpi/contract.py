@@ -70,7 +70,7 @@ NODE_ROLE = "mpi-node"
 NFS_SERVER_ROLE = "mpi-nfs-server"
 
 #: The job controller's own events on the master's bus: a job's transitions, and the runner's
-#: requests to the engine (``queued``, ``cancel``).
+#: requests to the job controller (``queued``, ``cancel``).
 JOB_TAG_PREFIX = "mpi/job/"
 #: ``mpi/job/<job id>/<state or request>``: group 1 the job id, group 2 what happened.
 JOB_TAG_RE = re.compile(

@@ -70,7 +70,7 @@ def new(job_id, request, *, name, uid, image_ref, candidates, count, workdir, co
 def public(record, waiting=None):
     """The job record as users see it (no internal scheduling data). ``closed`` is true
     once the job's clean-up is done (containers gone, status.json written);
-    ``waiting_for`` says why a queued job waits, from ``waiting`` (the engine's last
+    ``waiting_for`` says why a queued job waits, from ``waiting`` (the controller's last
     plan: ``{job_id: reason}``)."""
     view = {k: v for k, v in record.items() if k not in PRIVATE_FIELDS}
     view["retcode"] = 0 if record["state"] == "succeeded" else 1

@@ -2,20 +2,20 @@
 The rules that end a DockerMPI job: pure functions of a job's record, the evidence its
 nodes sent and the time. No Salt, no I/O; the job controller (:mod:`dmpi.master.controller`) applies them.
 
-Evidence of a node is what the engine knows of it::
+Evidence of a node is what the controller knows of it::
 
     {"last_seen": unix time of its last heartbeat or report,
      "report": its latest report (``mpi_job.report`` plus ``unreachable_peers``),
      "usable": False while that report cannot be trusted (the node said its report
-               failed, or the engine missed a change), so only silence counts,
+               failed, or the controller missed a change), so only silence counts,
      "health": the node's latest health evidence (``mpi_job.health``), kept from the
                last report that carried it,
-     "probe": the engine's last look at the node's host while it was silent:
+     "probe": the controller's last look at the node's host while it was silent:
               {"started": unix time, "answered": bool, "detail": words}}
 
 A silent node is not always a lost one: a minion restart or a Salt upgrade silences
 the node while its Docker engine, containers and network are fine. So silence alone
-ends a job only when the engine could not reach the node's host either, when a peer
+ends a job only when the controller could not reach the node's host either, when a peer
 says the job's containers there are unreachable, or when the silence outlasted the
 grace (pillar ``mpi:engine:silent_grace``).
 """
@@ -26,9 +26,9 @@ from dmpi.contract import ACTIVE, FINAL
 
 NODE_TIMEOUT = 5  # seconds without a heartbeat before a node counts as lost
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
-RESTART_GRACE = 15  # seconds after the engine starts before silent nodes count as lost
+RESTART_GRACE = 15  # seconds after the controller starts before silent nodes count as lost
 REPORT_SKEW = 1  # seconds a node's clock and report may lag behind the master
-PROBE_AFTER = 3  # seconds of silence before the engine probes the node's host
+PROBE_AFTER = 3  # seconds of silence before the controller probes the node's host
 PROBE_EVERY = 2  # seconds between probes of a host while its node stays silent
 # A probe's answer speaks for the host for this long: a new one is due after
 # PROBE_EVERY and takes at most a second, so a host that stops answering is judged lost
@@ -121,7 +121,7 @@ def _limit_hit(record, nodes):
 
 
 def probe_due(seen, now, last_probe):
-    """Whether the engine should probe a node's host now: it is silent for over
+    """Whether the controller should probe a node's host now: it is silent for over
     PROBE_AFTER (before NODE_TIMEOUT, so the answer is in when silence is judged) and
     its last probe (``last_probe``: when it started, or None) is older than PROBE_EVERY."""
     if now - seen.get("last_seen", 0) <= PROBE_AFTER:
@@ -154,7 +154,7 @@ def silence(record, nodes, now, silent_grace=0):
     ``{"lost": True, "why": words}`` or, while the job is kept,
     ``{"lost": False, "since": last heard, "kept_until": time, "host": words}``.
 
-    A silent node is kept while its host answered the engine's latest probe (taken
+    A silent node is kept while its host answered the controller's latest probe (taken
     during this silence and at most PROBE_FRESH old), no peer of the job reports the
     job's container there unreachable, and the silence is shorter than
     ``silent_grace`` seconds. Anything else is lost, as fast as silence alone was.
@@ -236,7 +236,7 @@ def verdict(record, nodes, now, judge_silence=True, silent_grace=0):
     now
         The master's clock.
     judge_silence
-        False while the engine has just started and nodes had no chance to report: a
+        False while the controller has just started and nodes had no chance to report: a
         silent node is then not yet a lost one.
     silent_grace
         Seconds a silent node whose host still answers is given (see :func:`silence`);

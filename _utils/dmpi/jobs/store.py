@@ -114,7 +114,7 @@ class JobStore:
                 conn.executescript(_MIGRATIONS[step])
             if found != SCHEMA_VERSION:
                 # A write: opening a current store (every API call does) stays a read,
-                # which never waits for the engine's writes.
+                # which never waits for the controller's writes.
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextlib.contextmanager
@@ -400,7 +400,7 @@ class JobStore:
 
     def backup(self, dest):
         """Copy the whole store to the new file ``dest`` with SQLite's online backup
-        API (consistent while the engine writes). Returns ``dest``'s schema version."""
+        API (consistent while the controller writes). Returns ``dest``'s schema version."""
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         os.close(fd)
         target = sqlite3.connect(dest)
@@ -419,7 +419,7 @@ class JobStore:
         in a copy; ``source`` itself is not changed). Refused while any job is queued
         or active here.
 
-        What is live stays: node reports, the engine's bookkeeping and the site
+        What is live stays: node reports, the controller's bookkeeping and the site
         settings. Users are merged, never lost: a user this store knows keeps their
         uid, and no uid ever handed out is handed out again. Jobs the backup holds as
         queued or active (it was taken while they ran) are recorded as failed, their
