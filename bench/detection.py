@@ -36,7 +36,7 @@ peer
     only node-to-node traffic is cut (hosts and job containers); the master still
     hears the cut node.
 
-The bound: failed within 5 s of the cut (issue 9: as fast as before the job controller). Prints per-run figures and medians per
+The bound: failed within 5 s of the cut. Prints per-run figures and medians per
 variant; exits non-zero when a job does not fail, does not fail within the bound, or
 anything of a job is left behind. Rules are removed and jobs cancelled in ``finally``
 (also on Ctrl-C and SIGTERM). Run holding the cluster lock, one variant at a time keeps
@@ -62,7 +62,7 @@ from dmpi_bench import (  # noqa: E402
 
 MASTER_ADDRESS = "10.251.1.2"
 ADDRESSES = {"node1": "10.251.1.11", "node2": "10.251.1.12", "node3": "10.251.1.13"}
-BOUND = 5.0             # seconds from the cut to "failed" (issue 9: as fast as before the engine)
+BOUND = 5.0             # seconds from the cut to "failed"
 T_FAIL = 60             # give up waiting for "failed" after this
 T_CLEAN = 45            # give up waiting for the nodes to be clean after this
 T_RUNNING = 60

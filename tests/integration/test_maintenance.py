@@ -2,7 +2,7 @@
 
 A minion restart (or a longer minion outage, as a Salt upgrade makes) leaves a running
 job alone while its node's host still answers the master; a real loss of the node is
-still a failure, named as before. Drained nodes finish their jobs and take no new one
+still a failure, named as such. Drained nodes finish their jobs and take no new one
 until resumed, across a master restart. A node whose shared storage is not writable is
 not scheduled, and the queue says why. Faults are real and undone in ``finally``.
 Times are printed for the record, never asserted: the bounds are the engine's unit
@@ -91,8 +91,8 @@ def test_a_silent_minion_whose_host_answers_leaves_its_running_job_alone(cluster
 @pytest.mark.parametrize("peers_cut", [False], ids=["master-only"])
 def test_a_node_the_master_cannot_reach_still_ends_its_job(cluster, peers_cut):
     # master-only: the nodes still reach each other, so only the master's silence and its
-    # probe of node2's host (which now times out) can tell; the job must fail as before
-    # the probe. (A full partition: test_lifecycle's partition and lost-node tests.)
+    # probe of node2's host (which now times out) can tell; the job must fail all the
+    # same. (A full partition: test_lifecycle's partition and lost-node tests.)
     job_id = submit(cluster, np=4, slots_per_node=2, nodes="node1,node2", cmd="sleep 300",
                     user="maint-cut")
     job = wait_for(cluster, job_id, ("running",), 30)

@@ -2,7 +2,7 @@
 Unit tests for ``dmpi.jobs.store``: the master's SQLite record of jobs and nodes.
 
 The store is what ``salt-run mpi.status``/``mpi.list`` show and what decides which of
-several racing parties (reactor, schedule, ``mpi.cancel``) ends a job, so these tests
+several racing parties (the job controller's threads, ``mpi.cancel``) ends a job, so these tests
 check what a reader sees after each write, and that a job ends exactly once even when
 two processes race for it.
 """
