@@ -28,7 +28,7 @@ from dmpi.contract import job_tag
 from dmpi.errors import StartFailure
 from dmpi.jobs import addresses, rules, sched
 from dmpi.jobs import record as job_record
-from dmpi.master import starter
+from dmpi.master import planner, starter
 
 log = logging.getLogger(__name__)
 
@@ -535,38 +535,11 @@ class JobController:
         if not queued:
             return []
         active = list(self.active.values())
-        used, usage, running = {}, {}, []
-        for placement in self.closing.values():
-            for node, ranks in placement.items():
-                used[node] = used.get(node, 0) + ranks
-            # free within the clean-up's timeout: a reservation may count on them
-            running.append({"placement": placement, "end": now + CLEANUP_TIMEOUT})
-        for job in active:
-            for node, ranks in job["placement"].items():
-                used[node] = used.get(node, 0) + ranks
-            mine = usage.setdefault(job["user"], {"jobs": 0, "slots": 0})
-            mine["jobs"] += 1
-            mine["slots"] += job["np"]
-            running.append({"placement": job["placement"],
-                            "end": job.get("deadline") or now + job["walltime"]})
-        alive = sorted(self.alive(now))
-        # Drained and unhealthy nodes take no new job; running ones go on there.
-        problems = {}
-        for node in alive:
-            problem = rules.node_problem(self.nodes[node], self.drains.get(node))
-            if problem:
-                problems[node] = problem
-        free = {n: node_slots - used.get(n, 0) for n in alive if n not in problems}
+        free, running, usage, problems = planner.capacity(
+            active, self.closing, self.nodes, self.drains, sorted(self.alive(now)),
+            node_slots, now, CLEANUP_TIMEOUT)
         any_node = sorted(self.nodes)  # one list shared by every job that takes any node
-        images = {}
-        waiting = []
-        for j in queued:
-            fit = self._image_candidates(images, j["spec"]["candidates"] or any_node,
-                                         j["spec"]["image_ref"], free)
-            waiting.append(
-                {"id": j["job_id"], "user": j["user"], "np": j["np"],
-                 "walltime": j["walltime"], "candidates": fit["holders"],
-                 "count": j["spec"]["count"], "per_node": j["spec"]["per_node"]})
+        waiting, images = planner.waiting_jobs(queued, any_node, free, self.nodes)
         self._ask_pulls(images, now)
         starts, blocked = sched.plan(
             waiting, free, running, now, node_slots,
@@ -600,29 +573,12 @@ class JobController:
                 self.starting.add(job_id)
                 started.append(record)
             if problems or any(fit["missing"] for fit in images.values()):
-                blocked = self._explain(blocked, queued, images, problems, any_node)
+                blocked = planner.explain(blocked, queued, images, problems, any_node)
             # Why each job waits, in one row (mpi.list and mpi.status show it).
             if blocked != self.waiting:
                 store.set_meta("waiting", blocked, conn=conn)
                 self.waiting = blocked
         return started
-
-    def _image_candidates(self, images, candidates, image_ref, free):
-        """For a job's candidate list and image, once per pass and list: the candidates
-        that hold the image (the very list when all do, so jobs keep sharing one) and the
-        usable nodes among them that lack it."""
-        key = (id(candidates), image_ref)
-        fit = images.get(key)
-        if fit is None:
-            has_image = rules.has_image
-            holders = [n for n in candidates if has_image(self.nodes.get(n) or {}, image_ref)]
-            if len(holders) == len(candidates):
-                holders = candidates
-            held = set(holders)
-            fit = images[key] = {"candidates": candidates, "image_ref": image_ref,
-                                 "holders": holders,
-                                 "missing": [n for n in candidates if n in free and n not in held]}
-        return fit
 
     def _ask_pulls(self, images, now):
         """Ask usable nodes that lack a queued job's image to pull it (in the background:
@@ -644,22 +600,6 @@ class JobController:
                                  reference=image_ref)
             except RuntimeError:  # the controller is stopping
                 return
-
-    def _explain(self, blocked, queued, images, problems, any_node):
-        """The scheduler's reasons, with the nodes a waiting job cannot use named."""
-        explained, texts = dict(blocked), {}
-        for job in queued:
-            base = blocked.get(job["job_id"])
-            if base != "resources":
-                continue
-            candidates = job["spec"]["candidates"] or any_node
-            key = (id(candidates), job["spec"]["image_ref"], job["image"])
-            if key not in texts:
-                fit = images[key[:2]]
-                texts[key] = rules.waiting_reason(
-                    base, candidates, problems, set(fit["missing"]), job["image"])
-            explained[job["job_id"]] = texts[key]
-        return explained
 
     # ---------------------------------------------------------------------- start
 
