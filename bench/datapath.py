@@ -17,7 +17,7 @@ host
     unprivileged sshd on port 20099 of the node with a throwaway key pair and host key
     (the files are built by :mod:`dmpi.launch` as for a job), and plain ``mpirun``
     from node1's container over the nodes' host addresses with
-    ``dmpi.launch.mpirun_argv``: TCP BTL, the same MCA settings (``mca_params``) for the
+    ``dmpi.launch.openmpi.mpirun_argv``: TCP BTL, the same MCA settings (``mca_params``) for the
     cluster network, OOB ports 20298-20299 and BTL ports 20900-20999 (inside the MPI
     port ranges the node firewall accepts from the cluster network). Each repeat is one
     mpirun in the same two containers. They have no CPU limit unless ``--cpus`` gives
@@ -57,7 +57,9 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-import dmpi.launch  # noqa: E402  (pure Python; key generation needs cryptography)
+import dmpi.launch.files  # noqa: E402
+import dmpi.launch.openmpi  # noqa: E402
+import dmpi.launch.ssh  # noqa: E402  (pure Python; key generation needs cryptography)
 from dmpi_bench import (  # noqa: E402
     FINAL, BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
     trap_sigterm, verdict, check_common_args, parse_args,
@@ -214,8 +216,8 @@ class HostNetwork:
         self.image = image
         self.cidr = cidr
         self.directory = f"{BASE}/{secrets.token_hex(4)}"
-        self.run_dir = dmpi.launch.DEFAULT_RUN_DIR
-        self.argv = dmpi.launch.mpirun_argv(2, cidr, OOB_PORTS, BTL_PORTS, SSH_PORT, "/data",
+        self.run_dir = dmpi.launch.ssh.DEFAULT_RUN_DIR
+        self.argv = dmpi.launch.openmpi.mpirun_argv(2, cidr, OOB_PORTS, BTL_PORTS, SSH_PORT, "/data",
                                            run_dir=self.run_dir)
 
     def files(self, node):
@@ -223,20 +225,20 @@ class HostNetwork:
         ca_private, ca_public = self.ca
         addresses = {n: ADDRESSES[n] for n in PAIR}
         now = int(time.time())
-        keys = dmpi.launch.job_keys(ca_private, "bench-datapath", node, addresses,
+        keys = dmpi.launch.ssh.job_keys(ca_private, "bench-datapath", node, addresses,
                                    {n: ca_public for n in PAIR}, PAIR[0], SSH_PORT,
                                    now - 300, now + 3600)
         return dict(keys, **{
-            "sshd_config": dmpi.launch.sshd_config_text(SSH_PORT, HOST_ACCOUNT, self.run_dir,
+            "sshd_config": dmpi.launch.ssh.sshd_config_text(SSH_PORT, HOST_ACCOUNT, self.run_dir,
                                                        listen_address=ADDRESSES[node]),
-            "passwd": dmpi.launch.passwd_text(HOST_ACCOUNT, HOST_UID, HOST_UID),
-            "group": dmpi.launch.group_text(HOST_ACCOUNT, HOST_UID),
-            "program": dmpi.launch.program_script_text(program(self.args)),
-            "hostfile": dmpi.launch.hostfile_text([(ADDRESSES[n], 1) for n in PAIR]),
+            "passwd": dmpi.launch.files.passwd_text(HOST_ACCOUNT, HOST_UID, HOST_UID),
+            "group": dmpi.launch.files.group_text(HOST_ACCOUNT, HOST_UID),
+            "program": dmpi.launch.files.program_script_text(program(self.args)),
+            "hostfile": dmpi.launch.openmpi.hostfile_text([(ADDRESSES[n], 1) for n in PAIR]),
         })
 
     def start(self):
-        self.ca = dmpi.launch.generate_ed25519_keypair("dmpi-bench-ca")
+        self.ca = dmpi.launch.ssh.generate_ed25519_keypair("dmpi-bench-ca")
         for node in PAIR:
             put_files(node, self.directory, self.files(node))
             mounts = [f"type=bind,src={self.directory},dst={self.run_dir},readonly",
@@ -254,7 +256,7 @@ class HostNetwork:
             argv += [self.image, "/usr/sbin/sshd", "-D", "-e", "-f", f"{self.run_dir}/sshd_config"]
             node_exec(node, argv, timeout=60)
         # Ready when node1's container logs in to node2's sshd with the throwaway keys.
-        ssh = ["ssh", *dmpi.launch.ssh_args(SSH_PORT, self.run_dir), ADDRESSES[PAIR[1]], "true"]
+        ssh = ["ssh", *dmpi.launch.ssh.ssh_args(SSH_PORT, self.run_dir), ADDRESSES[PAIR[1]], "true"]
         deadline = time.monotonic() + T_SSHD
         while True:
             result = node_exec(PAIR[0], ["docker", "exec", f"{PREFIX}-{PAIR[0]}", *ssh],

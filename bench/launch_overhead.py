@@ -16,7 +16,7 @@ plain
     and waited for until ``mpi.status`` says running. Its containers sit in the job's own
     network namespaces (``job_addresses``) and run as the user's own uid. The mpirun of
     its launcher container's command (``docker inspect dmpi-<job>-launcher``; this script
-    checks it is ``dmpi.launch.mpirun_argv`` of the job's settings, that the hostfile in
+    checks it is ``dmpi.launch.openmpi.mpirun_argv`` of the job's settings, that the hostfile in
     ``/run/dockermpi`` lists the job's addresses and that the program file there is the
     job's) is run again with ``/bin/sh /run/dockermpi/program`` replaced by ``hostname``
     (the baseline is not user input, so its argv goes to mpirun directly): as the job's
@@ -72,7 +72,9 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-import dmpi.launch  # noqa: E402  (pure Python, no Salt needed)
+import dmpi.launch.files  # noqa: E402
+import dmpi.launch.openmpi  # noqa: E402
+import dmpi.launch.ssh  # noqa: E402  (pure Python, no Salt needed)
 from dmpi_bench import (  # noqa: E402
     MASTER, NODES, SLOTS_PER_NODE, BenchError, Jobs, RunnerSession, Terminated, log, median,
     node_exec, run, table, trap_sigterm, verdict, check_common_args, parse_args,
@@ -84,7 +86,7 @@ WALLTIME = "2m"         # bounds each launch and the baseline job in the runner
 T_LAUNCH = 150          # salt-run mpi.launch inside the master (walltime + slack)
 T_MPIRUN = 60           # plain mpirun inside the launcher container
 T_RUNNING = 60          # baseline job: queued -> running
-RUN_DIR = dmpi.launch.DEFAULT_RUN_DIR  # the job's keys, hostfile and program file
+RUN_DIR = dmpi.launch.ssh.DEFAULT_RUN_DIR  # the job's keys, hostfile and program file
 PLAIN_OOB_PORTS = 100   # OOB ports of the plain mpirun, the top of the job's BTL range
 SHORT = {"repeat": 1, "nodes": "3"}  # what --short (CI) sets: every side once, all nodes
 
@@ -264,7 +266,7 @@ class Baseline:
             raise BenchError(f"launcher runs as {config.get('User')!r}, not the job's user "
                              f"{self.user}")
         command = config["Cmd"]
-        script = ["/bin/sh", "-c", dmpi.launch.LAUNCHER_SCRIPT, "sh"]
+        script = ["/bin/sh", "-c", dmpi.launch.openmpi.LAUNCHER_SCRIPT, "sh"]
         if command[:len(script)] != script or "mpirun" not in command:
             raise BenchError(f"unexpected launcher command: {command!r}")
         real = command[command.index("mpirun"):]
@@ -274,23 +276,23 @@ class Baseline:
         btl_low = int(mca(real, "btl_tcp_port_min_v4"))
         btl = (btl_low, btl_low + int(mca(real, "btl_tcp_port_range_v4")) - 1)
         cidr, wdir = mca(real, "oob_tcp_if_include"), real[real.index("--wdir") + 1]
-        # The launcher's mpirun must be dmpi.launch.mpirun_argv of the job's settings,
+        # The launcher's mpirun must be dmpi.launch.openmpi.mpirun_argv of the job's settings,
         # running the job's program file.
-        built = dmpi.launch.mpirun_argv(np, cidr, oob, btl, ssh_port, wdir, forwarded(real),
+        built = dmpi.launch.openmpi.mpirun_argv(np, cidr, oob, btl, ssh_port, wdir, forwarded(real),
                                        run_dir=RUN_DIR)
         if built != real:
-            raise BenchError("launcher mpirun is not dmpi.launch.mpirun_argv of the job's "
+            raise BenchError("launcher mpirun is not dmpi.launch.openmpi.mpirun_argv of the job's "
                              f"settings:\n{shlex.join(real)}\n{shlex.join(built)}")
         if built[-2:] != ["/bin/sh", f"{RUN_DIR}/program"]:
             raise BenchError(f"launcher mpirun does not run {RUN_DIR}/program: {built[-2:]}")
         # What the plain mpirun reuses: the job's hostfile (its addresses) and program file.
         hostfile = self.read(f"{RUN_DIR}/hostfile")
-        want = dmpi.launch.hostfile_text([(addresses[n], SLOTS_PER_NODE) for n in self.nodes])
+        want = dmpi.launch.openmpi.hostfile_text([(addresses[n], SLOTS_PER_NODE) for n in self.nodes])
         if sorted(hostfile.splitlines()) != sorted(want.splitlines()):
             raise BenchError(f"job hostfile {hostfile!r} does not list the job's addresses "
                              f"{addresses}")
         program = self.read(f"{RUN_DIR}/program")
-        if program != dmpi.launch.program_script_text(BASE_CMD):
+        if program != dmpi.launch.files.program_script_text(BASE_CMD):
             raise BenchError(f"job program file is {program!r}, not {shlex.join(BASE_CMD)}")
         # The same mpirun with the program file replaced by the baseline's own argv (not
         # user input, so it goes to mpirun directly), on other OOB ports: mpirun (Open MPI's
@@ -303,7 +305,7 @@ class Baseline:
                              f"mpirun {PLAIN_OOB_PORTS} OOB ports")
         plain_oob = (btl[1] - PLAIN_OOB_PORTS + 1, btl[1])
         plain_btl = (btl[0], btl[1] - PLAIN_OOB_PORTS)
-        self.argv = dmpi.launch.mpirun_argv(np, cidr, plain_oob, plain_btl, ssh_port, wdir,
+        self.argv = dmpi.launch.openmpi.mpirun_argv(np, cidr, plain_oob, plain_btl, ssh_port, wdir,
                                            forwarded(real), run_dir=RUN_DIR)[:-2] + PROGRAM
         log(f"baseline job {self.job_id} running on {job['placement']} at {addresses} as uid "
             f"{uid} (ssh port {ssh_port}, OOB {oob[0]}-{oob[1]}, BTL {btl[0]}-{btl[1]}); plain "

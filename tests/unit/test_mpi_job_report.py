@@ -29,7 +29,7 @@ from dmpi.node import evidence, health, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
 
-STDERR_DATA = REPO / "tests" / "unit" / "dmpi" / "data" / "mpirun"
+STDERR_DATA = REPO / "tests" / "unit" / "dmpi" / "launch" / "data" / "mpirun"
 
 
 

@@ -9,7 +9,7 @@ from unittest.mock import MagicMock
 
 import docker.errors
 import pytest
-import dmpi.launch
+import dmpi.launch.ssh
 from dmpi.errors import StartFailure
 from dmpi.node import containers, jobca, netns, standby, start, userdirs
 from salt.exceptions import CommandExecutionError
@@ -66,7 +66,7 @@ def steps(monkeypatch, tmp_path):
 
 def _start(steps):
     """node1's part of a two-node job whose launcher is on node2."""
-    _, launcher_ca = dmpi.launch.generate_ed25519_keypair("node2-ca")
+    _, launcher_ca = dmpi.launch.ssh.generate_ed25519_keypair("node2-ca")
     return mpi_job.start_worker(
         JOB, "registry:5000/mpi@sha256:" + "0" * 64, "alice", 23456, 23456, steps.storage,
         steps.storage, "dmpi-jobs", {"node1": ADDRESS, "node2": LAUNCHER_ADDRESS},
@@ -120,7 +120,7 @@ def test_a_namespace_that_cannot_leave_the_standby_network_starts_no_worker(step
 def test_a_node_refuses_to_certify_with_a_ca_the_master_does_not_hold(steps):
     """A node whose job CA changed since its last health report starts nothing: the
     other nodes would not trust what it certifies."""
-    _, stale = dmpi.launch.generate_ed25519_keypair("old-ca")
+    _, stale = dmpi.launch.ssh.generate_ed25519_keypair("old-ca")
     mpi_job.job_ca()
     with pytest.raises(CommandExecutionError, match="another job CA for node1"):
         mpi_job.start_worker(
@@ -153,12 +153,12 @@ def test_readiness_counts_only_certificates_of_the_right_ca_for_the_right_addres
         monkeypatch):
     """What ssh-keyscan -c prints is trusted per address: a certificate of another
     node's CA, or of this CA for another address, proves nothing."""
-    ca1_private, ca1 = dmpi.launch.generate_ed25519_keypair("ca1")
-    ca2_private, ca2 = dmpi.launch.generate_ed25519_keypair("ca2")
-    _, host = dmpi.launch.generate_ed25519_keypair("host")
+    ca1_private, ca1 = dmpi.launch.ssh.generate_ed25519_keypair("ca1")
+    ca2_private, ca2 = dmpi.launch.ssh.generate_ed25519_keypair("ca2")
+    _, host = dmpi.launch.ssh.generate_ed25519_keypair("host")
 
     def cert(ca_private, address, kind="host"):
-        return dmpi.launch.sign_ssh_certificate(ca_private, host, kind, "id", [address], 1, 2)
+        return dmpi.launch.ssh.sign_ssh_certificate(ca_private, host, kind, "id", [address], 1, 2)
 
     printed = "\n".join([
         cert(ca1_private, "10.0.0.1"),           # right: node1's CA for node1's address

@@ -9,7 +9,9 @@ starts and records the outcome; this module only brings it up.
 import posixpath
 import time
 
-import dmpi.launch
+import dmpi.launch.files
+import dmpi.launch.openmpi
+import dmpi.launch.ssh
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT
 from dmpi.jobs import record as job_record
 
@@ -81,7 +83,7 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
     host_addresses = transport.host_addresses(nodes, config["cluster_network"])
     files = job_files(config, record, job_addresses)
     environment = dict(spec["env"], **job_environment(record, job_addresses))
-    argv = dmpi.launch.launcher_argv(
+    argv = dmpi.launch.openmpi.launcher_argv(
         posixpath.join(record["output"]["dir_in_job"], "stdout"),
         posixpath.join(record["output"]["dir_in_job"], "stderr"),
         record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
@@ -125,11 +127,11 @@ def job_files(config, record, job_addresses):
     uid = record["uid"]
     sshd_port = job_ports(config)[0]
     return {
-        "sshd_config": dmpi.launch.sshd_config_text(sshd_port, account),
-        "passwd": dmpi.launch.passwd_text(account, uid, uid, home=DATA_MOUNT),
-        "group": dmpi.launch.group_text(account, uid),
-        "program": dmpi.launch.program_script_text(record["cmd"]),
-        "hostfile": dmpi.launch.hostfile_text(
+        "sshd_config": dmpi.launch.ssh.sshd_config_text(sshd_port, account),
+        "passwd": dmpi.launch.files.passwd_text(account, uid, uid, home=DATA_MOUNT),
+        "group": dmpi.launch.files.group_text(account, uid),
+        "program": dmpi.launch.files.program_script_text(record["cmd"]),
+        "hostfile": dmpi.launch.openmpi.hostfile_text(
             [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
         ),
     }

@@ -16,7 +16,7 @@ import time
 
 import docker
 import docker.errors
-import dmpi.launch
+import dmpi.launch.openmpi
 import requests.exceptions
 
 from dmpi.contract import JOB_ID_RE, LABEL_ROLE, LABEL_USER, STANDBY_ROLE, USER_RE
@@ -197,7 +197,7 @@ def _failed_rank(storage_path, job_id, job):
     except (DockerMPIError, ValueError, TypeError) as exc:
         log.debug("job %s: cannot read stderr: %s", job_id, exc)
         return None
-    return dmpi.launch.parse_mpirun_failure(text)
+    return dmpi.launch.openmpi.parse_mpirun_failure(text)
 
 
 def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,

@@ -9,7 +9,7 @@ import re
 import threading
 import time
 
-import dmpi.launch
+import dmpi.launch.ssh
 from cryptography.hazmat.primitives import serialization
 
 from dmpi.errors import NodeError, RequestError
@@ -31,7 +31,7 @@ def ca():
                 private = handle.read()
         except FileNotFoundError:
             os.makedirs(os.path.dirname(JOB_CA_KEY), mode=0o700, exist_ok=True)
-            private, _ = dmpi.launch.generate_ed25519_keypair("dockermpi-job-ca")
+            private, _ = dmpi.launch.ssh.generate_ed25519_keypair("dockermpi-job-ca")
             partial = f"{JOB_CA_KEY}.{os.getpid()}"
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as handle:
@@ -58,7 +58,7 @@ def public_line():
 
 def job_keys(node_id, job_id, job_cas, launcher_node, addresses, sshd_port, valid_seconds):
     """The ssh keys of node ``node_id``'s part of a job, made and certified here with
-    the node's job CA (:func:`dmpi.launch.job_keys`)."""
+    the node's job CA (:func:`dmpi.launch.ssh.job_keys`)."""
     if not isinstance(job_cas, dict) or set(addresses) - set(job_cas) or not all(
             isinstance(job_cas[n], str) and _CA_LINE_RE.match(job_cas[n]) for n in addresses):
         raise RequestError(
@@ -79,7 +79,7 @@ def job_keys(node_id, job_id, job_cas, launcher_node, addresses, sshd_port, vali
             f"({JOB_CA_KEY} changed); the node's next health report brings the new one")
     now = int(time.time())
     try:
-        return dmpi.launch.job_keys(
+        return dmpi.launch.ssh.job_keys(
             ca_private, job_id, node_id, addresses, job_cas, launcher_node, sshd_port,
             now - CERT_CLOCK_SKEW, now + valid_seconds + CERT_GRACE)
     except ValueError as exc:

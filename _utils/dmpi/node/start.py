@@ -13,7 +13,7 @@ import time
 
 import docker
 import docker.errors
-import dmpi.launch
+import dmpi.launch.ssh
 import dmpi.seal
 
 from dmpi.contract import DOCKER_NAME_RE, JOBS_SUBDIR, RUN_DIR
@@ -52,7 +52,7 @@ def _answering_with_job_certificate(pid, expected, port):
     proven = set()
     for line in out.splitlines():
         try:
-            cert = dmpi.launch.read_ssh_certificate(line)
+            cert = dmpi.launch.ssh.read_ssh_certificate(line)
         except ValueError:
             continue
         if cert["kind"] != "host":

@@ -1,0 +1,22 @@
+"""
+How a job is launched in DockerMPI containers, as text and argv lists: pure functions
+that take plain values, check them, and return what the node writes or runs. Nothing
+here touches the file system, runs a process or imports Salt.
+
+A job runs like this on each chosen node: a *worker* container (the job image, run as
+the job's user's own uid:gid with every capability dropped) runs ``sshd -D -e -f
+/run/dockermpi/sshd_config`` on a per-job port. The read-only per-job directory
+``/run/dockermpi`` holds the files built here: ``sshd_config``, ``known_hosts``,
+``hostfile`` and the ``passwd``/``group`` files that are bind-mounted over
+``/etc/passwd`` and ``/etc/group``. A *launcher* container on the first node runs the
+MPI's launcher over ssh to the workers.
+
+- :mod:`dmpi.launch.ssh`: the job's keys and certificates, sshd's configuration,
+  known_hosts, the ssh options;
+- :mod:`dmpi.launch.files`: passwd, group and the program script;
+- :mod:`dmpi.launch.openmpi`: Open MPI's hostfile, parameters, command line and
+  failure messages (one module per MPI flavour);
+- :mod:`dmpi.launch.values`: the checks they share.
+
+This file imports nothing: Salt's loader may load the folder itself as a utils module.
+"""

@@ -1,0 +1,82 @@
+"""
+The files every container of a job reads, besides ssh's: the user's passwd and group
+lines (bind-mounted over ``/etc/passwd`` and ``/etc/group``) and the program script that
+runs the user's command without a shell parsing it.
+"""
+
+import shlex
+
+from dmpi.launch.values import check_abs_path, check_id, check_name
+
+
+def passwd_text(user, uid, gid, home="/data", shell="/bin/sh"):
+    """
+    Return an ``/etc/passwd`` for job containers that names the job's user.
+
+    user, uid, gid
+        The job's account: a POSIX name and the user's own uid and gid (never 0).
+    home
+        The account's home, the data directory mount (default ``/data``).
+    shell
+        Login shell; sshd runs ``orted`` through it.
+
+    Keeps ``root``, ``nobody`` and ``sshd`` lines next to the account so tools that look
+    those names up keep working.
+    """
+    check_name(user, "user")
+    check_id(uid, "uid")
+    check_id(gid, "gid")
+    check_abs_path(home, "home")
+    check_abs_path(shell, "shell")
+    if uid == 65534 or user in ("root", "nobody", "sshd"):
+        raise ValueError(f"account {user!r} (uid {uid}) clashes with a system account")
+    lines = [
+        "root:x:0:0:root:/root:/usr/sbin/nologin",
+        f"{user}:x:{uid}:{gid}:DockerMPI user:{home}:{shell}",
+        "sshd:x:100:65534::/run/sshd:/usr/sbin/nologin",
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def group_text(group, gid):
+    """
+    Return an ``/etc/group`` for job containers that names the user's own group.
+
+    group, gid
+        The user's private group (same id as the uid); gid must not be 0.
+    """
+    check_name(group, "group")
+    check_id(gid, "gid")
+    if gid == 65534 or group in ("root", "nogroup"):
+        raise ValueError(f"group {group!r} (gid {gid}) clashes with a system group")
+    lines = [
+        "root:x:0:",
+        f"{group}:x:{gid}:",
+        "nogroup:x:65534:",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def program_script_text(program):
+    """
+    Return the script every rank runs: ``exec`` of the user's program, each word quoted.
+
+    program
+        The user's program argv (non-empty list of strings without NUL).
+
+    The program reaches mpirun as a file (``<run_dir>/program``, run with ``/bin/sh``),
+    never as mpirun arguments: mpirun reads ``:`` anywhere in its argv as the start of
+    another program group with its own ``-np`` and ``--host``, so a user's words in its
+    argv would be mpirun syntax. Each word is single-quoted (:func:`shlex.quote`), so the
+    shell only execs it; ``exec`` keeps the rank's exit code and signals the program's.
+    """
+    if isinstance(program, str) or not isinstance(program, (list, tuple)) or not program:
+        raise ValueError("program must be a non-empty list of strings (argv), not a string")
+    for arg in program:
+        if not isinstance(arg, str) or "\0" in arg:
+            raise ValueError(f"program arguments must be strings without NUL, got {arg!r}")
+    if not program[0]:
+        raise ValueError("program must start with a program name")
+    words = " ".join(shlex.quote(arg) for arg in program)
+    return "# DockerMPI: the job's program (generated; each word is data)\nexec " + words + "\n"

@@ -1,0 +1,251 @@
+"""
+Open MPI's launch: the hostfile, the MCA parameters that keep ``mpirun`` and its
+daemons inside the job's ports and network, the launcher's command line, and which rank
+failed how, read from Open MPI's own messages.
+
+A *launcher* container on the first node runs :func:`launcher_argv`: ``mpirun`` over
+ssh (:mod:`dmpi.launch.ssh`) to the workers, with its output redirected into the job
+directory.
+"""
+
+import ipaddress
+import re
+import signal as _signal
+
+from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
+from dmpi.launch.values import (check_abs_path, check_cidr, check_port, check_range)
+
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+
+# The fixed wrapper script of the launcher container. User strings only ever arrive as
+# positional parameters: $1 is the stdout file, $2 the stderr file, the rest is mpirun argv.
+LAUNCHER_SCRIPT = 'out="$1"; err="$2"; shift 2; exec "$@" >"$out" 2>"$err"'
+
+
+def hostfile_text(placement):
+    """
+    Return an Open MPI hostfile for a placement.
+
+    placement
+        Ordered list of ``(address, slots)``: each node's cluster IPv4 address and the
+        number of ranks it takes. Ranks are laid out in this order (by slot).
+
+    Produces ``"<address> slots=<n> max_slots=<n>"`` lines.
+    """
+    if not isinstance(placement, (list, tuple)) or not placement:
+        raise ValueError("placement must be a non-empty list of (address, slots)")
+    seen = set()
+    lines = []
+    for item in placement:
+        try:
+            address, slots = item
+        except (TypeError, ValueError):
+            raise ValueError(f"placement entry must be (address, slots), got {item!r}") from None
+        try:
+            addr = ipaddress.IPv4Address(address)
+        except ValueError:
+            raise ValueError(f"placement address must be an IPv4 address, got {address!r}") from None
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots for {addr} must be a positive integer, got {slots!r}")
+        if addr in seen:
+            raise ValueError(f"address {addr} appears twice in the placement")
+        seen.add(addr)
+        lines.append(f"{addr} slots={slots} max_slots={slots}")
+    return "\n".join(lines) + "\n"
+
+
+def mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir=DEFAULT_RUN_DIR,
+               keepalive=(2, 1, 3)):
+    """
+    Return the ordered list of ``(name, value)`` MCA settings of a DockerMPI job.
+
+    cluster_cidr
+        IPv4 network of the cluster links, e.g. ``"10.197.1.0/24"``. Open MPI's OOB and
+        TCP BTL bind to interfaces in it (by CIDR, never by interface name: names differ
+        between nodes).
+    oob_ports
+        ``(low, high)`` or ``"low-high"``: ports for mpirun's and orted's out-of-band
+        listeners.
+    btl_ports
+        ``(low, high)`` or ``"low-high"``: ports for the ranks' TCP BTL listeners.
+    ssh_port, run_dir
+        See :func:`ssh_args`.
+    keepalive
+        ``(time, intvl, probes)`` of the OOB TCP keepalive, so a partition ends mpirun in
+        seconds instead of hanging (defaults in Open MPI are 10/60/3).
+    """
+    cidr = check_cidr(cluster_cidr)
+    check_port(ssh_port, "ssh port")
+    oob_low, oob_high = check_range(oob_ports, "OOB port range")
+    btl_low, btl_high = check_range(btl_ports, "BTL port range")
+    if not (oob_high < btl_low or btl_high < oob_low):
+        raise ValueError(f"OOB ports {oob_low}-{oob_high} overlap BTL ports {btl_low}-{btl_high}")
+    if oob_low <= ssh_port <= oob_high or btl_low <= ssh_port <= btl_high:
+        raise ValueError(f"ssh port {ssh_port} lies inside the OOB or BTL port range")
+    try:
+        ka_time, ka_intvl, ka_probes = keepalive
+    except (TypeError, ValueError):
+        raise ValueError(f"keepalive must be (time, intvl, probes), got {keepalive!r}") from None
+    for v in (ka_time, ka_intvl, ka_probes):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"keepalive values must be positive integers, got {keepalive!r}")
+    return [
+        # Launch: ssh to the workers' unprivileged sshd; every orted from mpirun directly
+        # (a tree spawn would need orted-to-orted ssh as well).
+        ("plm", "rsh"),
+        ("plm_rsh_agent", "ssh"),
+        ("plm_rsh_args", " ".join(ssh_args(ssh_port, run_dir))),
+        ("plm_rsh_no_tree_spawn", "1"),
+        # Out-of-band (mpirun <-> orted <-> ranks) on the cluster network, fixed ports.
+        ("oob", "tcp"),
+        ("oob_tcp_if_include", cidr),
+        ("oob_tcp_dynamic_ipv4_ports", f"{oob_low}-{oob_high}"),
+        # The OOB opens a dual-stack IPv6 listener whatever disable_ipv6_family says;
+        # giving it the same range keeps it inside the range (or it finds none free).
+        ("oob_tcp_dynamic_ipv6_ports", f"{oob_low}-{oob_high}"),
+        ("oob_tcp_disable_ipv6_family", "1"),
+        ("oob_tcp_keepalive_time", str(ka_time)),
+        ("oob_tcp_keepalive_intvl", str(ka_intvl)),
+        ("oob_tcp_keepalive_probes", str(ka_probes)),
+        # Data path: TCP between nodes, shared memory within a node, no InfiniBand/UCX.
+        ("pml", "ob1"),
+        ("btl", "self,vader,tcp"),
+        ("btl_tcp_if_include", cidr),
+        ("btl_tcp_port_min_v4", str(btl_low)),
+        ("btl_tcp_port_range_v4", str(btl_high - btl_low + 1)),
+        ("btl_tcp_disable_family", "6"),
+        # The TCP BTL opens an IPv6 listener regardless; keep it inside the range too.
+        ("btl_tcp_port_min_v6", str(btl_low)),
+        ("btl_tcp_port_range_v6", str(btl_high - btl_low + 1)),
+        # Without CAP_SYS_PTRACE CMA/knem single copy fails; copy through the shm segment.
+        ("btl_vader_single_copy_mechanism", "none"),
+        ("osc", "^ucx"),
+        # Containers see the node's cores; do not pin ranks on behalf of the site.
+        ("hwloc_base_binding_policy", "none"),
+        ("rmaps_base_oversubscribe", "0"),
+    ]
+
+
+def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
+                run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3)):
+    """
+    Return the ``mpirun`` argv of a job (no shell involved).
+
+    np
+        Number of ranks (positive integer).
+    cluster_cidr, oob_ports, btl_ports, ssh_port, keepalive
+        See :func:`mca_params`.
+    workdir
+        Absolute working directory of every rank (under ``/data``).
+    env_names
+        Names of environment variables forwarded to the ranks with ``-x``.
+    run_dir
+        See :func:`ssh_args`; the hostfile is ``<run_dir>/hostfile`` and every rank runs
+        ``/bin/sh <run_dir>/program`` (:func:`program_script_text`).
+    """
+    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
+        raise ValueError(f"np must be a positive integer, got {np!r}")
+    check_abs_path(workdir, "workdir")
+    if isinstance(env_names, str):
+        raise ValueError("env_names must be a list of variable names, not a string")
+    env_names = list(env_names)
+    for name in env_names:
+        if not isinstance(name, str) or not _ENV_RE.match(name):
+            raise ValueError(f"environment variable name {name!r} is not valid")
+    params = mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir, keepalive)
+    argv = ["mpirun", "--hostfile", f"{run_dir}/hostfile", "-np", str(np), "--wdir", workdir]
+    for name, value in params:
+        argv += ["--mca", name, value]
+    for name in env_names:
+        argv += ["-x", name]
+    return argv + ["/bin/sh", f"{run_dir}/program"]
+
+
+def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_ports, ssh_port,
+                  workdir, env_names=(), run_dir=DEFAULT_RUN_DIR,
+                  keepalive=(2, 1, 3)):
+    """
+    Return the launcher container's command: ``/bin/sh -c <fixed script> sh ...``.
+
+    stdout_path, stderr_path
+        Absolute paths (in the job directory under ``/data``) that receive mpirun's
+        standard output and error.
+    np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names, run_dir,
+    keepalive
+        See :func:`mpirun_argv`.
+
+    The script is a constant (:data:`LAUNCHER_SCRIPT`); the paths and the whole mpirun
+    argv arrive as positional parameters, so no user string is parsed by a shell. The
+    script ``exec``\\ s mpirun, so the container's exit code is mpirun's.
+    """
+    check_abs_path(stdout_path, "stdout_path")
+    check_abs_path(stderr_path, "stderr_path")
+    if stdout_path == stderr_path:
+        raise ValueError("stdout_path and stderr_path must differ")
+    mpirun = mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
+                         run_dir, keepalive)
+    return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpirun
+
+
+# ---------------------------------------------------------------------- failure parse
+
+# Open MPI 4.1.4 help messages (orte/tools/orterun/help-orterun.txt, help-mpi-api.txt),
+# as captured from real runs in tests/unit/dmpi/launch/data/mpirun/. mpirun wraps some of them at
+# fixed columns, so whitespace between words is matched loosely.
+# Numbers are ASCII and bounded ([0-9]{1,9}): the text is the job's, and a rank of 5000
+# digits, or Unicode digits, must make the verdict vaguer, never raise.
+_RE_SIGNAL = re.compile(
+    r"mpirun noticed that process rank (?P<rank>[0-9]{1,9}) with PID [0-9]{1,12} on node "
+    r"\S{1,255}\s{1,80}exited on signal (?P<signal>[0-9]{1,3})(?: \((?P<name>[^)\n]{0,40})\))?\."
+)
+_RE_EXIT = re.compile(
+    r"mpirun detected that one or more processes exited with non-zero status,\s{1,80}"
+    r"thus causing\s{1,80}the job to be terminated\. The first process to do so was:\s{1,80}"
+    r"Process name:\s{1,80}\[\[[0-9]{1,12},[0-9]{1,12}\],(?P<rank>[0-9]{1,9})\]\s{1,80}"
+    r"Exit code:\s{1,80}(?P<code>[0-9]{1,9})\b"
+)
+_RE_ABORT = re.compile(
+    r"MPI_ABORT was invoked on rank (?P<rank>[0-9]{1,9}) in communicator \S{1,255}\s{1,80}"
+    r"with errorcode (?P<code>-?[0-9]{1,10})\."
+)
+
+
+def _signal_name(number, text):
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return text or f"SIG{number}"
+
+
+def parse_mpirun_failure(stderr_text):
+    """
+    Find which rank made an Open MPI 4.1 job fail, from mpirun's standard error.
+
+    stderr_text
+        mpirun's standard error (str). It may hold the ranks' own standard error too.
+
+    Returns ``{"rank": int, "exit_code": int}`` when a rank exited non-zero or called
+    ``MPI_Abort`` (the abort's error code), ``{"rank": int, "signal": int,
+    "signal_name": str}`` when a rank died on a signal (``signal_name`` like
+    ``"SIGSEGV"``), or ``None`` when no such message is present: success, or a failure
+    that is not a rank's (lost daemon, program not found, ssh failure). It never raises:
+    the text is written by the user's job.
+
+    mpirun prints its verdict after every rank has gone, so the *last* message wins; a
+    program that prints look-alike text earlier cannot mask the real one.
+    """
+    if not isinstance(stderr_text, str):
+        return None
+    text = stderr_text.replace("\r\n", "\n")
+    found = []
+    for kind, regex in (("signal", _RE_SIGNAL), ("exit", _RE_EXIT), ("abort", _RE_ABORT)):
+        for match in regex.finditer(text):
+            found.append((match.start(), kind, match))
+    if not found:
+        return None
+    _, kind, match = max(found, key=lambda item: item[0])
+    rank = int(match.group("rank"))
+    if kind == "signal":
+        number = int(match.group("signal"))
+        return {"rank": rank, "signal": number, "signal_name": _signal_name(number, match.group("name"))}
+    return {"rank": rank, "exit_code": int(match.group("code"))}
