@@ -14,11 +14,13 @@ import os
 import tempfile
 
 from dmpi.contract import IMAGE_REFERENCE_RE, LABEL_ROLE, STANDBY_PREFIX, STANDBY_ROLE
+from dmpi.errors import NodeError
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
     import docker
     import docker.errors
+    from dmpi.node import containers
 
     HAS_DOCKER = True
 except ImportError:  # pragma: no cover - exercised through __virtual__
@@ -71,11 +73,9 @@ def parse_reference(reference):
 
 def _client():
     try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise CommandExecutionError(f"cannot reach the Docker engine: {exc}") from exc
-    return client
+        return containers.client(check=True)
+    except NodeError as exc:
+        raise CommandExecutionError(str(exc)) from exc
 
 
 def _summary(image):

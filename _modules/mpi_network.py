@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import re
 
+from dmpi.errors import NodeError
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
@@ -30,6 +31,7 @@ try:
     import docker.errors
     import docker.types
     import requests.exceptions
+    from dmpi.node import containers
 
     HAS_DOCKER = True
 except ImportError:  # pragma: no cover - exercised through __virtual__
@@ -184,10 +186,10 @@ def _docker_errors(action):
 
 
 def _client():
-    with _docker_errors("reach the Docker engine"):
-        client = docker.from_env()
-        client.ping()
-    return client
+    try:
+        return containers.client(check=True)
+    except NodeError as exc:
+        raise CommandExecutionError(str(exc)) from exc
 
 
 def _get(client, name):

@@ -7,6 +7,7 @@ import os
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker.types import Mount
 
 from dmpi.contract import (DATA_MOUNT, LABEL_JOB, LABEL_ROLE, LABEL_USER, NETNS_RE, RUN_DIR,
@@ -21,11 +22,16 @@ SECRET_FILE_MAX = 1 << 20  # bytes a file of a job's secret directory holds at m
 SMALL_LIMITS = {"memory": 256 << 20, "pids": 64, "nano_cpus": 500_000_000, "tmp_size": 64 << 20}
 
 
-def client():
-    """A client of this node's Docker engine."""
+def client(check=False):
+    """A client of this node's Docker engine: the one way DockerMPI's modules on a node
+    make one. With ``check``, the engine must answer a ping first. NodeError when it
+    cannot be reached."""
     try:
-        return docker.from_env(timeout=60)
-    except docker.errors.DockerException as exc:
+        found = docker.from_env(timeout=60)
+        if check:
+            found.ping()
+        return found
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise NodeError(f"cannot reach the Docker engine: {exc}") from exc
 
 
