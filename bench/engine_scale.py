@@ -178,7 +178,7 @@ def build(nodes, running, queued, seed=1):
         report["digest"] = str(hash(str(sorted(report["jobs"]))))
     engine = controller.JobController(store, InstantTransport(reports))
     for node, report in reports.items():
-        engine.nodes[node] = {"last_seen": now, "report": report, "digest": report["digest"],
+        engine.node_book.seen[node] = {"last_seen": now, "report": report, "digest": report["digest"],
                               "usable": True, "health": health}
     return engine, reports, tmp
 

@@ -12,14 +12,14 @@ job and reconciled like any other evidence, never retried or recursed into.
 
 The ``mpi_master`` Salt engine (``_engines/mpi_master.py``) feeds it from Salt's event
 bus and gives it the master's :class:`~dmpi.master.site.Site` as its transport to the
-nodes; benchmarks and tests feed it directly. Node liveness is kept in memory
-(heartbeats cost a dict update) and written to the store every few seconds.
+nodes; benchmarks and tests feed it directly. What it knows of each node is kept in
+memory (:mod:`dmpi.master.nodes`: heartbeats cost a dict update) and written to the
+store every few seconds.
 
 The object is not a Salt function: nothing here is callable by users.
 """
 
 import logging
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +29,7 @@ from dmpi.errors import StartFailure
 from dmpi.jobs import addresses, rules, sched
 from dmpi.jobs import record as job_record
 from dmpi.master import planner, starter
+from dmpi.master.nodes import NodeBook, probe_host
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +41,7 @@ PLAN_SECONDS = 5  # the queue is planned at least this often
 STALL_SECONDS = 3  # a pass this late means the controller stalled: give nodes a grace
 # pillar mpi:engine when a site's settings (read by mpi.submit) predate it
 ENGINE_DEFAULTS = {"probe_port": 22, "silent_grace": 90}
-PROBE_TIMEOUT = 1.0  # seconds a TCP connect to a silent node's host may take
 PULL_RETRY = 60  # seconds before a node is asked again to pull an image a job waits for
-
-
-def probe_host(address, port, timeout=PROBE_TIMEOUT):
-    """
-    Whether a host is up, by one TCP connect to ``address:port``: ``(answered, words)``.
-    An accepted connection and a refused one (the host's kernel sent a reset) both
-    prove the host and the path to it are up; a timeout or an unreachable host or
-    network prove nothing is answering there.
-    """
-    try:
-        with socket.create_connection((address, int(port)), timeout=timeout):
-            return True, f"its host answers on port {port} (connection accepted)"
-    except ConnectionRefusedError:
-        return True, f"its host answers on port {port} (connection refused)"
-    except socket.timeout:
-        return False, f"no answer from {address} port {port} within {timeout} s"
-    except OSError as exc:
-        return False, f"{address} port {port}: {exc.strerror or exc}"
 
 
 def controller_settings(site_config):
@@ -90,17 +72,7 @@ class JobController:
         self.lock = threading.RLock()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mpi-controller")
         now = clock()
-        self.nodes = {}
-        for node, seen in store.nodes().items():
-            report = seen["report"] if isinstance(seen["report"], dict) else {}
-            self.nodes[node] = {"last_seen": seen["last_seen"], "report": report,
-                                "digest": report.get("digest"), "usable": not report.get("error"),
-                                "health": report.get("health")}
-        self.started_at = now
-        # Nodes heard since this controller started. Minions need a while to reconnect after
-        # a master restart; until a node is heard again (or restart_grace passed) its
-        # silence says nothing.
-        self.heard = set()
+        self.node_book = NodeBook(store.nodes(), now)
         self.grace_until = now  # moved on when the controller itself stalls
         # The controller's view of unfinished jobs (the store stays the record): queued in
         # submission order, active ones, and which active jobs each node runs.
@@ -111,7 +83,6 @@ class JobController:
         self.last_plan = 0.0
         self.last_pass = now
         self.last_flush = now
-        self.unflushed = set()
         self.cleanup_asked = {}
         self.starting = set()
         # Jobs that ended otherwise than by success keep their slots while their
@@ -129,11 +100,9 @@ class JobController:
         self.drains = store.drains()
         self.settings = controller_settings((store.get_meta("site") or {}).get("config"))
         # Host probes of silent nodes run in threads of their own, never in the loop and
-        # never behind a job's start: {node: when the last one started}.
+        # never behind a job's start.
         self.probe_host = probe_host
-        self.probes = {}
         self.probe_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mpi-probe")
-        self.host_address_cache = {}
         self.pulls = {}  # (node, image_ref) -> when the node was asked to pull it
         self.silent_view = store.get_meta("silent_nodes", {})  # as last written
 
@@ -145,18 +114,9 @@ class JobController:
             return
         now = self.clock()
         with self.lock:
-            seen = self.nodes.get(node)
-            was_alive = seen is not None and node in rules.alive({node: seen}, now)
-            health = report.get("health")
-            if not isinstance(health, dict):
-                # Health travels with reports when the node has it; keep the last.
-                health = (seen or {}).get("health")
-            elif health != (seen or {}).get("health"):
+            was_alive, health_changed = self.node_book.report(node, report, now)
+            if health_changed:
                 self.plan_due = True  # the node may take jobs it could not, or not
-            self.nodes[node] = {"last_seen": now, "report": report, "digest": report.get("digest"),
-                                "usable": not report.get("error"), "health": health}
-            self.heard.add(node)
-            self.unflushed.add(node)
             if report.get("error"):
                 # Alive, but it could not build its report: a heartbeat, no evidence.
                 log.warning("%s could not report its jobs: %s", node, report["error"])
@@ -175,21 +135,8 @@ class JobController:
         fingerprint (``digest``)."""
         now = self.clock()
         with self.lock:
-            seen = self.nodes.get(node)
-            self.heard.add(node)
-            if seen is None:
-                # Heard of before its first report (the controller restarted): alive, no
-                # evidence until its next full report.
-                self.nodes[node] = {"last_seen": now, "report": {}, "digest": None,
-                                    "usable": False}
+            if self.node_book.heartbeat(node, evidence_digest, now):
                 self.plan_due = True
-            else:
-                if now - seen["last_seen"] > rules.timeouts()["node"]:
-                    self.plan_due = True
-                seen["last_seen"] = now
-                if evidence_digest != seen["digest"]:
-                    seen["usable"] = False  # a change we missed: wait for the full report
-            self.unflushed.add(node)
 
     def job_requested(self, job_id):
         """Something asked about a job (queued, cancel): reconcile it and plan."""
@@ -236,22 +183,19 @@ class JobController:
             self.plan()
 
     def alive(self, now=None):
-        return rules.alive(self.nodes, self.clock() if now is None else now)
+        return self.node_book.alive(self.clock() if now is None else now)
 
     # ---------------------------------------------------------------- host probes
 
     def _probe_silent(self, now):
         """Probe the hosts of silent nodes that run jobs, in the probe threads: the
         answer is in before the node's silence is judged (``rules.silence``)."""
-        due = [node for node, jobs in self.on_node.items()
-               if jobs and node in self.nodes
-               and rules.probe_due(self.nodes[node], now, self.probes.get(node))]
+        due = self.node_book.probes_due(self.on_node, now)
         if not due:
             return
         site = self.store.get_meta("site") or {}
         network = (site.get("config") or {}).get("cluster_network")
         for node in due:
-            self.probes[node] = now
             try:
                 self.probe_pool.submit(self._probe, node, now, network,
                                        int(self.settings["probe_port"]))
@@ -261,33 +205,17 @@ class JobController:
     def _probe(self, node, started, network, port):
         """One TCP connect to a node's host (a probe thread); the answer goes on the
         node's evidence, unless the node spoke meanwhile."""
+        known = self.node_book.host_addresses
         try:
-            address = self.host_address_cache.get(node)
+            address = known.get(node)
             if address is None:
-                address = self.transport.host_addresses([node], network)[node]
-                self.host_address_cache[node] = address
+                address = known[node] = self.transport.host_addresses([node], network)[node]
             answered, detail = self.probe_host(address, port)
         except Exception as exc:  # pylint: disable=broad-except
             answered, detail = False, f"its host cannot be probed: {str(exc)[:200]}"
         with self.lock:
-            seen = self.nodes.get(node)
-            if seen is not None and seen["last_seen"] < started:
-                seen["probe"] = {"started": started, "answered": answered, "detail": detail}
+            self.node_book.probed(node, started, answered, detail)
         log.info("%s is silent; probe of its host: %s", node, detail)
-
-    def _silent_nodes(self, now):
-        """What ``mpi.nodes`` shows of silent nodes running jobs and their hosts'
-        probes; written to the store when it changes."""
-        view = {}
-        for node, jobs in self.on_node.items():
-            seen = self.nodes.get(node)
-            if not jobs or seen is None or now - seen["last_seen"] <= \
-                    rules.timeouts()["node"]:
-                continue
-            probe = seen.get("probe") or {}
-            view[node] = {"since": seen["last_seen"], "host_answers": probe.get("answered"),
-                          "probe": probe.get("detail")}
-        return view
 
     # ------------------------------------------------------------------ job view
 
@@ -323,28 +251,13 @@ class JobController:
             for node in record.get("placement") or {}:
                 self.on_node.setdefault(node, set()).add(job_id)
 
-    def _evidence(self, now, names):
-        """What the rules see of the nodes ``names``: a node not heard since this controller
-        started counts as alive (without evidence) until restart_grace has passed."""
-        grace = rules.timeouts()["restart_grace"]
-        judge_all = now - self.started_at > grace
-        view = {}
-        for node in names:
-            seen = self.nodes.get(node)
-            if seen is None:
-                continue
-            if not judge_all and node not in self.heard:
-                seen = dict(seen, last_seen=now, usable=False)
-            view[node] = seen
-        return view
-
     # ------------------------------------------------------------------- decisions
 
     def _reconcile(self, record, now):
         """The one step that ends jobs: apply the rules to the job's evidence."""
         if rules.is_final(record["state"]):
             return None
-        evidence = self._evidence(now, record.get("placement") or ())
+        evidence = self.node_book.evidence(record.get("placement") or (), now)
         grace = int(self.settings["silent_grace"])
         judge_silence = now >= self.grace_until
         verdict = rules.verdict(record, evidence, now, judge_silence=judge_silence,
@@ -496,11 +409,10 @@ class JobController:
 
     def _flush(self, now):
         """Write heartbeats and reports to the store (``mpi.nodes`` reads them there)."""
-        if self.unflushed:
-            self.store.nodes_seen({n: (self.nodes[n]["last_seen"], self.nodes[n]["report"])
-                                   for n in self.unflushed})
-        self.unflushed.clear()
-        silent = self._silent_nodes(now)
+        rows = self.node_book.take_unflushed()
+        if rows:
+            self.store.nodes_seen(rows)
+        silent = self.node_book.silent(self.on_node, now)
         if silent != self.silent_view:
             self.store.set_meta("silent_nodes", silent)
             self.silent_view = silent
@@ -536,10 +448,11 @@ class JobController:
             return []
         active = list(self.active.values())
         free, running, usage, problems = planner.capacity(
-            active, self.closing, self.nodes, self.drains, sorted(self.alive(now)),
+            active, self.closing, self.node_book.seen, self.drains, sorted(self.alive(now)),
             node_slots, now, CLEANUP_TIMEOUT)
-        any_node = sorted(self.nodes)  # one list shared by every job that takes any node
-        waiting, images = planner.waiting_jobs(queued, any_node, free, self.nodes)
+        seen = self.node_book.seen
+        any_node = sorted(seen)  # one list shared by every job that takes any node
+        waiting, images = planner.waiting_jobs(queued, any_node, free, seen)
         self._ask_pulls(images, now)
         starts, blocked = sched.plan(
             waiting, free, running, now, node_slots,
@@ -643,8 +556,7 @@ class JobController:
     def _job_cas(self, nodes):
         """The job CA public key each node last reported (its keys are made there)."""
         with self.lock:
-            cas = {n: ((self.nodes.get(n) or {}).get("health") or {}).get("job_ca_public")
-                   for n in nodes}
+            cas = {n: self.node_book.job_ca(n) for n in nodes}
         missing = sorted(n for n, ca in cas.items() if not ca)
         if missing:
             raise starter.StartError(f"{', '.join(missing)} reported no job CA")

@@ -626,7 +626,7 @@ def test_a_heartbeat_with_another_fingerprint_makes_the_evidence_unusable(world)
     assert store.get(other)["state"] == "running"
     clock.now += 2
     engine.heartbeat("node1", "something-else")
-    assert engine.nodes["node1"]["usable"] is False
+    assert engine.node_book.seen["node1"]["usable"] is False
     engine.tick()
     assert store.get(other)["state"] == "running"
 
@@ -776,7 +776,7 @@ def test_a_missing_image_is_pulled_on_the_nodes_a_job_could_use_before_it_starts
 
 def test_a_node_without_health_evidence_takes_no_job(world):
     store, transport, clock, engine = world
-    engine.nodes["node3"].pop("health")
+    engine.node_book.seen["node3"].pop("health")
     job_id = _started(store, clock, engine, np=2, spec=dict(_spec(), candidates=["node3"]))
     assert store.get_meta("waiting")[job_id] == "node3 unhealthy: no health report yet"
 
