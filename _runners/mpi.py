@@ -81,13 +81,11 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
 
         salt-run mpi.submit user=alice image=mpi np=6 cmd='python3 /data/pi.py' walltime=10m
     """
-    try:
-        queued = user_calls.submit(_site(), _admin(), user=user, image=image, np=np, cmd=cmd,
-                                  nodes=nodes, slots_per_node=slots_per_node,
-                                  walltime=walltime, env=env, workdir=workdir, name=name)
-    except DockerMPIError as exc:
-        __context__["retcode"] = 1
-        return {"state": "rejected", "error": str(exc), "retcode": 1}
+    queued = _answer(user_calls.submit, _site(), _admin(), user=user, image=image, np=np,
+                     cmd=cmd, nodes=nodes, slots_per_node=slots_per_node, walltime=walltime,
+                     env=env, workdir=workdir, name=name)
+    if "error" in queued:
+        return dict(queued, state="rejected")  # nothing was queued
     return dict(queued, retcode=0)  # queued is what submit promises
 
 

@@ -142,6 +142,14 @@ class Site:
         """Every minion that is an MPI node (grain ``roles:mpi-node``)."""
         return self.targeted(NODE_TARGET)
 
+    def mpi_nodes_required(self):
+        """:meth:`mpi_nodes`; RequestError when there is none (no job could run, and no
+        node's settings can be read)."""
+        found = self.mpi_nodes()
+        if not found:
+            raise RequestError("there are no MPI nodes (grain roles:mpi-node)")
+        return found
+
     def alive(self, now=None):
         """The nodes reporting now."""
         return rules.alive(self.store().nodes(), time.time() if now is None else now)
@@ -206,10 +214,7 @@ class Site:
         """The site's settings read now, as the nodes see them, handed to the job
         controller (in the store) when they are not what it has. ``fresh`` renders them
         whatever was rendered before."""
-        all_nodes = self.mpi_nodes()
-        if not all_nodes:
-            raise RequestError("there are no MPI nodes (grain roles:mpi-node)")
-        return self.node_settings(all_nodes[0], fresh)
+        return self.node_settings(self.mpi_nodes_required()[0], fresh)
 
     def node_settings(self, minion, fresh=False):
         """:meth:`settings` as ``minion`` sees them."""

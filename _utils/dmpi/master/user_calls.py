@@ -80,9 +80,7 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
     Nothing is queued when it raises. Arguments as the ``mpi.launch`` runner's."""
     user = caller.acting_user(user)
     job_name = _job_name(name)
-    all_nodes = site.mpi_nodes()
-    if not all_nodes:
-        raise RequestError("there are no MPI nodes (grain roles:mpi-node)")
+    all_nodes = site.mpi_nodes_required()
     store = site.store()
     _check_controller(store)
     config = site.node_settings(all_nodes[0])

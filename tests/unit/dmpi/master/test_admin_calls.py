@@ -99,3 +99,11 @@ def test_a_refusal_reaches_salt_run_as_an_error_and_exit_code_1(master):
     assert answer == {"error": "'node9' is not an MPI node", "retcode": 1}
     assert runner.__context__["retcode"] == 1
     assert master.store().drains() == {} and master.fired == []
+
+
+def test_a_refused_submit_reaches_salt_run_as_rejected_and_queues_nothing(master):
+    answer = runner.submit(user="alice", image="mpi", np=2, cmd="hostname", name="../x")
+    assert answer["state"] == "rejected" and answer["retcode"] == 1
+    assert "is not a job name" in answer["error"]
+    assert runner.__context__["retcode"] == 1
+    assert master.store().jobs(None) == [] and master.fired == []
