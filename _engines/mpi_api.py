@@ -369,7 +369,10 @@ def _openapi():
         "security": [{"hubToken": []}],
         "paths": {
             "/whoami": {"get": op("who the API takes you for: user, account, uid, dir")},
-            "/images": {"get": op("the approved images")},
+            "/images": {"get": op("the approved images: the reference each is pinned to, "
+                                  "whether jobs can run on it and why not, and what the "
+                                  "nodes' probe found in it (MPI, launcher, python3, "
+                                  "mpi4py, OS)")},
             "/jobs": {
                 "get": op("your jobs, oldest first (or only those in state)",
                           params=[query("state", {"type": "string"}, "states, comma-separated")]),

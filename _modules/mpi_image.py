@@ -15,12 +15,13 @@ import tempfile
 
 from dmpi.contract import IMAGE_REFERENCE_RE, LABEL_ROLE, STANDBY_PREFIX, STANDBY_ROLE
 from dmpi.errors import NodeError
+from dmpi.launch import probe as image_probe
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
     import docker
     import docker.errors
-    from dmpi.node import containers
+    from dmpi.node import containers, imagefacts
 
     HAS_DOCKER = True
 except ImportError:  # pragma: no cover - exercised through __virtual__
@@ -347,3 +348,52 @@ def registry_has(reference):
             f"cannot ask the registry about {reference}: {_why(reference, exc)}"
         ) from exc
     return data.id
+
+
+def probe(reference):
+    """
+    Probe the local image ``reference`` for what MPI jobs need (MPI flavour and version,
+    its mpirun or mpiexec, python3 and mpi4py, an ssh server, the C library), in a
+    throw-away container with no network, as nobody, and keep the facts on this node,
+    where its health report carries them to the master (``salt-run mpi.images``).
+    Returns the facts; ``problem`` says why the probe could not run, ``why_no_jobs``
+    why jobs cannot run on the image (None when they can).
+
+    reference
+        ``registry/repo@sha256:<64 hex>``, present on this node.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_image.probe registry.example:5000/mpi/openmpi@sha256:0123...cdef
+    """
+    parse_reference(reference)
+    try:
+        facts = imagefacts.run_probe(reference, _client())
+    except NodeError as exc:
+        raise CommandExecutionError(str(exc)) from exc
+    facts["why_no_jobs"] = image_probe.why_no_jobs(facts)
+    try:
+        return imagefacts.keep(reference, facts)
+    except OSError as exc:
+        raise CommandExecutionError(f"cannot keep the facts in {imagefacts.FACTS_FILE}: "
+                                    f"{exc}") from exc
+
+
+def facts(reference=None):
+    """
+    The facts the last probe of each image found on this node (``{reference: facts}``),
+    or of ``reference`` only (None when it was never probed here).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_image.facts
+    """
+    kept = imagefacts.kept()
+    if reference is None:
+        return kept
+    parse_reference(reference)
+    return kept.get(reference)

@@ -11,6 +11,7 @@ Make sure an approved, digest-pinned image is present on a node's Docker engine.
 :depends: the ``mpi_image`` execution module (Docker SDK)
 """
 
+from dmpi.launch import probe as image_probe
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 __virtualname__ = "mpi_image"
@@ -28,9 +29,13 @@ def __virtual__():
 
 def present(name, reference):
     """
-    Ensure the image ``reference`` is present, pulling it by digest if needed.
-    With ``test=True`` the registry is asked (without pulling) whether it has
-    the digest, so a wrong digest fails the dry run too.
+    Ensure the image ``reference`` is present, pulling it by digest if needed, and
+    probed: what it holds for MPI jobs is found in a throw-away container
+    (``mpi_image.probe``) once per image, and kept on the node for the master. An image
+    jobs cannot run on (no MPI, or one DockerMPI cannot launch) is still present and
+    the state succeeds: the comment says why, and submits of jobs on it are refused
+    with that reason. With ``test=True`` the registry is asked (without pulling)
+    whether it has the digest, so a wrong digest fails the dry run too.
 
     name
         Short name of the approved image (the key under ``mpi:images``); used
@@ -53,7 +58,7 @@ def present(name, reference):
             __salt__["mpi_image.record_pulled"](reference)  # pulled before the ledger
         ret["result"] = True
         ret["comment"] = f"Image {name} is present as {reference} ({found['id']})"
-        return ret
+        return _probed(ret, name, reference)
 
     if __opts__["test"]:
         try:
@@ -63,7 +68,7 @@ def present(name, reference):
             return ret
         ret["result"] = None
         ret["changes"] = {"pulled": {"old": None, "new": reference}}
-        ret["comment"] = f"Image {name} would be pulled from {reference}"
+        ret["comment"] = f"Image {name} would be pulled from {reference} and probed"
         return ret
 
     try:
@@ -75,6 +80,29 @@ def present(name, reference):
     ret["result"] = True
     ret["changes"] = {"pulled": {"old": None, "new": reference, "id": pulled["id"]}}
     ret["comment"] = f"Image {name} pulled from {reference} ({pulled['id']})"
+    return _probed(ret, name, reference)
+
+
+def _probed(ret, name, reference):
+    """``ret`` once the present image is probed (unless it was before)."""
+    try:
+        facts = __salt__["mpi_image.facts"](reference)
+        if facts is not None:
+            return ret
+        if __opts__["test"]:
+            ret["result"] = None
+            ret["changes"]["probed"] = {"old": None, "new": "what the image holds for MPI jobs"}
+            ret["comment"] += "; it would be probed"
+            return ret
+        facts = __salt__["mpi_image.probe"](reference)
+    except (SaltInvocationError, CommandExecutionError) as exc:
+        ret["result"] = False
+        ret["comment"] += f"; probing it failed: {exc}"
+        return ret
+    ret["changes"]["probed"] = {"old": None, "new": image_probe.describe(facts)}
+    ret["comment"] += f"; probed: {image_probe.describe(facts)}"
+    if facts.get("why_no_jobs"):
+        ret["comment"] += f"; jobs cannot run on it: {facts['why_no_jobs']}"
     return ret
 
 

@@ -64,6 +64,8 @@ LABEL_USER = "io.dockermpi.user"
 MAX_STANDBY_NAMESPACES = 16
 STANDBY_ROLE = "standby"
 STANDBY_PREFIX = "dmpi-standby-"
+#: The role label of the throw-away container that probes an approved image (no job's).
+PROBE_ROLE = "image-probe"
 
 #: Values of the ``roles`` grain: a node that runs jobs, the host exporting NFS storage.
 NODE_ROLE = "mpi-node"

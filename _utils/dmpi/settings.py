@@ -29,6 +29,7 @@ from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
                            IMAGE_NAME_RE, IMAGE_REFERENCE_RE, MAX_STANDBY_NAMESPACES,
                            USER_RE)
 from dmpi.errors import ConfigError, RequestError
+from dmpi.launch.probe import FLAVOUR_NAMES
 
 __all__ = [
     "endpoint",
@@ -65,6 +66,7 @@ FOREIGN_CHAINS = ("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING", "DO
 
 _SHOWN_CHARS = 60
 _CHAIN_RE = re.compile(r"^[A-Za-z0-9_-]{1,28}\Z")
+_VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.-]{0,31}\Z")
 _PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+\Z")
 _LOG_SIZE_RE = re.compile(r"^[1-9][0-9]*[kKmMgG]?\Z")
 _HOSTNAME_RE = re.compile(
@@ -97,8 +99,8 @@ _PEM_KINDS = {"cert": ("CERTIFICATE",), "ca": ("CERTIFICATE",),
 #: defaults.yaml are read by ``dmpi.jobs.request`` when a site sets them).
 _KEYS = {
     "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "placement", "limits",
-         "retention", "storage", "docker", "job_network", "images", "job_root", "firewall",
-         "hub", "api", "engine"),
+         "retention", "storage", "docker", "job_network", "images", "image_facts", "job_root",
+         "firewall", "hub", "api", "engine"),
     "users": ("uid_min", "uid_max"),
     "ports": PORT_RANGES,
     "guest": ("user", "group", "uid", "gid"),
@@ -314,6 +316,7 @@ class _Checker:
         self.check_docker(sections["docker"])
         self.check_job_network(sections["job_network"], cluster)
         self.check_images()
+        self.check_image_facts()
         self.check_firewall(sections["firewall"])
         self.check_hub()
         self.check_api()
@@ -695,6 +698,36 @@ class _Checker:
                 self.problem(f"mpi:images:{name} {_shown(reference)} is not pinned by digest: "
                              "expected registry/repo@sha256:<64 lower-case hex digits>, "
                              "with no tag")
+
+    def check_image_facts(self):
+        """``mpi:image_facts:<approved name>``: the MPI a site says an image holds, in
+        place of what the nodes' probe found (flavour, version, launcher)."""
+        facts = self.get("image_facts")
+        if facts is _MISSING:
+            return
+        if facts is None:
+            facts = {}
+            self.put(("image_facts",), facts)
+        if not isinstance(facts, dict):
+            self.problem("mpi:image_facts must be a mapping of approved image names to "
+                         f"{{flavour, version, launcher}}, got {_shown(facts)}")
+            return
+        images = self.get("images")
+        approved = images if isinstance(images, dict) else {}
+        for name, given in facts.items():
+            if name not in approved:
+                self.problem(f"mpi:image_facts: {_shown(name)} is not an approved image "
+                             f"(mpi:images has: {', '.join(sorted(map(str, approved))) or 'none'})")
+                continue
+            if not isinstance(given, dict) or not given \
+                    or set(given) - {"flavour", "version", "launcher"}:
+                self.problem(f"mpi:image_facts:{name} must be a mapping of some of flavour, "
+                             f"version, launcher; got {_shown(given)}")
+                continue
+            self.choice(tuple(FLAVOUR_NAMES), "image_facts", name, "flavour")
+            self.text("image_facts", name, "version", pattern=_VERSION_RE,
+                      what="a version (digits, letters, '.', '-', at most 32)")
+            self.path("image_facts", name, "launcher")
 
     def check_firewall(self, firewall):
         if firewall is None:

@@ -184,6 +184,59 @@ def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster
         cluster.salt(["salt", node, "saltutil.refresh_pillar", "--timeout=30"])
 
 
+def _images(cluster):
+    code, found = run(cluster, "mpi.images")
+    assert code == 0, found
+    return {image["name"]: image for image in found["images"]}
+
+
+def test_an_approved_image_is_probed_and_jobs_on_one_without_mpi_are_refused(cluster):
+    from tests.cluster.testcluster import BASE_IMAGE, REGISTRY, REGISTRY_HOST_PORT
+
+    # What every node's highstate probed in the job image.
+    job_image = _images(cluster)["mpi"]
+    assert job_image["runs_jobs"] is True, job_image
+    assert (job_image["flavour"], job_image["launcher"], job_image["sshd"]) == \
+        ("openmpi4", "/usr/bin/mpirun", "/usr/sbin/sshd"), job_image
+    assert job_image["mpi4py"] and job_image["glibc"] == "2.36", job_image
+    assert set(job_image["probed_on"]) == set(cluster.nodes), job_image
+    # DockerMPI's base image holds no MPI: approved, pulled and probed on one node.
+    tag = f"dockermpi/plain:{int(time.time())}"
+    cluster.docker.images.get(BASE_IMAGE).tag(*tag.split(":"))
+    reference = cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
+    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    approved = yaml.safe_load(original) or {}
+    approved["mpi"]["images"]["plain"] = reference
+    node = "node1"
+    try:
+        cluster.put_file("master", IMAGES_PILLAR, yaml.safe_dump(approved).encode())
+        cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+        cluster._highstate([node])
+        _, facts = cluster.salt_json(["salt", node, "mpi_image.facts", reference])
+        assert facts[node]["mpi"] is None and facts[node]["problem"] is None, facts
+        assert "no MPI launcher" in facts[node]["why_no_jobs"], facts
+        _, probes = cluster.exec(node, ["docker", "ps", "-aq", "--filter",
+                                        "label=io.dockermpi.role=image-probe"])
+        assert probes.split() == []  # the probe's container is gone
+        # The master learns it from the node's next health report.
+        deadline = time.monotonic() + 60
+        while not _images(cluster)["plain"]["probed_on"]:
+            assert time.monotonic() < deadline, "the master never learnt the probe's facts"
+            time.sleep(1)
+        plain = _images(cluster)["plain"]
+        assert plain["runs_jobs"] is False and plain["probed_on"] == [node], plain
+        code, refused = run(cluster, "mpi.submit", user="operations", image="plain", np=1,
+                            cmd=["hostname"])
+        assert code == 1 and refused["error"] == (
+            "image 'plain' cannot run jobs: it has no MPI launcher (mpirun or mpiexec) on "
+            "its PATH"), refused
+        code, queued = run(cluster, "mpi.list", user="operations", state="queued")
+        assert code == 0 and queued == [], queued
+    finally:
+        cluster.put_file("master", IMAGES_PILLAR, original.encode())
+        cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+
+
 STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
 _AGE_RECORD = """
 import json, sqlite3, sys

@@ -226,6 +226,22 @@ def test_mpi_run_exits_with_the_jobs_exit_code(job, status):
 # --- the fake API --------------------------------------------------------------------------
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 APPROVED_IMAGES = ["mpi", "notebook"]
+#: GET /images as the API answers it (dmpi.master.user_calls.images).
+IMAGE_LIST = [
+    {"name": "mpi", "reference": "reg:5000/dockermpi/mpi@sha256:" + "0" * 64,
+     "runs_jobs": True, "why_no_jobs": None,
+     "mpi": "Open MPI 4.1.4 (/usr/bin/mpirun), mpi4py 3.1.4", "flavour": "openmpi4",
+     "mpi_version": "4.1.4", "launcher": "/usr/bin/mpirun", "python3": "/usr/bin/python3",
+     "python_version": "3.11.2", "mpi4py": "3.1.4", "sshd": "/usr/sbin/sshd",
+     "os": "Debian GNU/Linux 12 (bookworm)", "glibc": "2.36", "probed_on": ["node1"],
+     "mpi_from_pillar": False},
+    {"name": "notebook", "reference": "reg:5000/dockermpi/notebook@sha256:" + "1" * 64,
+     "runs_jobs": False, "why_no_jobs": "it has no MPI launcher (mpirun or mpiexec) on its PATH",
+     "mpi": "no MPI launcher (mpirun, mpiexec) on PATH", "flavour": None, "mpi_version": None,
+     "launcher": None, "python3": "/usr/bin/python3", "python_version": "3.11.2",
+     "mpi4py": None, "sshd": None, "os": "Debian GNU/Linux 12 (bookworm)", "glibc": "2.36",
+     "probed_on": ["node1"], "mpi_from_pillar": False},
+]
 LOG_BYTES = 1 << 20  # the API's default per-call log byte limit
 JOB_FIELDS = {"image", "np", "cmd", "name", "nodes", "slots_per_node", "walltime", "env",
               "workdir"}
@@ -338,7 +354,7 @@ class FakeAPI(http.server.ThreadingHTTPServer):
         job_id, action = found.groups() if found else (None, None)
         routes = {
             ("GET", "/whoami"): lambda: (200, IDENTITY),
-            ("GET", "/images"): lambda: (200, {"images": APPROVED_IMAGES}),
+            ("GET", "/images"): lambda: (200, {"images": IMAGE_LIST}),
             ("POST", "/jobs"): lambda: self.submit(body),
             ("GET", "/jobs"): lambda: self.job_list(query),
             ("GET", "/history"): lambda: self.history(query),
@@ -727,7 +743,7 @@ def test_calls_map_to_their_endpoints(api):
     api.output[(JOB, "stdout")] = (first_line + "line 2\n").encode()
     api.output[(JOB, "stderr")] = b"warning\n"
     client = Client()
-    assert client.images() == APPROVED_IMAGES
+    assert client.images() == IMAGE_LIST
     assert client.status(JOB) == api.jobs[JOB]
     assert [r["job_id"] for r in client.list()] == [JOB]
     assert [r["job_id"] for r in client.list(state="failed")] == [OTHER_JOB]
@@ -1215,6 +1231,19 @@ def test_mpi_wait_prints_the_outcome_and_exits_with_the_jobs_code(api, capsys):
     api.jobs[JOB] = record("failed", exit_code=3, reason="rank 0 exited 3")
     assert cli.main(["wait", JOB]) == 3
     assert capsys.readouterr().out == render.outcome_line(api.jobs[JOB]) + "\n"
+
+
+def test_mpi_images_says_which_images_run_jobs_and_why_not(api, capsys):
+    assert cli.main(["images"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "IMAGE     JOBS  MPI (OR WHY NOT)                                        PYTHON"
+        "                OS",
+        "mpi       yes   Open MPI 4.1.4 (/usr/bin/mpirun), mpi4py 3.1.4          3.11.2, "
+        "mpi4py 3.1.4  Debian GNU/Linux 12 (bookworm)",
+        "notebook  no    it has no MPI launcher (mpirun or mpiexec) on its PATH  3.11.2"
+        "                Debian GNU/Linux 12 (bookworm)"]
+    assert cli.main(["images", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == IMAGE_LIST
 
 
 def test_mpi_status_of_an_unknown_job_says_so(api, capsys):

@@ -21,6 +21,8 @@ mpi_image_state = load_extension("_states/mpi_image.py", "mpi_image_state")
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 REF = f"registry.test:5000/dockermpi/openmpi@{DIGEST}"
+PROBED = {"mpi": {"flavour": "openmpi4", "version": "4.1.4", "launcher": "/usr/bin/mpirun"},
+          "commands": {"sshd": "/usr/sbin/sshd"}, "mpi4py": "3.1.4", "why_no_jobs": None}
 
 
 @pytest.fixture
@@ -33,6 +35,8 @@ def state_salt():
         "mpi_image.pull": MagicMock(
             return_value={"id": "sha256:feed", "repo_digests": [REF], "repo_tags": []}
         ),
+        "mpi_image.facts": MagicMock(return_value=PROBED),
+        "mpi_image.probe": MagicMock(return_value=PROBED),
     }
 
 
@@ -305,3 +309,51 @@ def test_the_ledger_keeps_only_valid_references(tmp_path, monkeypatch):
     assert mpi_image._ledger() == sorted([REF, OLD])
     with pytest.raises(SaltInvocationError):
         mpi_image.record_pulled("registry.test/x:latest")
+
+
+def test_state_probes_a_present_image_never_probed(state_salt):
+    state_salt["mpi_image.inspect"].return_value = {"id": "sha256:feed"}
+    state_salt["mpi_image.facts"].return_value = None
+    ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is True
+    assert ret["changes"] == {"probed": {"old": None,
+                                         "new": "Open MPI 4.1.4 (/usr/bin/mpirun), "
+                                                "mpi4py 3.1.4"}}
+    state_salt["mpi_image.probe"].assert_called_once_with(REF)
+
+
+def test_state_probes_once(state_salt):
+    state_salt["mpi_image.inspect"].return_value = {"id": "sha256:feed"}
+    ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is True and ret["changes"] == {}
+    state_salt["mpi_image.probe"].assert_not_called()
+
+
+def test_state_test_mode_says_it_would_probe(state_salt):
+    state_salt["mpi_image.inspect"].return_value = {"id": "sha256:feed"}
+    state_salt["mpi_image.facts"].return_value = None
+    with patch.dict(mpi_image_state.__opts__, {"test": True}):
+        ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is None
+    assert "probed" in ret["changes"] and "would be probed" in ret["comment"]
+    state_salt["mpi_image.probe"].assert_not_called()
+
+
+def test_state_names_why_jobs_cannot_run_on_the_image(state_salt):
+    state_salt["mpi_image.facts"].return_value = None
+    state_salt["mpi_image.probe"].return_value = {
+        "mpi": None, "commands": {}, "why_no_jobs": "it has no MPI launcher (mpirun or "
+                                                    "mpiexec) on its PATH"}
+    ret = mpi_image_state.present("plain", REF)
+    assert ret["result"] is True  # present, as approved; submits on it are refused
+    assert "pulled" in ret["changes"] and "probed" in ret["changes"]
+    assert "jobs cannot run on it: it has no MPI launcher" in ret["comment"]
+
+
+def test_state_fails_when_the_probe_cannot_run(state_salt):
+    state_salt["mpi_image.facts"].return_value = None
+    state_salt["mpi_image.probe"].side_effect = CommandExecutionError(
+        "cannot probe image: engine gone")
+    ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is False
+    assert "probing it failed: cannot probe image: engine gone" in ret["comment"]

@@ -25,7 +25,7 @@ import dmpi.node.userfs
 import pytest
 import salt.crypt
 from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER
-from dmpi.node import evidence, health, jobca
+from dmpi.node import evidence, health, imagefacts, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
 
@@ -543,11 +543,19 @@ def job_ca_path(tmp_path, monkeypatch):
     return path
 
 
+@pytest.fixture(autouse=True)
+def facts_file(tmp_path, monkeypatch):
+    path = tmp_path / "image-facts.json"
+    monkeypatch.setattr(imagefacts, "FACTS_FILE", str(path))
+    return path
+
+
 def test_a_healthy_node_reports_docker_storage_and_image_digests(storage, job_ca_path):
     with _images_engine(REF, "mpi:local"):
         found = mpi_job.health(str(storage))
     public = found.pop("job_ca_public")
-    assert found == {"docker": "ok", "storage": "ok", "images": [REF], "job_ca": "ok"}
+    assert found == {"docker": "ok", "storage": "ok", "images": [REF], "image_facts": {},
+                     "job_ca": "ok"}
     assert sorted(os.listdir(storage)) == ["users"]  # the probe file is gone again
     # The job CA is made once, root's alone, and the same key is reported after.
     assert public.startswith("ssh-ed25519 ")
@@ -555,6 +563,15 @@ def test_a_healthy_node_reports_docker_storage_and_image_digests(storage, job_ca
     assert stat.S_IMODE(job_ca_path.parent.stat().st_mode) == 0o700
     with _images_engine(REF):
         assert mpi_job.health(str(storage))["job_ca_public"] == public
+
+
+def test_health_carries_what_the_probe_found_in_the_images_present(storage):
+    other = REF.replace("a" * 64, "b" * 64)
+    imagefacts.keep(REF, {"mpi": {"flavour": "openmpi4"}})
+    imagefacts.keep(other, {"mpi": None})  # probed once, no longer here
+    with _images_engine(REF):
+        found = mpi_job.health(str(storage))
+    assert found["image_facts"] == {REF: {"mpi": {"flavour": "openmpi4"}}}
 
 
 def test_health_says_when_no_job_ca_can_be_made(storage, job_ca_path):

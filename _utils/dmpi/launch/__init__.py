@@ -16,6 +16,8 @@ MPI's launcher over ssh to the workers.
 - :mod:`dmpi.launch.files`: passwd, group and the program script;
 - :mod:`dmpi.launch.openmpi`: Open MPI's hostfile, parameters, command line and
   failure messages (one module per MPI flavour);
+- :mod:`dmpi.launch.probe`: what an image holds for jobs (the probe script run in it
+  when it is approved, its answer read, whether jobs can run on it);
 - :mod:`dmpi.launch.values`: the checks they share.
 
 This file imports nothing: Salt's loader may load the folder itself as a utils module.

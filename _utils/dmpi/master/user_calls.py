@@ -26,6 +26,7 @@ from dmpi.errors import ClusterError, NoSuchJob, RequestError
 from dmpi.jobs import accounting, sched
 from dmpi.jobs import record as job_record
 from dmpi.jobs import request as job_request
+from dmpi.launch import probe as image_probe
 
 CONTROLLER_SILENCE = 30  # seconds without a sign of the job controller before submit refuses
 CANCEL_WAIT = 15  # seconds cancel waits for the job controller to end the job
@@ -91,6 +92,10 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
     if request["image"] not in images:
         raise RequestError(
             f"image {request['image']!r} is not approved; approved images: {sorted(images)}")
+    found = image_facts(config, store.nodes(), request["image"])
+    if found and found["why_no_jobs"]:
+        raise RequestError(f"image {request['image']!r} cannot run jobs: "
+                           f"{found['why_no_jobs']}")
     candidates, count = site.candidates(request["nodes"], all_nodes)
     node_slots = int(config["slots_per_node"])
     try:
@@ -221,10 +226,53 @@ def whoami(site, caller):
 
 
 def images(site, caller):  # pylint: disable=unused-argument
-    """The approved images (pillar ``mpi:images``) by short name, with the reference
-    each is pinned to."""
-    found = site.settings().get("images") or {}
-    return {"images": [{"name": name, "reference": found[name]} for name in sorted(found)]}
+    """The approved images (pillar ``mpi:images``) by short name: the reference each is
+    pinned to and what the nodes' probe found in it (MPI flavour, version and launcher,
+    python3, mpi4py, ssh server, OS and C library), whether jobs can run on it and why
+    not. ``probed_on`` is empty until a node has probed the image."""
+    config = site.settings()
+    approved = config.get("images") or {}
+    seen = site.store().nodes()
+    listed = []
+    for name in sorted(approved):
+        found = image_facts(config, seen, name) or {}
+        mpi = found.get("mpi") or {}
+        listed.append({
+            "name": name, "reference": approved[name],
+            "runs_jobs": None if not found else not found["why_no_jobs"],
+            "why_no_jobs": found.get("why_no_jobs"),
+            "mpi": image_probe.describe(found) if found else None,
+            "flavour": mpi.get("flavour"), "mpi_version": mpi.get("version"),
+            "launcher": mpi.get("launcher"), "python3": found.get("python3"),
+            "python_version": found.get("python_version"), "mpi4py": found.get("mpi4py"),
+            "sshd": (found.get("commands") or {}).get("sshd"), "os": found.get("os"),
+            "glibc": found.get("glibc"), "probed_on": found.get("probed_on", []),
+            "mpi_from_pillar": found.get("mpi_from_pillar", False)})
+    return {"images": listed}
+
+
+def image_facts(config, seen, name):
+    """What the nodes' probe found in the approved image ``name`` (``seen``: the job
+    store's node records, whose health reports carry the facts), with pillar
+    ``mpi:image_facts:<name>`` in place of the probe's MPI, ``why_no_jobs`` worked out
+    again and ``probed_on`` the nodes that probed it; None when none has."""
+    reference = (config.get("images") or {}).get(name)
+    probed_on, found = [], None
+    for node in sorted(seen):
+        health = ((seen[node] or {}).get("report") or {}).get("health") or {}
+        facts = (health.get("image_facts") or {}).get(reference)
+        if isinstance(facts, dict):
+            probed_on.append(node)
+            found = found or facts
+    if found is None:
+        return None
+    found = dict(found, probed_on=probed_on, mpi_from_pillar=False)
+    override = (config.get("image_facts") or {}).get(name)
+    if override:
+        found["mpi"] = dict(found.get("mpi") or {}, **override)
+        found["mpi_from_pillar"] = True
+    found["why_no_jobs"] = image_probe.why_no_jobs(found)
+    return found
 
 
 #: The calls the user API serves, by the name it serves them under.

@@ -12,6 +12,7 @@ its ``mpi_node`` engine do, as ordinary modules.
 - :mod:`dmpi.node.cleanup`: what of which job is here, and a job's end.
 - :mod:`dmpi.node.evidence`: the node's report about its jobs.
 - :mod:`dmpi.node.health`: the node's fitness for new jobs.
+- :mod:`dmpi.node.imagefacts`: the probe of an approved image, and its facts kept.
 
 They raise :mod:`dmpi.errors` (``RequestError`` for a bad argument, ``NodeError`` for
 what the node cannot do, ``StartFailure`` for a start); the Salt face turns those into

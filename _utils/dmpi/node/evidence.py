@@ -19,7 +19,8 @@ import docker.errors
 import dmpi.launch.openmpi
 import requests.exceptions
 
-from dmpi.contract import JOB_ID_RE, LABEL_ROLE, LABEL_USER, STANDBY_ROLE, USER_RE
+from dmpi.contract import (JOB_ID_RE, LABEL_ROLE, LABEL_USER, PROBE_ROLE, STANDBY_ROLE,
+                           USER_RE)
 from dmpi.errors import DockerMPIError, NodeError, RequestError
 from dmpi.node import checks, containers, userdirs
 
@@ -144,8 +145,8 @@ def _engine_jobs(engine_timeout):
     for container in listed:
         labels = container.labels or {}
         job_id, role = containers.job_of(container)
-        if role == STANDBY_ROLE:
-            continue  # a spare: no job's yet
+        if role == STANDBY_ROLE or labels.get(LABEL_ROLE) == PROBE_ROLE:
+            continue  # a spare (no job's yet), or an image being probed
         if role is None or not JOB_ID_RE.match(job_id or ""):
             log.warning("ignoring container %s with labels %s", container.name, labels)
             continue

@@ -13,7 +13,7 @@ import docker.errors
 import requests.exceptions
 
 from dmpi.errors import NodeError
-from dmpi.node import checks, jobca
+from dmpi.node import checks, imagefacts, jobca
 
 STORAGE_CHECK_TIMEOUT = 2  # seconds the storage check may take (a hung mount must not hang us)
 HEALTH_DIR = ".dockermpi-health"  # under the storage path: the storage states make it
@@ -88,12 +88,14 @@ def health(node_id, storage_path, engine_timeout=5):
 
     Returns ``{"docker": "ok" or why not, "storage": "ok" or why not ("not mounted:
     ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...],
-    "job_ca": "ok" or why not, "job_ca_public": the job CA's public line}``:
+    "image_facts": {repo@sha256:...: facts}, "job_ca": "ok" or why not, "job_ca_public":
+    the job CA's public line}``:
     the storage is a mount point (or holds ``users/``) and a probe file can be written
     and removed in its ``.dockermpi-health`` directory (at its root before highstate
     made that); ``images`` are the digest references of every
-    local image (the master keeps those of approved images). Never raises for what it
-    finds.
+    local image (the master keeps those of approved images), ``image_facts`` what the
+    probe found in those of them it probed (:mod:`dmpi.node.imagefacts`). Never raises
+    for what it finds.
     """
     checks.check_abs(str(storage_path), "storage path")
     docker_state, images = "ok", []
@@ -109,8 +111,11 @@ def health(node_id, storage_path, engine_timeout=5):
         docker_state = str(exc)[:300] or type(exc).__name__
     probe_name = ".dockermpi-health-" + _NODE_ID_RE.sub("_", str(node_id or "node"))[:64]
     storage = _storage_health(str(storage_path), probe_name, STORAGE_CHECK_TIMEOUT)
-    found = {"docker": docker_state, "storage": storage,
-             "images": sorted(set(images))[:HEALTH_IMAGES_MAX], "job_ca": "ok"}
+    images = sorted(set(images))[:HEALTH_IMAGES_MAX]
+    probed = imagefacts.kept()
+    found = {"docker": docker_state, "storage": storage, "images": images,
+             "image_facts": {ref: probed[ref] for ref in images if ref in probed},
+             "job_ca": "ok"}
     try:
         found["job_ca_public"] = jobca.ca()[1]
     except (OSError, NodeError) as exc:

@@ -10,8 +10,8 @@ import os
 import sys
 
 from dockermpi.client import FINAL_STATES, Client, DockerMPIError, JobError
-from dockermpi.render import (history_text, outcome_line, queue_text, record_text,
-                              whoami_text)
+from dockermpi.render import (history_text, images_text, outcome_line, queue_text,
+                              record_text, whoami_text)
 
 INTERRUPTED = 130  # what a shell reports for a program ended by Ctrl-C
 
@@ -131,6 +131,8 @@ def build_parser():
                       help="keep printing new output until the job ends")
 
     commands.add_parser("whoami", parents=[output], help="who the cluster takes you for")
+    commands.add_parser("images", parents=[output],
+                        help="the approved images and the MPI each holds")
     return parser
 
 
@@ -203,6 +205,8 @@ def run_command(client, args):
         return show_logs(client, args)
     elif action == "whoami":
         show(args, client.whoami(), whoami_text)
+    elif action == "images":
+        show(args, client.images(), images_text)
     return 0
 
 

@@ -303,7 +303,9 @@ class Client:
         return self.call("GET", "/whoami")
 
     def images(self):
-        """The names of the approved images jobs may run in."""
+        """The approved images: name, reference, whether jobs can run on it
+        (``runs_jobs``, ``why_no_jobs``) and what the nodes' probe found in it (MPI
+        flavour, version and launcher, python3, mpi4py, OS)."""
         return self._field("/images", self.call("GET", "/images"), "images")
 
     def submit(self, cmd, np=1, image=None, name=None, nodes=None, slots_per_node=None,

@@ -124,3 +124,17 @@ def whoami_text(identity):
     return (f"user {identity.get('user')} (account {identity.get('account')}, "
             f"uid {identity.get('uid')}, gid {identity.get('gid')})\n"
             f"your directory: {identity.get('dir')} (in jobs: {identity.get('dir_in_job')})")
+
+
+def images_text(rows):
+    """The approved images: whether jobs run on each (and why not), the MPI it holds,
+    python3 and mpi4py, the OS."""
+    lines = []
+    for row in rows:
+        runs = {True: "yes", False: "no", None: "not probed yet"}.get(row.get("runs_jobs"))
+        python = row.get("python_version")
+        if python and row.get("mpi4py"):
+            python += f", mpi4py {row['mpi4py']}"
+        lines.append([row.get("name"), runs, row.get("why_no_jobs") or row.get("mpi"),
+                      python, row.get("os")])
+    return table(["IMAGE", "JOBS", "MPI (OR WHY NOT)", "PYTHON", "OS"], lines)

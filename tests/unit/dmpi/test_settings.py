@@ -152,7 +152,7 @@ CASES = [
     ({"slot_per_node": 4},
      "mpi:slot_per_node is not a DockerMPI setting (the keys of mpi are: users, guest, "
      "cluster_network, ports, slots_per_node, placement, limits, retention, storage, "
-     "docker, job_network, images, job_root, firewall, hub, api, engine)"),
+     "docker, job_network, images, image_facts, job_root, firewall, hub, api, engine)"),
     ({"placement": "random"}, "mpi:placement must be one of pack, spread, got 'random'"),
     ({"placement": ["spread"]}, "mpi:placement must be one of pack, spread, got ['spread']"),
     ({"retention": {"job_records_days": -1}},
@@ -432,6 +432,23 @@ CASES = [
     ({"images": {"my image": IMAGE}},
      "mpi:images: 'my image' is not an image short name (letters, digits, '.', '_', '-', "
      "at most 128)"),
+    # image_facts
+    ({"image_facts": {"other": {"flavour": "mpich"}}},
+     "mpi:image_facts: 'other' is not an approved image (mpi:images has: mpi)"),
+    ({"image_facts": {"mpi": {"flavor": "mpich"}}},
+     "mpi:image_facts:mpi must be a mapping of some of flavour, version, launcher; got "
+     "{'flavor': 'mpich'}"),
+    ({"image_facts": {"mpi": {"flavour": "lam"}}},
+     "mpi:image_facts:mpi:flavour must be one of openmpi4, openmpi5, openmpi, mpich, "
+     "intelmpi, got 'lam'"),
+    ({"image_facts": {"mpi": {"version": "4.1 beta"}}},
+     "mpi:image_facts:mpi:version '4.1 beta' is not a version (digits, letters, '.', '-', "
+     "at most 32)"),
+    ({"image_facts": {"mpi": {"launcher": "bin/mpirun"}}},
+     "mpi:image_facts:mpi:launcher must be an absolute path, got 'bin/mpirun'"),
+    ({"image_facts": ["mpi"]},
+     "mpi:image_facts must be a mapping of approved image names to {flavour, version, "
+     "launcher}, got ['mpi']"),
     # firewall
     ({"firewall": {"chain": "INPUT"}},
      "mpi:firewall:chain INPUT belongs to iptables or Docker: DockerMPI needs a chain of "
@@ -905,3 +922,10 @@ def test_hub_tls_accepted_and_none_becomes_empty():
 ])
 def test_a_token_url_is_encrypted_or_stays_on_its_host(url, expected):
     assert settings.is_encrypted_or_local(url) is expected
+
+
+def test_image_facts_of_an_approved_image_are_valid():
+    config = _site(image_facts={"mpi": {"flavour": "openmpi4", "version": "4.1.6",
+                                        "launcher": "/opt/ompi//bin/mpirun"}})
+    assert settings.problems(config) == []
+    assert settings.validate(config)["image_facts"]["mpi"]["launcher"] == "/opt/ompi/bin/mpirun"

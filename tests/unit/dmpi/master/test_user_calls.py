@@ -217,3 +217,59 @@ def test_the_user_api_can_reach_user_calls_only():
     imported = {alias.name for node in ast.walk(api)
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     assert "admin_calls" not in imported and "dmpi.master.admin_calls" not in imported
+
+
+# --------------------------------------------------------------------------- images
+
+OPEN_MPI_4 = {"mpi": {"flavour": "openmpi4", "version": "4.1.4", "launcher": "/usr/bin/mpirun"},
+              "commands": {"mpirun": "/usr/bin/mpirun", "sshd": "/usr/sbin/sshd"},
+              "python3": "/usr/bin/python3", "python_version": "3.11.2", "mpi4py": "3.1.4",
+              "os": "Debian GNU/Linux 12 (bookworm)", "glibc": "2.36", "problem": None}
+MPICH = dict(OPEN_MPI_4, mpi={"flavour": "mpich", "version": "4.0.2",
+                              "launcher": "/usr/bin/mpirun"}, mpi4py=None)
+
+
+def _probed(site, facts, nodes=("node1", "node2")):
+    site.store().nodes_seen({node: (time.time(), {"health": {
+        "images": [IMAGE], "image_facts": {IMAGE: facts}}}) for node in nodes})
+
+
+def test_images_say_what_the_probe_found(site):
+    assert user_calls.images(site, ALICE)["images"] == [{
+        "name": "mpi", "reference": IMAGE, "runs_jobs": None, "why_no_jobs": None,
+        "mpi": None, "flavour": None, "mpi_version": None, "launcher": None,
+        "python3": None, "python_version": None, "mpi4py": None, "sshd": None, "os": None,
+        "glibc": None, "probed_on": [], "mpi_from_pillar": False}]
+    _probed(site, OPEN_MPI_4, nodes=("node2",))
+    [found] = user_calls.images(site, ALICE)["images"]
+    assert found["runs_jobs"] is True and found["why_no_jobs"] is None
+    assert found["mpi"] == "Open MPI 4.1.4 (/usr/bin/mpirun), mpi4py 3.1.4"
+    assert (found["flavour"], found["mpi_version"], found["launcher"]) == \
+        ("openmpi4", "4.1.4", "/usr/bin/mpirun")
+    assert found["sshd"] == "/usr/sbin/sshd" and found["glibc"] == "2.36"
+    assert found["probed_on"] == ["node2"]
+
+
+def test_a_job_on_an_image_jobs_cannot_run_on_is_refused_with_the_reason(site):
+    _probed(site, MPICH)
+    with pytest.raises(RequestError, match=r"^image 'mpi' cannot run jobs: it holds MPICH "
+                                           r"4.0.2 \(/usr/bin/mpirun\); DockerMPI "
+                                           r"launches jobs of Open MPI 4 images$"):
+        _submit(site, ALICE)
+    assert site.store().jobs(["queued"]) == [] and site.events == []
+    [found] = user_calls.images(site, ALICE)["images"]
+    assert found["runs_jobs"] is False and "MPICH" in found["why_no_jobs"]
+
+
+def test_pillar_says_what_mpi_an_image_holds(site):
+    _probed(site, MPICH)
+    config = dict(CONFIG, image_facts={"mpi": {"flavour": "openmpi4", "version": "4.1.6"}})
+    site.settings = site.node_settings = lambda *a, **k: config
+    [found] = user_calls.images(site, ALICE)["images"]
+    assert found["mpi_from_pillar"] is True and found["runs_jobs"] is True
+    assert found["mpi"].startswith("Open MPI 4.1.6 (/usr/bin/mpirun)")
+    assert _submit(site, ALICE)["state"] == "queued"
+
+
+def test_a_job_on_an_image_no_node_probed_yet_is_queued(site):
+    assert _submit(site, ALICE)["state"] == "queued"
