@@ -236,6 +236,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
     idle = await launch_times(launcher, launches)
     latencies, errors = [], []
     cpu_before, started = api_cpu_seconds(), time.monotonic()
+    own_before = time.process_time()
     until = started + seconds
     loaded = asyncio.ensure_future(launch_times(launcher, launches))
     outputs = await asyncio.gather(
@@ -246,6 +247,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
     under_load = await loaded
     wall = time.monotonic() - started
     cpu = (api_cpu_seconds() - cpu_before) / wall
+    own = (time.process_time() - own_before) / wall
     for user in users[:followers]:
         await user.call("POST", f"/jobs/{ticking[user.name]}/cancel")
     ms = sorted(x * 1000 for x in latencies) or [float("nan")]
@@ -254,7 +256,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
         return ms[min(len(ms) - 1, int(p / 100 * len(ms)))]
 
     return {"users": len(users), "calls_per_s": len(latencies) / wall, "p50": pct(50),
-            "p95": pct(95), "p99": pct(99), "errors": errors, "cpu": cpu,
+            "p95": pct(95), "p99": pct(99), "errors": errors, "cpu": cpu, "own": own,
             "idle": statistics.median(idle), "loaded": statistics.median(under_load),
             "outputs": sum(outputs[:followers])}
 
@@ -292,7 +294,7 @@ async def main(args):
             failed += found["errors"]
             rows.append([count, fmt(found["calls_per_s"], 1), fmt(found["p50"], 1),
                          fmt(found["p95"], 1), fmt(found["p99"], 1), len(found["errors"]),
-                         fmt(found["cpu"]), fmt(found["idle"]), fmt(found["loaded"]),
+                         fmt(found["cpu"]), fmt(found["own"]), fmt(found["idle"]), fmt(found["loaded"]),
                          fmt(found["loaded"] / found["idle"]), found["outputs"]])
             print(f"api_load_{count}_users_calls_per_s {found['calls_per_s']:.1f}")
             print(f"api_load_{count}_users_p95_ms {found['p95']:.1f}")
@@ -301,7 +303,7 @@ async def main(args):
         for name in names:
             await hub.remove(name)
     print(table(["users", "calls/s", "p50 ms", "p95 ms", "p99 ms", "errors", "API cores",
-                 "launch idle s", "launch loaded s", "ratio", "output events"], rows))
+                 "load generator cores", "launch idle s", "launch loaded s", "ratio", "output events"], rows))
     for problem in failed[:20]:
         print("error:", problem)
     return 1 if failed else 0
