@@ -87,7 +87,7 @@ def _probed(ret, name, reference):
     """``ret`` once the present image is probed (unless it was before)."""
     try:
         facts = __salt__["mpi_image.facts"](reference)
-        if facts is not None:
+        if facts is not None and facts.get("probe_version") == image_probe.PROBE_VERSION:
             return ret
         if __opts__["test"]:
             ret["result"] = None

@@ -190,7 +190,19 @@ def _images(cluster):
     return {image["name"]: image for image in found["images"]}
 
 
-def test_an_approved_image_is_probed_and_jobs_on_one_without_mpi_are_refused(cluster):
+#: An image of a site's own: the job image with a tool of its own first on PATH by ENV.
+TOOLED_DOCKERFILE = """FROM {base}
+RUN mkdir -p /opt/tools/bin \\
+ && printf '#!/bin/sh\\necho "tool of rank $OMPI_COMM_WORLD_RANK home=$TOOLS_HOME"\\n' \\
+      > /opt/tools/bin/dmpi-tool && chmod 755 /opt/tools/bin/dmpi-tool
+ENV PATH=/opt/tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+    TOOLS_HOME=/opt/tools
+"""
+
+
+def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster):
+    import io
+
     from tests.cluster.testcluster import BASE_IMAGE, REGISTRY, REGISTRY_HOST_PORT
 
     # What every node's highstate probed in the job image.
@@ -200,31 +212,38 @@ def test_an_approved_image_is_probed_and_jobs_on_one_without_mpi_are_refused(clu
         ("openmpi4", "/usr/bin/mpirun", "/usr/sbin/sshd"), job_image
     assert job_image["mpi4py"] and job_image["glibc"] == "2.36", job_image
     assert set(job_image["probed_on"]) == set(cluster.nodes), job_image
-    # DockerMPI's base image holds no MPI: approved, pulled and probed on one node.
-    tag = f"dockermpi/plain:{int(time.time())}"
-    cluster.docker.images.get(BASE_IMAGE).tag(*tag.split(":"))
-    reference = cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
+    # DockerMPI's base image holds no MPI; "tooled" is the job image with ENV of its own.
+    stamp = int(time.time())
+    plain_tag = f"dockermpi/plain:{stamp}"
+    cluster.docker.images.get(BASE_IMAGE).tag(*plain_tag.split(":"))
+    tooled_tag = f"dockermpi/tooled:{stamp}"
+    cluster.docker.images.build(
+        fileobj=io.BytesIO(TOOLED_DOCKERFILE.format(base=cluster.mpi_image()).encode()),
+        tag=tooled_tag, rm=True, network_mode="none")
+    pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
+              for name, tag in (("plain", plain_tag), ("tooled", tooled_tag))}
     _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
     approved = yaml.safe_load(original) or {}
-    approved["mpi"]["images"]["plain"] = reference
+    approved["mpi"]["images"].update(pushed)
     node = "node1"
     try:
         cluster.put_file("master", IMAGES_PILLAR, yaml.safe_dump(approved).encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
-        cluster._highstate([node])
-        _, facts = cluster.salt_json(["salt", node, "mpi_image.facts", reference])
+        cluster._highstate([node])  # the other nodes pull them when a job needs them
+        _, facts = cluster.salt_json(["salt", node, "mpi_image.facts", pushed["plain"]])
         assert facts[node]["mpi"] is None and facts[node]["problem"] is None, facts
         assert "no MPI launcher" in facts[node]["why_no_jobs"], facts
         _, probes = cluster.exec(node, ["docker", "ps", "-aq", "--filter",
                                         "label=io.dockermpi.role=image-probe"])
-        assert probes.split() == []  # the probe's container is gone
+        assert probes.split() == []  # the probe's containers are gone
         # The master learns it from the node's next health report.
         deadline = time.monotonic() + 60
-        while not _images(cluster)["plain"]["probed_on"]:
+        while not all(_images(cluster)[name]["probed_on"] for name in pushed):
             assert time.monotonic() < deadline, "the master never learnt the probe's facts"
             time.sleep(1)
-        plain = _images(cluster)["plain"]
-        assert plain["runs_jobs"] is False and plain["probed_on"] == [node], plain
+        images = _images(cluster)
+        assert images["plain"]["runs_jobs"] is False, images["plain"]
+        assert images["plain"]["probed_on"] == [node], images["plain"]
         code, refused = run(cluster, "mpi.submit", user="operations", image="plain", np=1,
                             cmd=["hostname"])
         assert code == 1 and refused["error"] == (
@@ -232,6 +251,17 @@ def test_an_approved_image_is_probed_and_jobs_on_one_without_mpi_are_refused(clu
             "its PATH"), refused
         code, queued = run(cluster, "mpi.list", user="operations", state="queued")
         assert code == 0 and queued == [], queued
+        # Ranks on both nodes (one started over ssh) find the image's own tool on its PATH
+        # and get its ENV.
+        assert images["tooled"]["runs_jobs"] is True, images["tooled"]
+        job_id = submit(cluster, user="operations", image="tooled", np=2, nodes=2,
+                        slots_per_node=1, cmd=["dmpi-tool"])
+        code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=120)
+        assert code == 0 and done["state"] == "succeeded", done
+        assert len(done["placement"]) == 2, done
+        _, out = run(cluster, "mpi.logs", job_id=job_id)
+        assert sorted(out.splitlines()) == ["tool of rank 0 home=/opt/tools",
+                                            "tool of rank 1 home=/opt/tools"], out
     finally:
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])

@@ -22,7 +22,8 @@ mpi_image_state = load_extension("_states/mpi_image.py", "mpi_image_state")
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 REF = f"registry.test:5000/dockermpi/openmpi@{DIGEST}"
 PROBED = {"mpi": {"flavour": "openmpi4", "version": "4.1.4", "launcher": "/usr/bin/mpirun"},
-          "commands": {"sshd": "/usr/sbin/sshd"}, "mpi4py": "3.1.4", "why_no_jobs": None}
+          "commands": {"sshd": "/usr/sbin/sshd"}, "mpi4py": "3.1.4", "why_no_jobs": None,
+          "probe_version": 1}
 
 
 @pytest.fixture
@@ -357,3 +358,11 @@ def test_state_fails_when_the_probe_cannot_run(state_salt):
     ret = mpi_image_state.present("openmpi", REF)
     assert ret["result"] is False
     assert "probing it failed: cannot probe image: engine gone" in ret["comment"]
+
+
+def test_state_probes_again_what_an_older_probe_found(state_salt):
+    state_salt["mpi_image.inspect"].return_value = {"id": "sha256:feed"}
+    state_salt["mpi_image.facts"].return_value = dict(PROBED, probe_version=0)
+    ret = mpi_image_state.present("openmpi", REF)
+    assert ret["result"] is True and "probed" in ret["changes"]
+    state_salt["mpi_image.probe"].assert_called_once_with(REF)

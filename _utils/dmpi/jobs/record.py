@@ -23,12 +23,14 @@ CONFIG_KEYS = ("cluster_network", "job_network", "ports", "storage", "job_root",
                "slots_per_node", "limits")
 
 
-def new(job_id, request, *, name, uid, image_ref, candidates, count, workdir, config, now):
+def new(job_id, request, *, name, uid, image_ref, candidates, count, workdir, config, now,
+        launch=None):
     """
     The record of a job just queued: ``request`` as :func:`dmpi.jobs.request.validate_request`
     returns it, ``candidates`` the nodes it may use (None: any MPI node, as the queue finds
     them) and ``count`` how many of them, ``workdir`` as the submit named it (None or
-    empty: the job's own directory), ``config`` the site's settings.
+    empty: the job's own directory), ``config`` the site's settings, ``launch`` what the
+    image's probe says of its launch (:func:`dmpi.launch.probe.launch_of`).
     """
     job_dir = posixpath.join(config["storage"]["path"], "users", request["user"], JOBS_SUBDIR,
                              job_id)
@@ -63,6 +65,7 @@ def new(job_id, request, *, name, uid, image_ref, candidates, count, workdir, co
             "workdir": request["workdir"] if workdir not in (None, "")
             else posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
             "config": {k: config[k] for k in CONFIG_KEYS},
+            "launch": launch or {"launcher": "mpirun", "image_env": ["PATH"]},
         },
     }
 

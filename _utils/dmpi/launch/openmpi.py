@@ -127,7 +127,7 @@ def mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir=DEFAULT_RUN
 
 
 def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
-                run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3)):
+                run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
     """
     Return the ``mpirun`` argv of a job (no shell involved).
 
@@ -142,7 +142,13 @@ def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_n
     run_dir
         See :func:`ssh_args`; the hostfile is ``<run_dir>/hostfile`` and every rank runs
         ``/bin/sh <run_dir>/program`` (:func:`program_script_text`).
+    launcher
+        ``mpirun`` (found on the launcher's PATH) or its absolute path in the image, as
+        the image's probe found it: run so, Open MPI starts its daemons on the other
+        nodes from the same prefix.
     """
+    if launcher != "mpirun":
+        check_abs_path(launcher, "launcher")
     if isinstance(np, bool) or not isinstance(np, int) or np < 1:
         raise ValueError(f"np must be a positive integer, got {np!r}")
     check_abs_path(workdir, "workdir")
@@ -153,7 +159,7 @@ def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_n
         if not isinstance(name, str) or not _ENV_RE.match(name):
             raise ValueError(f"environment variable name {name!r} is not valid")
     params = mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir, keepalive)
-    argv = ["mpirun", "--hostfile", f"{run_dir}/hostfile", "-np", str(np), "--wdir", workdir]
+    argv = [launcher, "--hostfile", f"{run_dir}/hostfile", "-np", str(np), "--wdir", workdir]
     for name, value in params:
         argv += ["--mca", name, value]
     for name in env_names:
@@ -163,7 +169,7 @@ def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_n
 
 def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_ports, ssh_port,
                   workdir, env_names=(), run_dir=DEFAULT_RUN_DIR,
-                  keepalive=(2, 1, 3)):
+                  keepalive=(2, 1, 3), launcher="mpirun"):
     """
     Return the launcher container's command: ``/bin/sh -c <fixed script> sh ...``.
 
@@ -183,7 +189,7 @@ def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_por
     if stdout_path == stderr_path:
         raise ValueError("stdout_path and stderr_path must differ")
     mpirun = mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
-                         run_dir, keepalive)
+                         run_dir, keepalive, launcher)
     return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpirun
 
 

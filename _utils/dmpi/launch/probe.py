@@ -48,6 +48,8 @@ fi
 echo '@@ end'
 """
 
+#: Facts kept from an older probe than this are found again (highstate probes anew).
+PROBE_VERSION = 1
 #: At most this much of the answer is read (the node caps what it takes from Docker).
 MAX_ANSWER_BYTES = 64 * 1024
 #: Each fact is at most this long once read.
@@ -56,6 +58,12 @@ _COMMANDS = ("mpirun", "mpiexec", "mpiexec.hydra", "prterun", "sshd", "dropbear"
 _SECTIONS = ("path", "os", "glibc", "launcher", "launcher_version", "python3", "python",
              "end") + tuple(f"command {name}" for name in _COMMANDS)
 _UNPRINTABLE_RE = re.compile(r"[^\x20-\x7e]")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+#: Variables of an image's ENV a job's ranks do not get from it: DockerMPI sets them for
+#: the job's user, or they would steer the MPI's own launch.
+NOT_FORWARDED_RE = re.compile(
+    r"^(HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|HOSTNAME|TERM|SSH_.*|DMPI_.*|OMPI_.*|PRTE_.*"
+    r"|PMIX_.*|ORTE_.*|OPAL_.*|HYDRA_.*|I_MPI_.*|MPIR_.*|MPICH_.*|UCX_.*)\Z")
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._+/-]{0,199}\Z")
 
 #: What each MPI flavour is called for people, and the family a version number follows.
@@ -161,6 +169,7 @@ def parse(answer):
         "mpi4py_library": python.get("mpi4py_library"),
         "mpi4py_error": python.get("mpi4py_error"),
         "complete": "end" in found,
+        "probe_version": PROBE_VERSION,
     }
 
 
@@ -195,3 +204,16 @@ def why_no_jobs(facts):
     if "sshd" not in facts.get("commands", {}):
         return "it has no OpenSSH server (sshd), which an Open MPI job's workers run"
     return None
+
+
+def launch_of(facts):
+    """What a job's launch takes from an image's facts (None: not probed):
+    ``{"launcher": the absolute path of its mpirun (or "mpirun", found on PATH),
+    "image_env": names of the image's ENV its ranks get as the launcher has them}``.
+    Open MPI run by its absolute path starts its daemons on the other nodes from the
+    same prefix, and ranks started over ssh get the image's PATH (a virtualenv first,
+    say) and library path rather than sshd's defaults."""
+    mpi = (facts or {}).get("mpi") or {}
+    names = [n for n in (facts or {}).get("env_names") or ["PATH"]
+             if isinstance(n, str) and ENV_NAME_RE.match(n) and not NOT_FORWARDED_RE.match(n)]
+    return {"launcher": mpi.get("launcher") or "mpirun", "image_env": sorted(set(names))}

@@ -83,11 +83,13 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
     host_addresses = transport.host_addresses(nodes, config["cluster_network"])
     files = job_files(config, record, job_addresses)
     environment = dict(spec["env"], **job_environment(record, job_addresses))
+    launch = spec.get("launch") or {"launcher": "mpirun", "image_env": ["PATH"]}
     argv = dmpi.launch.openmpi.launcher_argv(
         posixpath.join(record["output"]["dir_in_job"], "stdout"),
         posixpath.join(record["output"]["dir_in_job"], "stderr"),
         record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
-        spec["workdir"], env_names=sorted(environment),
+        spec["workdir"], env_names=sorted(set(environment) | set(launch["image_env"])),
+        launcher=launch["launcher"],
     )
     launcher_node = nodes[0]
     allowed = {"peers": sorted(job_addresses.values()),

@@ -116,7 +116,8 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
         # None: any MPI node, as the queue finds them (not a copy of today's list).
         candidates=None if request["nodes"] is None or "count" in request["nodes"]
         else candidates,
-        count=count, workdir=workdir, config=config, now=time.time())
+        count=count, workdir=workdir, config=config, now=time.time(),
+        launch=image_probe.launch_of(found))
     store.add(record)
     site.fire_job(job_id, "queued", {"user": request["user"]})
     return job_record.public(record)

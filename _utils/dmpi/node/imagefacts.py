@@ -57,7 +57,9 @@ def _options(reference):
 def _image_config(image):
     config = image.attrs.get("Config") or {}
     entrypoint = config.get("Entrypoint") or []
-    return {"user": str(config.get("User") or "")[:probe.MAX_FACT_CHARS] or None,
+    names = [str(item).partition("=")[0] for item in config.get("Env") or []]
+    return {"env_names": sorted({n for n in names if probe.ENV_NAME_RE.match(n)})[:64],
+            "user": str(config.get("User") or "")[:probe.MAX_FACT_CHARS] or None,
             "workdir": str(config.get("WorkingDir") or "")[:probe.MAX_FACT_CHARS] or None,
             "entrypoint": [str(x)[:probe.MAX_FACT_CHARS] for x in entrypoint][:8]
             if isinstance(entrypoint, list) else None}

@@ -100,6 +100,11 @@ def test_mpirun_argv_settings():
     assert xs == ["OMP_NUM_THREADS", "MY_VAR"]
 
 
+def test_mpirun_by_the_path_the_image_probe_found():
+    argv = _argv(launcher="/opt/venv/bin/mpirun")
+    assert argv[0] == "/opt/venv/bin/mpirun" and argv[1] == "--hostfile"
+
+
 def test_ssh_args_reach_the_job_port_with_job_keys():
     rsh_args = _mca(_argv())["plm_rsh_args"].split(" ")
     # Open MPI splits plm_rsh_args on spaces: every option must survive that split.
@@ -149,6 +154,8 @@ def test_the_program_never_reaches_mpirun_argv():
         ({"env_names": ["A=B"]}, "not valid"),
         ({"env_names": ["1X"]}, "not valid"),
         ({"keepalive": (0, 1, 3)}, "positive"),
+        ({"launcher": "bin/mpirun"}, "launcher must be an absolute path"),
+        ({"launcher": "/opt/my mpi/mpirun"}, "whitespace"),
     ],
 )
 def test_mpirun_argv_rejects(kwargs, message):

@@ -110,3 +110,14 @@ def test_the_probe_script_is_posix_sh():
     result = subprocess.run(["dash", "-n", "-c", probe.PROBE_SCRIPT], capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_launch_takes_the_probed_launcher_and_the_images_environment():
+    facts = dict(probe.parse(_answer("openmpi4-debian12")),
+                 env_names=["PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "HOME", "USER",
+                            "OMPI_MCA_plm_rsh_agent", "PRTE_MCA_x", "DMPI_JOB_ID", "LANG"])
+    assert probe.launch_of(facts) == {
+        "launcher": "/usr/bin/mpirun",
+        "image_env": ["LANG", "LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV"]}
+    # Not probed (yet): mpirun on the launcher's PATH, and that PATH for every rank.
+    assert probe.launch_of(None) == {"launcher": "mpirun", "image_env": ["PATH"]}

@@ -263,12 +263,21 @@ def test_a_job_on_an_image_jobs_cannot_run_on_is_refused_with_the_reason(site):
 
 def test_pillar_says_what_mpi_an_image_holds(site):
     _probed(site, MPICH)
-    config = dict(CONFIG, image_facts={"mpi": {"flavour": "openmpi4", "version": "4.1.6"}})
+    config = dict(CONFIG, image_facts={"mpi": {"flavour": "openmpi4", "version": "4.1.6",
+                                                "launcher": "/opt/ompi/bin/mpirun"}})
     site.settings = site.node_settings = lambda *a, **k: config
     [found] = user_calls.images(site, ALICE)["images"]
     assert found["mpi_from_pillar"] is True and found["runs_jobs"] is True
-    assert found["mpi"].startswith("Open MPI 4.1.6 (/usr/bin/mpirun)")
-    assert _submit(site, ALICE)["state"] == "queued"
+    assert found["mpi"].startswith("Open MPI 4.1.6 (/opt/ompi/bin/mpirun)")
+    job_id = _submit(site, ALICE)["job_id"]
+    assert site.store().get(job_id)["spec"]["launch"]["launcher"] == "/opt/ompi/bin/mpirun"
+
+
+def test_a_job_is_launched_as_the_probe_found_its_image(site):
+    _probed(site, dict(OPEN_MPI_4, env_names=["PATH", "VIRTUAL_ENV", "HOME"]))
+    job_id = _submit(site, ALICE)["job_id"]
+    assert site.store().get(job_id)["spec"]["launch"] == {
+        "launcher": "/usr/bin/mpirun", "image_env": ["PATH", "VIRTUAL_ENV"]}
 
 
 def test_a_job_on_an_image_no_node_probed_yet_is_queued(site):
