@@ -355,15 +355,22 @@ def _openapi():
                     "placement": {"type": "object"}, "timings": {"type": "object"},
                     "history": {"type": "array"}, "output": {"type": "object"},
                     "closed": {"type": "boolean"}}},
-                "Submit": {"type": "object", "required": ["image", "cmd"], "properties": {
-                    "image": {"type": "string"}, "np": {"type": "integer", "minimum": 1},
-                    "cmd": {"type": "array", "items": {"type": "string"}},
-                    "name": {"type": "string"},
-                    "nodes": {"oneOf": [{"type": "integer"}, {"type": "string"},
-                                        {"type": "array", "items": {"type": "string"}}]},
-                    "slots_per_node": {"type": "integer"}, "walltime": {"type": "string"},
-                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "workdir": {"type": "string"}}},
+                "Submit": {"oneOf": [
+                    {"type": "object", "required": ["image", "cmd"], "properties": {
+                        "image": {"type": "string"}, "np": {"type": "integer", "minimum": 1},
+                        "cmd": {"type": "array", "items": {"type": "string"}},
+                        "name": {"type": "string"},
+                        "nodes": {"oneOf": [{"type": "integer"}, {"type": "string"},
+                                            {"type": "array", "items": {"type": "string"}}]},
+                        "slots_per_node": {"type": "integer"}, "walltime": {"type": "string"},
+                        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "workdir": {"type": "string"}}},
+                    {"type": "object", "required": ["mpijob"], "properties": {
+                        "mpijob": {"type": "string", "description":
+                                   "a Kubeflow MPIJob (kubeflow.org/v2beta1 or v1), as YAML"},
+                        "image": {"type": "string", "description":
+                                  "the approved image to run it in (else the one its "
+                                  "manifest names by reference or digest)"}}}]},
             },
         },
         "security": [{"hubToken": []}],
@@ -593,13 +600,15 @@ def make_app(site, functions, settings):
 
         async def post(self):
             body = self.json_body()
-            allowed_keys = {"image", "np", "cmd", "name", "nodes", "slots_per_node",
-                            "walltime", "env", "workdir"}
+            # A Kubeflow MPIJob ("mpijob": its YAML text), in "image" when named.
+            fun, allowed_keys = ("submit_mpijob", {"mpijob", "image"}) if "mpijob" in body \
+                else ("submit", {"image", "np", "cmd", "name", "nodes", "slots_per_node",
+                                 "walltime", "env", "workdir"})
             unknown = sorted(set(body) - allowed_keys)
             if unknown:
                 raise Refused(400, f"unknown job fields: {', '.join(unknown)[:200]} (known: "
                                    f"{', '.join(sorted(allowed_keys))})")
-            self.answer(await self.call("submit", **body), status=201)
+            self.answer(await self.call(fun, **body), status=201)
 
     class Job(Handler):
         async def get(self, job_id):

@@ -89,6 +89,37 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     return dict(queued, retcode=0)  # queued is what submit promises
 
 
+def submit_mpijob(mpijob=None, user=None, image=None):
+    """
+    Queue a Kubeflow MPI Operator job (``kind: MPIJob``, ``kubeflow.org/v2beta1`` or
+    ``v1``) as a DockerMPI job and return its record at once, as :func:`submit` does.
+
+    mpijob
+        The MPIJob manifest's YAML text. Its launcher's ``mpirun -n N`` wrapper is
+        removed (``N`` must be Worker replicas x slotsPerWorker), Worker replicas and
+        slotsPerWorker become nodes and ranks per node, the launcher's env the ranks'
+        environment, ``runPolicy.activeDeadlineSeconds`` the walltime; resources must
+        fit the slots' limits. Anything else it cannot honour is refused, naming the
+        field.
+    user
+        Whose job it is, as for :func:`launch`.
+    image
+        The approved image to run it in; default: the approved image whose reference or
+        digest the manifest's image names.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.submit_mpijob user=alice image=pi mpijob="$(cat pi.yaml)"
+    """
+    queued = _answer(user_calls.submit_mpijob, _site(), _admin(), mpijob=mpijob, user=user,
+                     image=image)
+    if "error" in queued:
+        return dict(queued, state="rejected")
+    return dict(queued, retcode=0)
+
+
 def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,
            walltime=None, env=None, workdir=None, name=None):
     """

@@ -630,6 +630,11 @@ class TestCluster:
     def mpi_image(self):
         return self.build_image("dockermpi/mpi", REPO / "images" / "mpi")
 
+    def mpi_pi_image(self):
+        """The MPI Operator's pi example image, built offline (tests/cluster/images/mpi-pi)."""
+        return self.build_image("dockermpi/mpi-pi", REPO / "tests/cluster/images/mpi-pi",
+                                buildargs={"RUNTIME": self.mpi_image()})
+
     def notebook_image(self):
         """The MPI image plus JupyterLab, jupyterhub-singleuser and the mpi client."""
         return self.build_image(

@@ -295,6 +295,7 @@ class FakeAPI(http.server.ThreadingHTTPServer):
         self.changed = threading.Condition()
         self.requests = []
         self.jobs = {}
+        self.mpijobs = []  # the bodies of MPIJob submits
         self.output = collections.defaultdict(bytes)
         self.new_job_ids = [JOB, OTHER_JOB]
         self.refusals = []
@@ -381,6 +382,9 @@ class FakeAPI(http.server.ThreadingHTTPServer):
             raise Refused(400, "the request body is not JSON") from None
         if not isinstance(body, dict):
             raise Refused(400, "the request body must be a JSON object")
+        if "mpijob" in body:  # mapped on the master (dmpi.jobs.mpijob); here kept as sent
+            self.mpijobs.append(body)
+            body = {"image": body.get("image", "mpi"), "np": 2, "cmd": ["/home/mpiuser/pi"]}
         unknown = sorted(set(body) - JOB_FIELDS)
         if unknown:
             raise Refused(400, f"unknown job fields: {', '.join(unknown)}")
@@ -1231,6 +1235,20 @@ def test_mpi_wait_prints_the_outcome_and_exits_with_the_jobs_code(api, capsys):
     api.jobs[JOB] = record("failed", exit_code=3, reason="rank 0 exited 3")
     assert cli.main(["wait", JOB]) == 3
     assert capsys.readouterr().out == render.outcome_line(api.jobs[JOB]) + "\n"
+
+
+def test_mpi_submit_mpijob_sends_the_manifest_as_written(api, capsys, tmp_path):
+    manifest = tmp_path / "pi.yaml"
+    manifest.write_text("apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n")
+    assert cli.main(["submit", "--mpijob", str(manifest), "--image", "mpi"]) == 0
+    assert capsys.readouterr().out == f"submitted job {JOB} (queued)\n"
+    assert api.mpijobs == [{"mpijob": manifest.read_text(), "image": "mpi"}]
+    assert cli.main(["submit", "--mpijob", str(manifest), "-n", "4", "hostname"]) == 1
+    assert capsys.readouterr().err == ("mpi: --mpijob takes its job from the manifest: "
+                                       "leave out -n, a program\n")
+    assert cli.main(["submit", "--mpijob", str(tmp_path / "none.yaml")]) == 1
+    assert capsys.readouterr().err.startswith("mpi: cannot read ")
+    assert len(api.mpijobs) == 1
 
 
 def test_mpi_images_says_which_images_run_jobs_and_why_not(api, capsys):

@@ -61,7 +61,7 @@ class Runner:
             self.calls.append((fun, caller.identity, kwargs))
             if fun == "status" and kwargs["job_id"] != "20261202-120000-aaaaaa":
                 raise NoSuchJob(f"no such job: {kwargs['job_id']}")
-            if fun == "submit":
+            if fun in ("submit", "submit_mpijob"):
                 return {"job_id": "20261202-120000-aaaaaa", "state": "queued"}
             if fun == "list":
                 return []
@@ -197,6 +197,20 @@ def test_a_body_over_the_limit_gets_413_and_reaches_no_function(server):
     status, _, answer = call(url, "/jobs", method="POST", body=ok)
     assert status == 201 and answer["state"] == "queued"
     assert runner.calls[-1][:2] == ("submit", "ann")
+
+
+def test_an_mpijob_is_submitted_as_the_caller_and_alone(server):
+    url, runner = server
+    manifest = "apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n"
+    status, _, answer = call(url, "/jobs", method="POST",
+                             body=json.dumps({"mpijob": manifest, "image": "mpi"}).encode())
+    assert status == 201 and answer["state"] == "queued"
+    assert runner.calls[-1] == ("submit_mpijob", "ann", {"mpijob": manifest, "image": "mpi"})
+    # Nothing of a plain submit rides along (another user's name above all).
+    status, _, answer = call(url, "/jobs", method="POST",
+                             body=json.dumps({"mpijob": manifest, "user": "bob"}).encode())
+    assert status == 400 and answer["error"] == "unknown job fields: user (known: image, mpijob)"
+    assert len(runner.calls) == 1
 
 
 def test_refusals_are_json_with_the_reason(server):

@@ -24,6 +24,7 @@ import dmpi.settings
 from dmpi.contract import ACTIVE, DATA_MOUNT, FINAL, JOB_ID_RE, JOB_TAG_PREFIX
 from dmpi.errors import ClusterError, NoSuchJob, RequestError
 from dmpi.jobs import accounting, sched
+from dmpi.jobs import mpijob as mpi_operator
 from dmpi.jobs import record as job_record
 from dmpi.jobs import request as job_request
 from dmpi.launch import probe as image_probe
@@ -121,6 +122,17 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
     store.add(record)
     site.fire_job(job_id, "queued", {"user": request["user"]})
     return job_record.public(record)
+
+
+def submit_mpijob(site, caller, mpijob=None, image=None, user=None):
+    """Queue a Kubeflow MPI Operator job (``mpijob``: its YAML text or mapping) as a
+    DockerMPI job (:mod:`dmpi.jobs.mpijob`), in ``image`` (an approved short name) when
+    given, else in the approved image its manifest names by reference or digest; the
+    job's public record. Nothing is queued when it raises."""
+    config = site.node_settings(site.mpi_nodes_required()[0])
+    request = mpi_operator.to_request(mpijob, config.get("images") or {}, config["limits"],
+                                      image=image)
+    return submit(site, caller, user=user, **request)
 
 
 def wait(site, caller, job_id, timeout=None):
@@ -277,8 +289,8 @@ def image_facts(config, seen, name):
 
 
 #: The calls the user API serves, by the name it serves them under.
-CALLS = {"submit": submit, "wait": wait, "status": status, "list": list_jobs,
-         "cancel": cancel, "logs": logs, "history": history, "usage": usage,
+CALLS = {"submit": submit, "submit_mpijob": submit_mpijob, "wait": wait, "status": status,
+         "list": list_jobs, "cancel": cancel, "logs": logs, "history": history, "usage": usage,
          "whoami": whoami, "images": images}
 
 

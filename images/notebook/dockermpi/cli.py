@@ -108,6 +108,12 @@ def build_parser():
             job.add_argument("--parsable", action="store_true",
                              help="print the job id alone (as sbatch --parsable), for "
                                   "job=$(mpi submit --parsable ...)")
+            job.add_argument("--mpijob", metavar="FILE",
+                             help="submit a Kubeflow MPI Operator MPIJob (YAML) instead of "
+                                  "a program: its launcher's command, workers and slots, env "
+                                  "and resources; --image names the approved image to run it "
+                                  "in (default: the one its manifest names by reference or "
+                                  "digest)")
 
     for action, help_text in (("status", "a job's record"), ("cancel", "cancel a job")):
         commands.add_parser(action, parents=[output], help=help_text).add_argument("job_id")
@@ -158,6 +164,26 @@ def submit_args(args):
     }
 
 
+def read_mpijob(args):
+    """The text of ``--mpijob FILE`` (``-``: standard input); no other job option goes
+    with it but --image."""
+    given = [option for option, value in (("-n", args.ntasks), ("-N", args.nodes),
+                                          ("--ntasks-per-node", args.ntasks_per_node),
+                                          ("-t", args.walltime), ("-J", args.name),
+                                          ("-D", args.workdir), ("--export", args.export),
+                                          ("a program", args.command)) if value]
+    if given:
+        raise DockerMPIError(f"--mpijob takes its job from the manifest: leave out "
+                             f"{', '.join(given)}")
+    try:
+        if args.mpijob == "-":
+            return sys.stdin.read()
+        with open(args.mpijob, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise DockerMPIError(f"cannot read {args.mpijob}: {exc.strerror}") from None
+
+
 def job_exit_status(record):
     """What ``mpi run``/``mpi wait`` exit with: 0 when the job succeeded, else its exit
     code, or 1 when it has none."""
@@ -175,7 +201,8 @@ def run_command(client, args):
     """Carry out one parsed command; return the exit status."""
     action = args.action
     if action == "submit":
-        record = client.submit(**submit_args(args))
+        record = client.submit_mpijob(read_mpijob(args), image=args.image) if args.mpijob \
+            else client.submit(**submit_args(args))
         if args.parsable and not args.json:
             print(record["job_id"])
         else:

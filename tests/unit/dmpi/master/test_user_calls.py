@@ -209,8 +209,9 @@ def test_every_refusal_is_a_dockermpi_error(site, jobs):
 def test_the_user_api_can_reach_user_calls_only():
     admin = {getattr(admin_calls, name) for name in dir(admin_calls)
              if callable(getattr(admin_calls, name)) and not name.startswith("_")}
-    assert set(user_calls.CALLS) == {"submit", "wait", "status", "list", "cancel", "logs",
-                                     "history", "usage", "whoami", "images"}
+    assert set(user_calls.CALLS) == {"submit", "submit_mpijob", "wait", "status", "list",
+                                     "cancel", "logs", "history", "usage", "whoami",
+                                     "images"}
     assert not admin & set(user_calls.CALLS.values())
     # The API engine imports no admin call: what it serves is user_calls.CALLS.
     api = ast.parse((REPO / "_engines" / "mpi_api.py").read_text())
@@ -282,3 +283,24 @@ def test_a_job_is_launched_as_the_probe_found_its_image(site):
 
 def test_a_job_on_an_image_no_node_probed_yet_is_queued(site):
     assert _submit(site, ALICE)["state"] == "queued"
+
+
+# ------------------------------------------------------------------ MPI Operator jobs
+
+PI_YAML = (REPO / "tests/unit/dmpi/jobs/data/mpi-operator-pi.yaml").read_text()
+
+
+def test_an_mpijob_is_queued_as_its_user(site):
+    queued = user_calls.submit_mpijob(site, ALICE, mpijob=PI_YAML, image="mpi")
+    record = site.store().get(queued["job_id"])
+    assert (record["user"], record["np"], record["cmd"], record["name"]) == \
+        ("alice", 2, ["/home/mpiuser/pi"], "pi")
+    assert record["spec"]["count"] == 2 and record["spec"]["per_node"] == 1
+
+
+def test_an_mpijob_cannot_name_another_user_and_a_refused_one_queues_nothing(site):
+    with pytest.raises(RequestError):
+        user_calls.submit_mpijob(site, ALICE, mpijob=PI_YAML, image="mpi", user="bob")
+    with pytest.raises(RequestError, match="is no approved image"):
+        user_calls.submit_mpijob(site, ALICE, mpijob=PI_YAML)
+    assert site.store().jobs(["queued"]) == [] and site.events == []
