@@ -131,7 +131,7 @@ def test_a_launcher_that_hangs_ends_the_probe(built, engine, monkeypatch):
 
 def test_a_launcher_that_floods_is_read_bounded(built, engine):
     tag = built(_with_mpirun("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.4'\n"
-                             "head -c 50000000 /dev/zero | tr '\\0' x\n"))
+                             "head -c 5000000 /dev/zero | tr '\\0' x\n"))
     facts = imagefacts.run_probe(tag, engine)
     assert facts["mpi"]["flavour"] == "openmpi4"
     assert facts["complete"] is False  # the end marker was beyond what is read

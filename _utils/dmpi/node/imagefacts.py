@@ -67,35 +67,39 @@ def _image_config(image):
 
 def _answer(container):
     """``(the first MAX_ANSWER_BYTES of what the created ``container`` writes, whether it
-    ended within PROBE_SECONDS)``. Read from the start as it is written (the engine's log
-    would keep the end of a flood, not its start); the container is killed once that
-    much came or the time is up."""
+    ended by itself within PROBE_SECONDS)``. Read from the start as it is written (the
+    engine's log would keep the end of a flood, not its start); the container is killed
+    once that much came or the time is up. The stream is drained to its end all along: an
+    engine whose output nobody reads cannot finish a kill."""
     stream = container.attach(stdout=True, stderr=False, stream=True, logs=True)
     chunks, size = [], [0]
+    enough = threading.Event()  # the answer is complete, or as long as it may be
 
     def read():
         try:
             for chunk in stream:
-                chunks.append(chunk)
-                size[0] += len(chunk)
-                if size[0] >= probe.MAX_ANSWER_BYTES:
-                    break
+                if size[0] < probe.MAX_ANSWER_BYTES:
+                    chunks.append(chunk)
+                    size[0] += len(chunk)
+                    if size[0] >= probe.MAX_ANSWER_BYTES:
+                        enough.set()
         except (docker.errors.DockerException, requests.exceptions.RequestException, OSError):
             pass  # the container was killed: what came is the answer
+        finally:
+            enough.set()
 
     reader = threading.Thread(target=read, name="image-probe", daemon=True)
     reader.start()
     container.start()
-    reader.join(PROBE_SECONDS)
-    finished = not reader.is_alive()
-    if not finished or size[0] >= probe.MAX_ANSWER_BYTES:
+    timed_out = not enough.wait(PROBE_SECONDS)
+    if reader.is_alive():
         try:
             container.kill()
         except docker.errors.APIError:
             pass  # it ended meanwhile
+    reader.join(30)
     stream.close()
-    reader.join(5)
-    return b"".join(chunks)[:probe.MAX_ANSWER_BYTES], finished
+    return b"".join(chunks)[:probe.MAX_ANSWER_BYTES], not timed_out
 
 
 def run_probe(reference, client=None):
