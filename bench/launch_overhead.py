@@ -65,6 +65,7 @@ and SIGTERM); a launch in flight gets SIGTERM, so the runner cancels and cleans 
 import argparse
 import json
 import pathlib
+import posixpath
 import secrets
 import shlex
 import sys
@@ -267,9 +268,11 @@ class Baseline:
                              f"{self.user}")
         command = config["Cmd"]
         script = ["/bin/sh", "-c", dmpi.launch.openmpi.LAUNCHER_SCRIPT, "sh"]
-        if command[:len(script)] != script or "mpirun" not in command:
+        # The script, the output paths, then mpirun (by the path the image's probe found).
+        real = command[len(script) + 2:]
+        if command[:len(script)] != script or not real \
+                or posixpath.basename(real[0]) != "mpirun":
             raise BenchError(f"unexpected launcher command: {command!r}")
-        real = command[command.index("mpirun"):]
         rsh = mca(real, "plm_rsh_args").split()
         ssh_port = int(rsh[rsh.index("-p") + 1])
         oob = tuple(int(p) for p in mca(real, "oob_tcp_dynamic_ipv4_ports").split("-"))
@@ -279,7 +282,7 @@ class Baseline:
         # The launcher's mpirun must be dmpi.launch.openmpi.mpirun_argv of the job's settings,
         # running the job's program file.
         built = dmpi.launch.openmpi.mpirun_argv(np, cidr, oob, btl, ssh_port, wdir, forwarded(real),
-                                       run_dir=RUN_DIR)
+                                                run_dir=RUN_DIR, launcher=real[0])
         if built != real:
             raise BenchError("launcher mpirun is not dmpi.launch.openmpi.mpirun_argv of the job's "
                              f"settings:\n{shlex.join(real)}\n{shlex.join(built)}")
@@ -305,8 +308,9 @@ class Baseline:
                              f"mpirun {PLAIN_OOB_PORTS} OOB ports")
         plain_oob = (btl[1] - PLAIN_OOB_PORTS + 1, btl[1])
         plain_btl = (btl[0], btl[1] - PLAIN_OOB_PORTS)
-        self.argv = dmpi.launch.openmpi.mpirun_argv(np, cidr, plain_oob, plain_btl, ssh_port, wdir,
-                                           forwarded(real), run_dir=RUN_DIR)[:-2] + PROGRAM
+        self.argv = dmpi.launch.openmpi.mpirun_argv(
+            np, cidr, plain_oob, plain_btl, ssh_port, wdir, forwarded(real), run_dir=RUN_DIR,
+            launcher=real[0])[:-2] + PROGRAM
         log(f"baseline job {self.job_id} running on {job['placement']} at {addresses} as uid "
             f"{uid} (ssh port {ssh_port}, OOB {oob[0]}-{oob[1]}, BTL {btl[0]}-{btl[1]}); plain "
             f"mpirun in {self.container} on {self.node}, OOB {plain_oob[0]}-{plain_oob[1]}, "
