@@ -190,8 +190,10 @@ def _images(cluster):
     return {image["name"]: image for image in found["images"]}
 
 
-#: An image of a site's own: the job image with a tool of its own first on PATH by ENV.
+#: An image of a site's own: the job image with a tool of its own first on PATH by ENV,
+#: and an Open MPI that maps ranks round-robin by node, not by slot as DockerMPI places them.
 TOOLED_DOCKERFILE = """FROM {base}
+RUN echo 'rmaps_base_mapping_policy = node' >> /etc/openmpi/openmpi-mca-params.conf
 RUN mkdir -p /opt/tools/bin \\
  && printf '#!/bin/sh\\necho "tool of rank $OMPI_COMM_WORLD_RANK home=$TOOLS_HOME"\\n' \\
       > /opt/tools/bin/dmpi-tool && chmod 755 /opt/tools/bin/dmpi-tool
@@ -201,6 +203,7 @@ ENV PATH=/opt/tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 
 
 def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster):
+    """...and each rank checks it runs where DockerMPI placed it."""
     import io
 
     from tests.cluster.testcluster import BASE_IMAGE, REGISTRY, REGISTRY_HOST_PORT
@@ -262,6 +265,17 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         _, out = run(cluster, "mpi.logs", job_id=job_id)
         assert sorted(out.splitlines()) == ["tool of rank 0 home=/opt/tools",
                                             "tool of rank 1 home=/opt/tools"], out
+        # Three ranks on two nodes, placed 2 + 1: the image's MPI puts rank 1 on the
+        # second node (round-robin), so the ranks are not where they were placed.
+        job_id = submit(cluster, user="operations", image="tooled", np=3,
+                        nodes="node1,node2", cmd=["dmpi-tool"])
+        code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=120)
+        assert code == 0 and done["state"] == "failed", done
+        assert sorted(done["placement"].values()) == [1, 2], done
+        assert done["reason"].startswith("ranks did not run where they were placed: rank "), \
+            done
+        assert "were placed (nodes node1,node2: 2,1 ranks)" in done["reason"] or \
+            "were placed (nodes node2,node1: 2,1 ranks)" in done["reason"], done
     finally:
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])

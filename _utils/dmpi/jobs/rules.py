@@ -60,6 +60,8 @@ def outcome(code, failure, program):
     """(state, reason) from the launcher's exit code and the failing rank, if known."""
     if code == 0:
         return "succeeded", None
+    if failure and failure.get("placement"):
+        return "failed", f"ranks did not run where they were placed: {failure['placement']}"
     if failure and "signal" in failure:
         return "failed", f"rank {failure['rank']} died of {failure['signal_name']}"
     if failure and failure.get("exit_code") in SHELL_EXITS:

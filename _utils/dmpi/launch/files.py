@@ -58,6 +58,33 @@ def group_text(group, gid):
     return "\n".join(lines) + "\n"
 
 
+#: What a rank says, then exits with, when the MPI did not start it where DockerMPI placed
+#: it (the slots a job holds are what it may use).
+PLACEMENT_MARK = "DockerMPI: ranks did not run where they were placed:"
+PLACEMENT_EXIT = 86
+
+#: Before the program: the rank's node must hold as many of the job's ranks as DockerMPI
+#: placed there (``DMPI_TASKS_PER_NODE``, ranks laid out by slot in node order), as the
+#: MPI tells each rank (Open MPI: ``OMPI_COMM_WORLD_LOCAL_SIZE``; MPICH and Intel MPI:
+#: ``MPI_LOCALNRANKS``). An MPI that ignores the hostfile and starts every rank on the
+#: launcher's node is stopped here. Plain POSIX sh: any image's /bin/sh runs it.
+_PLACEMENT_CHECK = r"""rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}
+here=${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-}}
+if [ -n "$rank" ] && [ -n "$here" ] && [ -n "${DMPI_TASKS_PER_NODE:-}" ]; then
+  first=0; placed=; saved_ifs=$IFS; IFS=,
+  for count in $DMPI_TASKS_PER_NODE; do
+    if [ "$rank" -lt $((first + count)) ]; then placed=$count; break; fi
+    first=$((first + count))
+  done
+  IFS=$saved_ifs
+  if [ "$here" != "$placed" ]; then
+    echo "%(mark)s rank $rank shares its node with $here ranks where $placed were placed (nodes $DMPI_NODELIST: $DMPI_TASKS_PER_NODE ranks)" >&2
+    exit %(code)d
+  fi
+fi
+""" % {"mark": PLACEMENT_MARK, "code": PLACEMENT_EXIT}
+
+
 def program_script_text(program):
     """
     Return the script every rank runs: ``exec`` of the user's program, each word quoted.
@@ -70,6 +97,7 @@ def program_script_text(program):
     another program group with its own ``-np`` and ``--host``, so a user's words in its
     argv would be mpirun syntax. Each word is single-quoted (:func:`shlex.quote`), so the
     shell only execs it; ``exec`` keeps the rank's exit code and signals the program's.
+    Before it, the rank checks it runs where it was placed (:data:`_PLACEMENT_CHECK`).
     """
     if isinstance(program, str) or not isinstance(program, (list, tuple)) or not program:
         raise ValueError("program must be a non-empty list of strings (argv), not a string")
@@ -79,4 +107,18 @@ def program_script_text(program):
     if not program[0]:
         raise ValueError("program must start with a program name")
     words = " ".join(shlex.quote(arg) for arg in program)
-    return "# DockerMPI: the job's program (generated; each word is data)\nexec " + words + "\n"
+    return ("# DockerMPI: the job's program (generated; each word is data)\n"
+            + _PLACEMENT_CHECK + "exec " + words + "\n")
+
+
+def placement_failure(stderr_text):
+    """What the first rank that found itself elsewhere than placed said (the text after
+    :data:`PLACEMENT_MARK`, at most 300 characters), from the job's standard error; None
+    when none did. Never raises: the text is the job's."""
+    if not isinstance(stderr_text, str):
+        return None
+    at = stderr_text.find(PLACEMENT_MARK)
+    if at < 0:
+        return None
+    line = stderr_text[at + len(PLACEMENT_MARK):].split("\n", 1)[0]
+    return "".join(c if c.isprintable() else "?" for c in line.strip())[:300] or None

@@ -57,6 +57,7 @@ def job_environment(record, job_addresses):
         "DMPI_JOB_DIR": record["output"]["dir_in_job"],
         "DMPI_NTASKS": str(record["np"]),
         "DMPI_NODELIST": ",".join(record["placement"]),
+        "DMPI_TASKS_PER_NODE": ",".join(str(n) for n in record["placement"].values()),
         "DMPI_ADDRESSES": ",".join(job_addresses[n] for n in record["placement"]),
         "DMPI_JOB_NAME": record.get("name") or "",
     }

@@ -16,6 +16,7 @@ import time
 
 import docker
 import docker.errors
+import dmpi.launch.files
 import dmpi.launch.openmpi
 import requests.exceptions
 
@@ -198,7 +199,11 @@ def _failed_rank(storage_path, job_id, job):
     except (DockerMPIError, ValueError, TypeError) as exc:
         log.debug("job %s: cannot read stderr: %s", job_id, exc)
         return None
-    return dmpi.launch.openmpi.parse_mpirun_failure(text)
+    failure = dmpi.launch.openmpi.parse_mpirun_failure(text)
+    placement = dmpi.launch.files.placement_failure(text)
+    if placement:
+        failure = dict(failure or {}, placement=placement)
+    return failure
 
 
 def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,

@@ -283,3 +283,12 @@ def test_waiting_reasons_name_the_nodes_a_job_cannot_use():
                                            "(disk swap); node3 unhealthy: storage not mounted")
     assert rules.waiting_reason("resources", ["node1", "node2"], problems, set(), "mpi") == \
         "resources; node2 drained (disk swap)"
+
+
+def test_ranks_not_where_placed_is_the_reason_before_the_ranks_exit_code():
+    failure = {"rank": 3, "exit_code": 86,
+               "placement": "rank 3 shares its node with 5 ranks where 3 were placed "
+                            "(nodes node1,node2: 2,3 ranks)"}
+    assert rules.outcome(86, failure, ["./a.out"]) == (
+        "failed", "ranks did not run where they were placed: rank 3 shares its node with 5 "
+                  "ranks where 3 were placed (nodes node1,node2: 2,3 ranks)")

@@ -71,6 +71,35 @@ def test_program_script_keeps_the_exit_code_and_reports_a_missing_program(tmp_pa
                           check=False).returncode == 127
 
 
+def _rank(tmp_path, env):
+    script = tmp_path / "program"
+    script.write_text(files.program_script_text(["echo", "ran"]))
+    return subprocess.run(["dash", str(script)], capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin", **env})
+
+
+@pytest.mark.parametrize("rank, here", [("0", "2"), ("1", "2"), ("2", "3"), ("4", "3")])
+def test_a_rank_where_it_was_placed_runs_the_program(tmp_path, rank, here):
+    found = _rank(tmp_path, {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_LOCAL_SIZE": here,
+                             "DMPI_TASKS_PER_NODE": "2,3", "DMPI_NODELIST": "node1,node2"})
+    assert (found.returncode, found.stdout, found.stderr) == (0, "ran\n", "")
+
+
+def test_ranks_all_on_one_node_stop_with_the_reason(tmp_path):
+    # Open MPI's variables, then MPICH's: five ranks on the launcher's node.
+    for env in ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "5"},
+                {"PMI_RANK": "3", "MPI_LOCALNRANKS": "5"}):
+        found = _rank(tmp_path, dict(env, DMPI_TASKS_PER_NODE="2,3",
+                                     DMPI_NODELIST="node1,node2"))
+        assert found.returncode == files.PLACEMENT_EXIT and found.stdout == ""
+        assert found.stderr == (f"{files.PLACEMENT_MARK} rank 3 shares its node with 5 ranks "
+                                "where 3 were placed (nodes node1,node2: 2,3 ranks)\n")
+
+
+def test_without_an_mpis_variables_the_program_just_runs(tmp_path):
+    assert _rank(tmp_path, {}).stdout == "ran\n"
+
+
 @pytest.mark.parametrize(
     "program, message",
     [("python3 app.py", "list"), ([], "non-empty"), (["a", 3], "strings"),
@@ -79,3 +108,15 @@ def test_program_script_keeps_the_exit_code_and_reports_a_missing_program(tmp_pa
 def test_program_script_rejects(program, message):
     with pytest.raises(ValueError, match=message):
         files.program_script_text(program)
+
+
+def test_the_placement_failure_is_read_from_the_jobs_stderr(tmp_path):
+    said = _rank(tmp_path, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+                            "DMPI_TASKS_PER_NODE": "2,2", "DMPI_NODELIST": "a,b"}).stderr
+    stderr = "some output\n" + said + "mpirun detected that one or more processes exited\n"
+    assert files.placement_failure(stderr) == (
+        "rank 0 shares its node with 4 ranks where 2 were placed (nodes a,b: 2,2 ranks)")
+    assert files.placement_failure("all fine\n") is None
+    assert files.placement_failure(None) is None
+    assert files.placement_failure(files.PLACEMENT_MARK + " \x1b[31m" + "x" * 999) == \
+        "?[31m" + "x" * 295

@@ -36,7 +36,7 @@ def test_a_nodes_limits_grow_with_its_ranks_plus_room_for_sshd_and_orted():
 def test_ranks_are_told_their_job_in_placement_order():
     assert starter.job_environment(RECORD, ADDRESSES) == {
         "DMPI_JOB_ID": RECORD["job_id"], "DMPI_JOB_DIR": RECORD["output"]["dir_in_job"],
-        "DMPI_NTASKS": "3", "DMPI_NODELIST": "node2,node1",
+        "DMPI_NTASKS": "3", "DMPI_NODELIST": "node2,node1", "DMPI_TASKS_PER_NODE": "2,1",
         "DMPI_ADDRESSES": "10.251.1.131,10.251.1.130", "DMPI_JOB_NAME": "pi"}
 
 
