@@ -25,7 +25,8 @@ for a job) and ``salt-run`` exits with 1.
 
 import signal
 
-from dmpi.errors import DockerMPIError
+from dmpi.errors import DockerMPIError, RequestError
+from dmpi.jobs import mpijob as mpi_operator
 from dmpi.master import admin_calls, user_calls
 from dmpi.master.site import Site
 
@@ -89,35 +90,49 @@ def submit(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=
     return dict(queued, retcode=0)  # queued is what submit promises
 
 
-def submit_mpijob(mpijob=None, user=None, image=None):
+def submit_mpijob(path=None, user=None, image=None, mpijob=None):
     """
     Queue a Kubeflow MPI Operator job (``kind: MPIJob``, ``kubeflow.org/v2beta1`` or
     ``v1``) as a DockerMPI job and return its record at once, as :func:`submit` does.
+    The launcher's ``mpirun -n N`` wrapper is removed (``N`` must be Worker replicas x
+    slotsPerWorker), Worker replicas and slotsPerWorker become nodes and ranks per node,
+    the launcher's env the ranks' environment, ``runPolicy.activeDeadlineSeconds`` the
+    walltime; resources must fit the slots' limits. Anything else it cannot honour is
+    refused, naming the field.
 
-    mpijob
-        The MPIJob manifest's YAML text. Its launcher's ``mpirun -n N`` wrapper is
-        removed (``N`` must be Worker replicas x slotsPerWorker), Worker replicas and
-        slotsPerWorker become nodes and ranks per node, the launcher's env the ranks'
-        environment, ``runPolicy.activeDeadlineSeconds`` the walltime; resources must
-        fit the slots' limits. Anything else it cannot honour is refused, naming the
-        field.
+    path
+        A file on the master holding the MPIJob's YAML (Salt's command line cannot carry
+        text of many lines).
     user
         Whose job it is, as for :func:`launch`.
     image
         The approved image to run it in; default: the approved image whose reference or
         digest the manifest's image names.
+    mpijob
+        The MPIJob itself instead of ``path``: a mapping (JSON on the command line).
 
     CLI Example:
 
     .. code-block:: bash
 
-        salt-run mpi.submit_mpijob user=alice image=pi mpijob="$(cat pi.yaml)"
+        salt-run mpi.submit_mpijob /srv/jobs/pi.yaml user=alice image=pi
     """
-    queued = _answer(user_calls.submit_mpijob, _site(), _admin(), mpijob=mpijob, user=user,
-                     image=image)
+    queued = _answer(_submit_mpijob, path, mpijob, user, image)
     if "error" in queued:
         return dict(queued, state="rejected")
     return dict(queued, retcode=0)
+
+
+def _submit_mpijob(path, mpijob, user, image):
+    if (path is None) == (mpijob is None):
+        raise RequestError("give the MPIJob as path= (a file on the master) or as mpijob=")
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                mpijob = handle.read(mpi_operator.MAX_MANIFEST_BYTES + 1)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RequestError(f"cannot read the MPIJob {path}: {exc}") from None
+    return user_calls.submit_mpijob(_site(), _admin(), mpijob=mpijob, user=user, image=image)
 
 
 def launch(user=None, image=None, np=None, cmd=None, nodes=None, slots_per_node=None,

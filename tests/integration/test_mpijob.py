@@ -7,6 +7,7 @@ Run on the real cluster only: ``tests/run tests/integration/test_mpijob.py``.
 """
 
 import pathlib
+import time
 
 import yaml
 
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.cluster
 PI_YAML = (pathlib.Path(__file__).resolve().parents[1] / "unit" / "dmpi" / "jobs" / "data"
            / "mpi-operator-pi.yaml").read_text()
 IMAGES_PILLAR = "/srv/pillar-local/testcluster_images.sls"
+MANIFEST = "/root/pi.yaml"  # on the master
 
 
 def test_the_operators_pi_example_runs_across_two_nodes(cluster):
@@ -32,11 +34,27 @@ def test_the_operators_pi_example_runs_across_two_nodes(cluster):
     try:
         cluster.put_file("master", IMAGES_PILLAR, yaml.safe_dump(approved).encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+        cluster.put_file("master", MANIFEST, PI_YAML.encode())
         # Named by its approved name: the manifest's image is a tag of Docker Hub's.
-        code, refused = run(cluster, "mpi.submit_mpijob", user="mpijob", mpijob=PI_YAML)
+        code, refused = run(cluster, "mpi.submit_mpijob", path=MANIFEST, user="mpijob")
         assert code == 1 and "is no approved image" in refused["error"], refused
-        code, job = run(cluster, "mpi.submit_mpijob", user="mpijob", image="mpi-pi",
-                        mpijob=PI_YAML)
+        # Its pods ask 1 GiB each: more than a slot gets here, until the site gives it.
+        code, refused = run(cluster, "mpi.submit_mpijob", path=MANIFEST, user="mpijob",
+                            image="mpi-pi")
+        assert code == 1 and refused["error"] == (
+            "mpijob Worker.template.spec.containers[0].resources.limits.memory 1Gi is more "
+            "than its 1 slot(s) get (512 MiB: mpi:limits:memory_per_slot_mb)"), refused
+        approved["mpi"].setdefault("limits", {})["memory_per_slot_mb"] = 1024
+        cluster.put_file("master", IMAGES_PILLAR, yaml.safe_dump(approved).encode())
+        cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+        deadline = time.monotonic() + 60  # until the master reads the nodes' new pillar
+        while True:
+            code, job = run(cluster, "mpi.submit_mpijob", path=MANIFEST, user="mpijob",
+                            image="mpi-pi")
+            if code == 0 or "memory_per_slot_mb" not in job.get("error", "") \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         assert code == 0 and job["state"] == "queued", job
         assert (job["name"], job["np"], job["cmd"]) == ("pi", 2, ["/home/mpiuser/pi"]), job
         code, done = run(cluster, "mpi.wait", job_id=job["job_id"], timeout=300)

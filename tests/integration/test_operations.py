@@ -193,7 +193,7 @@ def _images(cluster):
 #: An image of a site's own: the job image with a tool of its own first on PATH by ENV,
 #: and an Open MPI that maps ranks round-robin by node, not by slot as DockerMPI places them.
 TOOLED_DOCKERFILE = """FROM {base}
-RUN echo 'rmaps_base_mapping_policy = node' >> /etc/openmpi/openmpi-mca-params.conf
+RUN printf '\\nrmaps_base_mapping_policy = node\\n' >> /etc/openmpi/openmpi-mca-params.conf
 RUN mkdir -p /opt/tools/bin \\
  && printf '#!/bin/sh\\necho "tool of rank $OMPI_COMM_WORLD_RANK home=$TOOLS_HOME"\\n' \\
       > /opt/tools/bin/dmpi-tool && chmod 755 /opt/tools/bin/dmpi-tool
@@ -270,7 +270,7 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         job_id = submit(cluster, user="operations", image="tooled", np=3,
                         nodes="node1,node2", cmd=["dmpi-tool"])
         code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=120)
-        assert code == 0 and done["state"] == "failed", done
+        assert code == 1 and done["state"] == "failed", done
         assert sorted(done["placement"].values()) == [1, 2], done
         assert done["reason"].startswith("ranks did not run where they were placed: rank "), \
             done
