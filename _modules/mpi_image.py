@@ -10,8 +10,6 @@ digest cannot.
 
 import json
 import logging
-import os
-import tempfile
 
 from dmpi.contract import IMAGE_REFERENCE_RE, LABEL_ROLE, STANDBY_PREFIX, STANDBY_ROLE
 from dmpi.errors import NodeError
@@ -209,20 +207,7 @@ def _ledger():
 
 
 def _write_ledger(references):
-    directory = os.path.dirname(LEDGER)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=".images-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(sorted(set(references)), handle)
-        os.chmod(temp, 0o644)
-        os.replace(temp, LEDGER)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    imagefacts.write_json(LEDGER, sorted(set(references)))
 
 
 def record_pulled(reference):

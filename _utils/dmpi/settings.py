@@ -678,16 +678,24 @@ class _Checker:
                   for entry in networks]
         self.put(("job_network", "unreachable"), [str(net) for net in parsed if net])
 
+    def top_mapping(self, key, what):
+        """The mapping ``mpi:<key>`` ({} when every entry is commented out), or None when
+        it is missing or, after saying so, not a mapping."""
+        value = self.get(key)
+        if value is _MISSING:
+            return None
+        if value is None:
+            value = {}
+            self.put((key,), value)
+        if not isinstance(value, dict):
+            self.problem(f"mpi:{key} must be {what}, got {_shown(value)}")
+            return None
+        return value
+
     def check_images(self):
-        images = self.get("images")
-        if images is _MISSING:
-            return
-        if images is None:  # `images:` with every entry commented out
-            images = {}
-            self.put(("images",), images)
-        if not isinstance(images, dict):
-            self.problem("mpi:images must be a mapping of short names to image references "
-                         f"pinned by digest, got {_shown(images)}")
+        images = self.top_mapping("images", "a mapping of short names to image references "
+                                            "pinned by digest")
+        if images is None:
             return
         for name, reference in images.items():
             if not isinstance(name, str) or not IMAGE_NAME_RE.match(name):
@@ -702,15 +710,9 @@ class _Checker:
     def check_image_facts(self):
         """``mpi:image_facts:<approved name>``: the MPI a site says an image holds, in
         place of what the nodes' probe found (flavour, version, launcher)."""
-        facts = self.get("image_facts")
-        if facts is _MISSING:
-            return
+        facts = self.top_mapping("image_facts", "a mapping of approved image names to "
+                                                "{flavour, version, launcher}")
         if facts is None:
-            facts = {}
-            self.put(("image_facts",), facts)
-        if not isinstance(facts, dict):
-            self.problem("mpi:image_facts must be a mapping of approved image names to "
-                         f"{{flavour, version, launcher}}, got {_shown(facts)}")
             return
         images = self.get("images")
         approved = images if isinstance(images, dict) else {}

@@ -157,23 +157,28 @@ def kept():
 
 
 def keep(reference, facts):
-    """Keep ``facts`` of ``reference`` in :data:`FACTS_FILE` (replaced atomically)."""
+    """Keep ``facts`` of ``reference`` in :data:`FACTS_FILE`."""
     found = kept()
     found.pop(reference, None)
     found[reference] = facts
-    found = dict(list(found.items())[-MAX_KEPT:])
-    directory = os.path.dirname(FACTS_FILE)
+    write_json(FACTS_FILE, dict(list(found.items())[-MAX_KEPT:]))
+    return facts
+
+
+def write_json(path, data):
+    """Replace ``path`` (readable by all, its directory made when missing) with ``data`` as
+    JSON, atomically: a reader sees the old file or the new one, never a part."""
+    directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=".image-facts-")
+    fd, temp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + "-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(found, handle, sort_keys=True)
+            json.dump(data, handle, sort_keys=True)
         os.chmod(temp, 0o644)
-        os.replace(temp, FACTS_FILE)
+        os.replace(temp, path)
     except BaseException:
         try:
             os.unlink(temp)
         except OSError:
             pass
         raise
-    return facts
