@@ -7,6 +7,7 @@ The store keeps a record as it is, one JSON object per job.
 import posixpath
 
 from dmpi.contract import DATA_MOUNT, JOBS_SUBDIR
+from dmpi.launch import probe
 
 #: Set by the job controller (and ``cancel_requested`` by ``mpi.cancel``), never by a submit:
 #: where the ranks run and their addresses, when the job started, must end and ended,
@@ -65,7 +66,7 @@ def new(job_id, request, *, name, uid, image_ref, candidates, count, workdir, co
             "workdir": request["workdir"] if workdir not in (None, "")
             else posixpath.join(DATA_MOUNT, JOBS_SUBDIR, job_id),
             "config": {k: config[k] for k in CONFIG_KEYS},
-            "launch": launch or {"launcher": "mpirun", "image_env": ["PATH"]},
+            "launch": launch or probe.launch_of(None),
         },
     }
 

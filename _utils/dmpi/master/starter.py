@@ -11,6 +11,7 @@ import time
 
 import dmpi.launch.files
 import dmpi.launch.openmpi
+import dmpi.launch.probe
 import dmpi.launch.ssh
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT
 from dmpi.jobs import record as job_record
@@ -84,7 +85,7 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
     host_addresses = transport.host_addresses(nodes, config["cluster_network"])
     files = job_files(config, record, job_addresses)
     environment = dict(spec["env"], **job_environment(record, job_addresses))
-    launch = spec.get("launch") or {"launcher": "mpirun", "image_env": ["PATH"]}
+    launch = spec.get("launch") or dmpi.launch.probe.launch_of(None)  # none: mpirun on PATH
     argv = dmpi.launch.openmpi.launcher_argv(
         posixpath.join(record["output"]["dir_in_job"], "stdout"),
         posixpath.join(record["output"]["dir_in_job"], "stderr"),
