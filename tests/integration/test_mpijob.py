@@ -68,3 +68,6 @@ def test_the_operators_pi_example_runs_across_two_nodes(cluster):
     finally:
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+        # The nodes that pulled the test's images for its jobs remove them again (and
+        # their ready namespaces running them, made anew from an approved image).
+        cluster._highstate(cluster.nodes)

@@ -279,6 +279,9 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
     finally:
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
+        # The nodes that pulled the test's images for its jobs remove them again (and
+        # their ready namespaces running them, made anew from an approved image).
+        cluster._highstate(cluster.nodes)
 
 
 STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
