@@ -58,7 +58,7 @@ def present(name, reference):
             __salt__["mpi_image.record_pulled"](reference)  # pulled before the ledger
         ret["result"] = True
         ret["comment"] = f"Image {name} is present as {reference} ({found['id']})"
-        return _probed(ret, name, reference)
+        return _probed(ret, reference)
 
     if __opts__["test"]:
         try:
@@ -80,10 +80,10 @@ def present(name, reference):
     ret["result"] = True
     ret["changes"] = {"pulled": {"old": None, "new": reference, "id": pulled["id"]}}
     ret["comment"] = f"Image {name} pulled from {reference} ({pulled['id']})"
-    return _probed(ret, name, reference)
+    return _probed(ret, reference)
 
 
-def _probed(ret, name, reference):
+def _probed(ret, reference):
     """``ret`` once the present image is probed (unless it was before)."""
     try:
         facts = __salt__["mpi_image.facts"](reference)
