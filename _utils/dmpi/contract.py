@@ -36,6 +36,12 @@ USERS_SUBDIR = "users"
 JOBS_SUBDIR = "mpi-jobs"
 #: Where the job's node-local secret directory is mounted (read-only) in its containers.
 RUN_DIR = "/run/dockermpi"
+#: Where a node's remote-start agent (:mod:`dmpi.node.agent`) is, on the node and,
+#: mounted read-only, in job containers.
+AGENT_DIR = "/usr/lib/dockermpi/agent"
+#: The agent's programs, at those paths in every job container.
+AGENT_SSHD = AGENT_DIR + "/sbin/sshd"
+AGENT_SSH = AGENT_DIR + "/bin/ssh"
 #: The user API's JupyterHub service name (mpi_api.SERVICE, jupyterhub_config.py).
 API_SERVICE_NAME = "dockermpi"
 #: The node-local directory of per-job secrets, unless ``mpi:job_root`` says otherwise.

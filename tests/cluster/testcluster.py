@@ -551,34 +551,38 @@ class TestCluster:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def ensure_base_image(self):
+    def ensure_base_image(self, suite="bookworm"):
+        """The Debian base image of ``suite`` (``dockermpi/debian:<suite>``), made with
+        debootstrap once."""
         with self._building():
-            self._ensure_base_image()
+            return self._ensure_base_image(suite)
 
-    def _ensure_base_image(self):
+    def _ensure_base_image(self, suite):
+        name = f"dockermpi/debian:{suite}"
         try:
-            self.docker.images.get(BASE_IMAGE)
-            return
+            self.docker.images.get(name)
+            return name
         except docker.errors.ImageNotFound:
             pass
-        step(f"building {BASE_IMAGE} with debootstrap (about a minute)")
+        step(f"building {name} with debootstrap (about a minute)")
         CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=CACHE) as scratch:
             rootfs = pathlib.Path(scratch) / "rootfs"
             subprocess.run(
-                ["debootstrap", "--variant=minbase", "bookworm", str(rootfs)],
+                ["debootstrap", "--variant=minbase", suite, str(rootfs)],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
             subprocess.run(
-                ["docker", "import", "-c", 'CMD ["/bin/bash"]', "-", BASE_IMAGE],
+                ["docker", "import", "-c", 'CMD ["/bin/bash"]', "-", name],
                 stdin=tar.stdout,
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
             if tar.wait() != 0:
                 raise ClusterError("tar of the debootstrapped root failed")
+        return name
 
     def build_image(self, name, context_dir, extra=None, buildargs=None):
         """Build context_dir (plus extra {name: path}) as name:<content hash>, once.
@@ -634,6 +638,13 @@ class TestCluster:
         """The MPI Operator's pi example image, built offline (tests/cluster/images/mpi-pi)."""
         return self.build_image("dockermpi/mpi-pi", REPO / "tests/cluster/images/mpi-pi",
                                 buildargs={"RUNTIME": self.mpi_image()})
+
+    def mpi_bullseye_image(self):
+        """An Open MPI image of an older Debian (glibc 2.31) with no ssh server
+        (tests/cluster/images/mpi-bullseye)."""
+        return self.build_image("dockermpi/mpi-bullseye",
+                                REPO / "tests/cluster/images/mpi-bullseye",
+                                buildargs={"BASE": self.ensure_base_image("bullseye")})
 
     def notebook_image(self):
         """The MPI image plus JupyterLab, jupyterhub-singleuser and the mpi client."""

@@ -191,15 +191,29 @@ def _images(cluster):
 
 
 #: An image of a site's own: the job image with a tool of its own first on PATH by ENV,
-#: and an Open MPI that maps ranks round-robin by node, not by slot as DockerMPI places them.
+#: an Open MPI that maps ranks round-robin by node, not by slot as DockerMPI places them,
+#: no ssh at all but an ssh configuration that would break one, and an ENTRYPOINT, USER
+#: and WORKDIR of its own.
 TOOLED_DOCKERFILE = """FROM {base}
 RUN printf '\\nrmaps_base_mapping_policy = node\\n' >> /etc/openmpi/openmpi-mca-params.conf
+RUN dpkg --purge --force-depends openssh-client \\
+ && mkdir -p /etc/ssh \\
+ && printf 'Host *\\n  ProxyCommand /bin/false\\n' > /etc/ssh/ssh_config \\
+ && printf 'ForceCommand /bin/false\\nPort 1\\n' > /etc/ssh/sshd_config
 RUN mkdir -p /opt/tools/bin \\
  && printf '#!/bin/sh\\necho "tool of rank $OMPI_COMM_WORLD_RANK home=$TOOLS_HOME"\\n' \\
       > /opt/tools/bin/dmpi-tool && chmod 755 /opt/tools/bin/dmpi-tool
 ENV PATH=/opt/tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
     TOOLS_HOME=/opt/tools
+USER 4242:4242
+WORKDIR /opt/tools
+ENTRYPOINT ["/bin/false"]
 """
+
+
+ALLREDUCE = ("import platform; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+             "print(f'rank {c.Get_rank()} of {c.Get_size()}: "
+             "{c.allreduce(c.Get_rank() + 1)} glibc {platform.libc_ver()[1]}')")
 
 
 def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster):
@@ -212,7 +226,7 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
     job_image = _images(cluster)["mpi"]
     assert job_image["runs_jobs"] is True, job_image
     assert (job_image["flavour"], job_image["launcher"], job_image["sshd"]) == \
-        ("openmpi4", "/usr/bin/mpirun", "/usr/sbin/sshd"), job_image
+        ("openmpi4", "/usr/bin/mpirun", None), job_image
     assert job_image["mpi4py"] and job_image["glibc"] == "2.36", job_image
     assert set(job_image["probed_on"]) == set(cluster.nodes), job_image
     # DockerMPI's base image holds no MPI; "tooled" is the job image with ENV of its own.
@@ -224,7 +238,8 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         fileobj=io.BytesIO(TOOLED_DOCKERFILE.format(base=cluster.mpi_image()).encode()),
         tag=tooled_tag, rm=True, network_mode="none")
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
-              for name, tag in (("plain", plain_tag), ("tooled", tooled_tag))}
+              for name, tag in (("plain", plain_tag), ("tooled", tooled_tag),
+                                ("bullseye", cluster.mpi_bullseye_image()))}
     _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
     approved = yaml.safe_load(original) or {}
     approved["mpi"]["images"].update(pushed)
@@ -254,8 +269,8 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
             "its PATH"), refused
         code, queued = run(cluster, "mpi.list", user="operations", state="queued")
         assert code == 0 and queued == [], queued
-        # Ranks on both nodes (one started over ssh) find the image's own tool on its PATH
-        # and get its ENV.
+        # Ranks on both nodes (one started over the node's ssh: the image has none) find
+        # the image's own tool on its PATH and get its ENV.
         assert images["tooled"]["runs_jobs"] is True, images["tooled"]
         job_id = submit(cluster, user="operations", image="tooled", np=2, nodes=2,
                         slots_per_node=1, cmd=["dmpi-tool"])
@@ -276,6 +291,19 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
             done
         assert "were placed (nodes node1,node2: 2,1 ranks)" in done["reason"] or \
             "were placed (nodes node2,node1: 2,1 ranks)" in done["reason"], done
+        # An older Debian (another glibc, Open MPI and Python), no ssh in it: mpi4py's
+        # allreduce over three nodes, each started by the node's own sshd.
+        older = images["bullseye"]
+        assert older["runs_jobs"] is True and older["sshd"] is None, older
+        assert (older["flavour"], older["mpi_version"], older["glibc"]) == \
+            ("openmpi4", "4.1.0", "2.31"), older
+        job_id = submit(cluster, user="operations", image="bullseye", np=3, nodes=3,
+                        slots_per_node=1, cmd=["python3", "-c", ALLREDUCE])
+        code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=180)
+        assert code == 0 and done["state"] == "succeeded", done
+        assert len(done["placement"]) == 3, done
+        _, out = run(cluster, "mpi.logs", job_id=job_id)
+        assert sorted(out.splitlines()) == [f"rank {r} of 3: 6 glibc 2.31" for r in range(3)], out
     finally:
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import yaml
+from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD
 from tests.cluster.testcluster import HUB_ADDR, MASTER_ADDR, node_address
 
 pytestmark = pytest.mark.cluster
@@ -149,9 +150,11 @@ def test_privileges_of_running_job_containers(cluster, victim):
             assert host["Tmpfs"]["/tmp"].startswith("rw,nosuid,nodev,size=")
             sources = sorted(m["Source"] for m in info["Mounts"])
             keys = f"/var/lib/dockermpi/jobs/{job_id}"
+            _, agent_build = cluster.exec(node, ["readlink", "-f", AGENT_DIR])
             assert sources == sorted([f"{STORAGE}/{VICTIM}", keys, f"{keys}/group",
-                                      f"{keys}/passwd"])
-            assert all(m["RW"] is False for m in info["Mounts"] if m["Source"].startswith(keys))
+                                      f"{keys}/passwd", agent_build.strip()])
+            assert all(m["RW"] is False for m in info["Mounts"]
+                       if m["Source"].startswith((keys, agent_build.strip())))
             _, status = cluster.exec(node, ["docker", "exec", name, "cat", "/proc/1/status"])
             fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
             assert fields["CapEff"].strip() == "0000000000000000"
@@ -511,6 +514,26 @@ def test_the_root_file_system_is_read_only_and_tmp_is_sized(cluster, victim):
     out = cluster.read_shared(job["output"]["stdout"]).split()
     assert "root-writable" not in out
     assert int(out[-1]) < 4096
+
+
+def test_a_job_cannot_change_the_nodes_remote_start_agent(cluster, victim):
+    # A's job tries to replace the sshd and ssh every later job (B's) starts with.
+    code, job = launch(cluster, ATTACKER, shell(
+        f"for f in {AGENT_SSHD} {AGENT_SSH} {AGENT_DIR}/lib/libc.so.6; do "
+        "  cp /bin/true $f 2>/dev/null && echo replaced $f; "
+        "  chmod 777 $f 2>/dev/null && echo chmodded $f; done; "
+        f"touch {AGENT_DIR}/new 2>/dev/null && echo created; "
+        f"ls -ln {AGENT_SSHD}"), np=2, nodes="node1,node2")
+    assert code == 0, job
+    out = cluster.read_shared(job["output"]["stdout"])
+    assert "replaced" not in out and "chmodded" not in out and "created" not in out, out
+    assert " 0 0 " in out, out  # root's, as on the node
+    for node in ("node1", "node2"):
+        _, status = cluster.salt_json(["salt", node, "mpi_agent.status"])
+        assert status[node]["problems"] == [], status
+    # B's job starts with it as before.
+    code, job = launch(cluster, VICTIM, shell("echo fine"), np=2, nodes="node1,node2")
+    assert code == 0 and job["state"] == "succeeded", job
 
 
 # ---------------------------------------------------------------------------- migration

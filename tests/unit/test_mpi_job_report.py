@@ -25,7 +25,7 @@ import dmpi.node.userfs
 import pytest
 import salt.crypt
 from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER
-from dmpi.node import evidence, health, imagefacts, jobca
+from dmpi.node import agent, evidence, health, imagefacts, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
 
@@ -550,12 +550,28 @@ def facts_file(tmp_path, monkeypatch):
     return path
 
 
+@pytest.fixture(autouse=True)
+def agent_dir(tmp_path, monkeypatch):
+    """A node's agent as dmpi.node.agent.build leaves it: a link to a build holding its
+    manifest and programs."""
+    build = tmp_path / "agent.d" / "0123456789abcdef"
+    for name in agent.PROGRAMS:
+        (build / name).parent.mkdir(parents=True, exist_ok=True)
+        (build / name).write_text("#!/bin/sh\n")
+        (build / name).chmod(0o755)
+    (build / agent.MANIFEST).write_text(json.dumps({"agent_version": agent.AGENT_VERSION}))
+    link = tmp_path / "agent"
+    link.symlink_to(build)
+    monkeypatch.setattr(agent, "AGENT_DIR", str(link))
+    return link
+
+
 def test_a_healthy_node_reports_docker_storage_and_image_digests(storage, job_ca_path):
     with _images_engine(REF, "mpi:local"):
         found = mpi_job.health(str(storage))
     public = found.pop("job_ca_public")
     assert found == {"docker": "ok", "storage": "ok", "images": [REF], "image_facts": {},
-                     "job_ca": "ok"}
+                     "job_ca": "ok", "agent": "ok"}
     assert sorted(os.listdir(storage)) == ["users"]  # the probe file is gone again
     # The job CA is made once, root's alone, and the same key is reported after.
     assert public.startswith("ssh-ed25519 ")
@@ -581,6 +597,17 @@ def test_health_says_when_no_job_ca_can_be_made(storage, job_ca_path):
             found = mpi_job.health(str(storage))
     assert found["job_ca"].startswith(f"cannot make the job CA {job_ca_path}")
     assert "job_ca_public" not in found
+
+
+def test_health_says_when_the_node_has_no_agent(storage, agent_dir):
+    agent_dir.unlink()
+    with _images_engine(REF):
+        assert "has no remote-start agent" in mpi_job.health(str(storage))["agent"]
+    agent_dir.symlink_to(agent_dir.parent / "agent.d" / "0123456789abcdef")
+    (agent_dir / "sbin" / "sshd").chmod(0o644)
+    with _images_engine(REF):
+        assert mpi_job.health(str(storage))["agent"].endswith(
+            "lacks sbin/sshd (highstate builds it again)")
 
 
 def test_health_says_when_docker_does_not_answer(storage):

@@ -11,7 +11,9 @@ import docker.errors
 import pytest
 import dmpi.launch.ssh
 from dmpi.errors import StartFailure
-from dmpi.node import containers, jobca, netns, standby, start, userdirs
+from dmpi.contract import AGENT_DIR, AGENT_SSHD, RUN_DIR
+from dmpi.errors import NodeError
+from dmpi.node import agent, containers, jobca, netns, standby, start, userdirs
 from salt.exceptions import CommandExecutionError
 from tests.extension import load_extension
 
@@ -44,14 +46,16 @@ def steps(monkeypatch, tmp_path):
     worker = MagicMock(attrs={"State": {"Pid": 4343}})
     worker.start.side_effect = lambda: done.append(("start",))
 
-    def create(image, argv, **options):
+    def create(image, **options):
         done.append(("create", options["network_mode"]))
+        done.options = options
         return worker
 
     client.containers.create.side_effect = create
     monkeypatch.setattr(containers, "client", lambda: client)
     monkeypatch.setattr(userdirs, "require_user_dir", lambda *args: None)
     monkeypatch.setattr(start, "write_secrets", lambda *args: None)
+    monkeypatch.setattr(agent, "host_path", lambda: "/usr/lib/dockermpi/agent.d/0123")
     monkeypatch.setattr(jobca, "JOB_CA_KEY", str(tmp_path / "job-ca" / "ca"))
     monkeypatch.setattr(standby, "take_standby", lambda *args: holder)
     monkeypatch.setattr(netns, "close_namespace",
@@ -86,6 +90,25 @@ def test_a_standby_namespace_is_sealed_before_the_worker_starts_in_it(steps):
     assert ("firewall", 4242) in steps and ("sshd", 4242) in steps
     assert ("create", "container:holder-id") in steps
     assert ret["phases"]["firewall"] <= ret["phases"]["container"]
+
+
+def test_the_worker_runs_the_nodes_sshd_whatever_the_images_entrypoint(steps):
+    _start(steps)
+    assert steps.options["entrypoint"] == [AGENT_SSHD]
+    assert steps.options["command"] == ["-D", "-e", "-f", f"{RUN_DIR}/sshd_config"]
+    agent_mounts = [m for m in steps.options["mounts"] if m["Target"] == AGENT_DIR]
+    assert agent_mounts == [{"Target": AGENT_DIR, "Source": "/usr/lib/dockermpi/agent.d/0123",
+                             "Type": "bind", "ReadOnly": True}]
+
+
+def test_a_node_without_its_agent_starts_nothing(steps, monkeypatch):
+    def no_agent():
+        raise NodeError(f"this node has no remote-start agent at {AGENT_DIR}")
+
+    monkeypatch.setattr(agent, "host_path", no_agent)
+    with pytest.raises(CommandExecutionError, match="has no remote-start agent"):
+        _start(steps)
+    assert not steps.client.containers.create.called and steps == []
 
 
 def test_a_start_without_the_shared_storage_fails_of_kind_storage(steps, tmp_path):

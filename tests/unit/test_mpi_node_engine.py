@@ -204,7 +204,7 @@ def test_failures_is_configurable(report_fn, clock):
 # ---------------------------------------------------------------------------- health
 
 HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64],
-           "job_ca": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
+           "job_ca": "ok", "agent": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 
 
 def _health_reporter(report_fn, clock, results):

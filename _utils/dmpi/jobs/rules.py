@@ -309,7 +309,7 @@ def node_problem(seen, drain=None):
     Why a reporting node may take no new job whatever its image, or None: drained by
     an admin, or unhealthy by its own health evidence (``seen["health"]``: the Docker
     engine answering, shared storage mounted and writable, a job CA to certify the
-    job's keys with). A node that never sent
+    job's keys with, the remote-start agent the job's containers mount). A node that never sent
     health evidence is not known to be healthy, so it takes nothing yet.
     """
     if drain:
@@ -323,6 +323,8 @@ def node_problem(seen, drain=None):
         return f"unhealthy: storage {str(health.get('storage'))[:200]}"
     if health.get("job_ca") != "ok" or not isinstance(health.get("job_ca_public"), str):
         return f"unhealthy: {str(health.get('job_ca') or 'no job CA reported')[:200]}"
+    if health.get("agent") != "ok":
+        return f"unhealthy: {str(health.get('agent') or 'no remote-start agent reported')[:200]}"
     return None
 
 

@@ -4,7 +4,7 @@ daemons inside the job's ports and network, the launcher's command line, and whi
 failed how, read from Open MPI's own messages.
 
 A *launcher* container on the first node runs :func:`launcher_argv`: ``mpirun`` over
-ssh (:mod:`dmpi.launch.ssh`) to the workers, with its output redirected into the job
+the node's ssh (:mod:`dmpi.node.agent`, :mod:`dmpi.launch.ssh`) to the workers, with its output redirected into the job
 directory.
 """
 
@@ -12,6 +12,7 @@ import ipaddress
 import re
 import signal as _signal
 
+from dmpi.contract import AGENT_SSH
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
 from dmpi.launch.values import (check_abs_path, check_cidr, check_port, check_range)
 
@@ -93,7 +94,7 @@ def mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir=DEFAULT_RUN
         # Launch: ssh to the workers' unprivileged sshd; every orted from mpirun directly
         # (a tree spawn would need orted-to-orted ssh as well).
         ("plm", "rsh"),
-        ("plm_rsh_agent", "ssh"),
+        ("plm_rsh_agent", AGENT_SSH),
         ("plm_rsh_args", " ".join(ssh_args(ssh_port, run_dir))),
         ("plm_rsh_no_tree_spawn", "1"),
         # Out-of-band (mpirun <-> orted <-> ranks) on the cluster network, fixed ports.

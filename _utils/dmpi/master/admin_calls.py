@@ -57,7 +57,7 @@ def nodes(site):
             "engine": info["report"].get("engine") if info else None,
             "health": None if not isinstance(health, dict) else {
                 "docker": health.get("docker"), "storage": health.get("storage"),
-                "job_ca": health.get("job_ca"),
+                "job_ca": health.get("job_ca"), "agent": health.get("agent"),
                 "images": sorted(approved[r] for r in health.get("images") or []
                                  if r in approved)},
             "drained": None if drain is None else dict(drain, since_utc=utc(drain["since"])),

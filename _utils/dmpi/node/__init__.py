@@ -13,6 +13,7 @@ its ``mpi_node`` engine do, as ordinary modules.
 - :mod:`dmpi.node.evidence`: the node's report about its jobs.
 - :mod:`dmpi.node.health`: the node's fitness for new jobs.
 - :mod:`dmpi.node.imagefacts`: the probe of an approved image, and its facts kept.
+- :mod:`dmpi.node.agent`: the node's own sshd and ssh, mounted into job containers.
 
 They raise :mod:`dmpi.errors` (``RequestError`` for a bad argument, ``NodeError`` for
 what the node cannot do, ``StartFailure`` for a start); the Salt face turns those into

@@ -10,7 +10,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount
 
-from dmpi.contract import (DATA_MOUNT, LABEL_JOB, LABEL_ROLE, LABEL_USER, NETNS_RE, RUN_DIR,
+from dmpi.contract import (AGENT_DIR, DATA_MOUNT, LABEL_JOB, LABEL_ROLE, LABEL_USER, NETNS_RE, RUN_DIR,
                            STANDBY_ROLE)
 from dmpi.errors import NodeError, RequestError
 from dmpi.node import checks
@@ -20,6 +20,12 @@ SECRET_FILE_MAX = 1 << 20  # bytes a file of a job's secret directory holds at m
 # What a job container is given when the runner names no limits (a worker that only
 # holds the job's network namespace and sshd, on the launcher's node).
 SMALL_LIMITS = {"memory": 256 << 20, "pids": 64, "nano_cpus": 500_000_000, "tmp_size": 64 << 20}
+
+
+def program(argv):
+    """Options that run ``argv`` in a job container whatever ENTRYPOINT its image sets
+    (which would otherwise wrap the agent's sshd and the launcher's script)."""
+    return {"entrypoint": argv[:1], "command": argv[1:]}
 
 
 def client(check=False):
@@ -67,11 +73,13 @@ def _limit_options(limits):
     }
 
 
-def container_options(job_id, role, user, uid, gid, data_dir, secrets, limits):
+def container_options(job_id, role, user, uid, gid, data_dir, secrets, limits, agent):
     """Docker options of a job's ``worker`` or ``launcher`` container: the user's own
-    uid, no capabilities, no new privileges, the user's directory at /data and the
-    job's files read-only, and its limits."""
+    uid, no capabilities, no new privileges, the user's directory at /data, the job's
+    files and the node's remote-start agent (``agent``, its build's path on the node)
+    read-only, and its limits."""
     mounts = [
+        Mount(AGENT_DIR, agent, type="bind", read_only=True),
         Mount(DATA_MOUNT, data_dir, type="bind"),
         Mount(RUN_DIR, secrets, type="bind", read_only=True),
         Mount("/etc/passwd", os.path.join(secrets, "passwd"), type="bind", read_only=True),

@@ -1,7 +1,7 @@
 """
 A node's fitness for new jobs: the Docker engine answering, the shared storage mounted
 and writable (bounded in time: a hung mount makes the node unhealthy, not silent), the
-image digests present, and its job CA.
+image digests present, its job CA and its remote-start agent.
 """
 
 import os
@@ -13,7 +13,7 @@ import docker.errors
 import requests.exceptions
 
 from dmpi.errors import NodeError
-from dmpi.node import checks, imagefacts, jobca
+from dmpi.node import agent, checks, imagefacts, jobca
 
 STORAGE_CHECK_TIMEOUT = 2  # seconds the storage check may take (a hung mount must not hang us)
 HEALTH_DIR = ".dockermpi-health"  # under the storage path: the storage states make it
@@ -89,7 +89,8 @@ def health(node_id, storage_path, engine_timeout=5):
     Returns ``{"docker": "ok" or why not, "storage": "ok" or why not ("not mounted:
     ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...],
     "image_facts": {repo@sha256:...: facts}, "job_ca": "ok" or why not, "job_ca_public":
-    the job CA's public line}``:
+    the job CA's public line, "agent": "ok" or why the remote-start agent cannot start
+    jobs (:mod:`dmpi.node.agent`)}``:
     the storage is a mount point (or holds ``users/``) and a probe file can be written
     and removed in its ``.dockermpi-health`` directory (at its root before highstate
     made that); ``images`` are the digest references of every
@@ -115,7 +116,7 @@ def health(node_id, storage_path, engine_timeout=5):
     probed = imagefacts.kept()
     found = {"docker": docker_state, "storage": storage, "images": images,
              "image_facts": {ref: probed[ref] for ref in images if ref in probed},
-             "job_ca": "ok"}
+             "job_ca": "ok", "agent": agent.state()}
     try:
         found["job_ca_public"] = jobca.ca()[1]
     except (OSError, NodeError) as exc:

@@ -16,9 +16,9 @@ import docker.errors
 import dmpi.launch.ssh
 import dmpi.seal
 
-from dmpi.contract import DOCKER_NAME_RE, JOBS_SUBDIR, RUN_DIR
+from dmpi.contract import AGENT_SSHD, DOCKER_NAME_RE, JOBS_SUBDIR, RUN_DIR
 from dmpi.errors import NodeError, RequestError, StartFailure
-from dmpi.node import checks, containers, jobca, netns, standby, userdirs
+from dmpi.node import agent, checks, containers, jobca, netns, standby, userdirs
 
 SECRET_FILES = {"sshd_config", "hostfile", "passwd", "group", "program"}
 
@@ -170,15 +170,17 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     except NodeError as exc:
         raise StartFailure("storage", str(exc)) from None
     userdirs.require_user_dir(storage_path, user, uid)
+    agent_build = agent.host_path()
     secret_dir = containers.secret_dir(job_root, job_id)
     write_secrets(secret_dir, files, uid, gid, keys)
     options = containers.container_options(job_id, "worker", user, uid, gid,
-                                           os.path.join(users_root, user), secret_dir, limits)
+                                           os.path.join(users_root, user), secret_dir, limits,
+                                           agent_build)
     client = containers.client()
     phases = {"prepare": time.monotonic() - started}
     holder = standby.take_standby(client, job_id, network, address)
     phases["namespace"] = time.monotonic() - started
-    sshd_argv = ["/usr/sbin/sshd", "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"]
+    sshd = containers.program([AGENT_SSHD, "-D", "-e", "-f", f"{RUN_DIR}/sshd_config"])
     try:
         if holder is not None:
             # The namespace is sealed while the worker is created, and before it starts.
@@ -188,13 +190,13 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
                 sealed = pool.submit(standby.seal_standby, client, job_id, holder, pid,
                                      allowed_sources, sshd_port)
                 container = client.containers.create(
-                    image, sshd_argv, network_mode=f"container:{holder.id}", **options)
+                    image, network_mode=f"container:{holder.id}", **sshd, **options)
                 sealed.result()
             phases["firewall"] = time.monotonic() - started
             container.start()
         else:
             container = client.containers.run(
-                image, sshd_argv, network=network,
+                image, network=network, **sshd,
                 networking_config={
                     network: client.api.create_endpoint_config(ipv4_address=address)},
                 **containers.namespace_options(node_id), **options,
@@ -250,13 +252,15 @@ def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv
         raise NodeError(f"job {job_id} has no worker on this node")
     userdirs.userfs("makedirs", uid, gid, root=users_root, parts=[user, JOBS_SUBDIR, job_id])
     options = containers.container_options(job_id, "launcher", user, uid, gid,
-                                           os.path.join(users_root, user), secret_dir, limits)
+                                           os.path.join(users_root, user), secret_dir, limits,
+                                           agent.host_path())
     options["environment"] = dict(_opened_environment(environment, node_key),
                                   **options["environment"])
     options.pop("detach")
     try:
         container = containers.client().containers.create(
-            image, argv, network_mode=f"container:{holder_name}", **options)
+            image, network_mode=f"container:{holder_name}", **containers.program(argv),
+            **options)
     except docker.errors.APIError as exc:
         raise NodeError(f"cannot start the launcher of job {job_id}: {exc}") from exc
     if status is not None:

@@ -1,4 +1,5 @@
 include:
   - .jobs
+  - .agent
   - .engine
   - .standby

@@ -242,7 +242,7 @@ def test_probes_start_before_silence_is_judged_and_not_every_pass():
 # ------------------------------------------------------------------- eligibility
 
 HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64],
-           "job_ca": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
+           "job_ca": "ok", "agent": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 
 
 @pytest.mark.parametrize("seen, drain, problem", [
@@ -258,6 +258,10 @@ HEALTHY = {"docker": "ok", "storage": "ok", "images": ["r@sha256:" + "a" * 64],
      "unhealthy: no job CA reported"),
     ({"health": dict(HEALTHY, job_ca="cannot make the job CA /x: [Errno 28] No space")},
      None, "unhealthy: cannot make the job CA /x: [Errno 28] No space"),
+    ({"health": {k: v for k, v in HEALTHY.items() if k != "agent"}}, None,
+     "unhealthy: no remote-start agent reported"),
+    ({"health": dict(HEALTHY, agent="this node has no remote-start agent at /a")}, None,
+     "unhealthy: this node has no remote-start agent at /a"),
 ])
 def test_node_problems(seen, drain, problem):
     assert rules.node_problem(seen, drain) == problem

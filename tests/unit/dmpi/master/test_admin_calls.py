@@ -18,7 +18,7 @@ runner = load_extension("_runners/mpi.py", "mpi_runner_maintenance")
 
 REF = "10.251.1.2:5000/dockermpi/mpi@sha256:" + "a" * 64
 HEALTH = {"docker": "ok", "storage": "ok", "images": [REF, "other@sha256:" + "b" * 64],
-          "job_ca": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
+          "job_ca": "ok", "agent": "ok", "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 
 
 class RecordingSite(Site):
@@ -75,7 +75,7 @@ def test_drain_records_who_why_and_since_and_tells_the_controller(master):
 def test_nodes_show_health_and_why_a_node_is_not_eligible(master):
     shown = runner.nodes()
     assert shown["node1"]["health"] == {"docker": "ok", "storage": "ok", "images": ["mpi"],
-                                       "job_ca": "ok"}
+                                       "job_ca": "ok", "agent": "ok"}
     assert shown["node2"]["not_eligible_because"] == \
         "unhealthy: storage not writable: Read-only file system"
     assert shown["node3"]["not_eligible_because"] == "not reporting"

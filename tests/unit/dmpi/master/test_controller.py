@@ -25,7 +25,7 @@ CONFIG = {
 NODES = ["node1", "node2", "node3"]
 IMAGE_REF = "r@sha256:" + "0" * 64
 # A healthy node holding the jobs' image (mpi_job.health).
-HEALTH = {"docker": "ok", "storage": "ok", "images": [IMAGE_REF], "job_ca": "ok",
+HEALTH = {"docker": "ok", "storage": "ok", "images": [IMAGE_REF], "job_ca": "ok", "agent": "ok",
           "job_ca_public": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeJobCaPublicKeyForTestsOnly0000000000000"}
 # Bound of every wait on the engine's background work: generous, since the unit tests
 # share two cores with the test cluster's build; a wait ends as soon as its condition holds.

@@ -5,7 +5,7 @@ tests/unit/dmpi/jobs/test_sched.py's."""
 from dmpi.master import planner
 
 REF = "registry:5000/mpi@sha256:" + "a" * 64
-HEALTHY = {"health": {"docker": "ok", "storage": "ok", "job_ca": "ok",
+HEALTHY = {"health": {"docker": "ok", "storage": "ok", "job_ca": "ok", "agent": "ok",
                       "job_ca_public": "ssh-ed25519 AAAA job-ca", "images": [REF]}}
 NODES = {"node1": HEALTHY, "node2": HEALTHY, "node3": {"health": dict(
     HEALTHY["health"], images=[])}, "node4": HEALTHY}
