@@ -21,6 +21,8 @@ mpi:
   # The hub host dmpi-hub (10.251.1.5). Its secrets are in testcluster_hub.sls (hub only).
   hub:
     image: notebook
+    # The spawn form offers both; notebook-mpich's jobs run MPICH from its virtualenv.
+    images: [notebook, notebook-mpich]
     # Notebooks and the proxy reach the hub's own API on the hub host; tokens to it never
     # cross the cluster network.
     hub_api_url: http://10.251.1.5:8081/hub/api

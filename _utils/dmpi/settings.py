@@ -115,7 +115,7 @@ _KEYS = {
                "registry_credentials"),
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
-    "hub": ("image", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_service_url",
+    "hub": ("image", "images", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_service_url",
             "subdomain_host", "notebook_hosts", "tls", "authenticator", "admin_users",
             "admin_token", "dummy", "github", "pip", "limits", "venv", "state_dir"),
     "hub:tls": TLS_KEYS,
@@ -760,8 +760,17 @@ class _Checker:
                 parts[part] = self.mapping("hub", part)
                 if parts[part] is not None:
                     self.keys(f"hub:{part}", parts[part])
-        self.text("hub", "image", pattern=IMAGE_NAME_RE,
-                  what="an approved image's short name (a key of mpi:images)")
+        default = self.text("hub", "image", pattern=IMAGE_NAME_RE,
+                            what="an approved image's short name (a key of mpi:images)")
+        offered = self.get("hub", "images")
+        if offered is not _MISSING and offered is not None:
+            if not isinstance(offered, list) or not all(
+                    isinstance(n, str) and IMAGE_NAME_RE.match(n) for n in offered):
+                self.problem(f"mpi:hub:images must be a list of approved images' short names "
+                             f"(keys of mpi:images), got {_shown(offered)}")
+            elif offered and default is not None and default not in offered:
+                self.problem(f"mpi:hub:images must hold mpi:hub:image ({default}), the image "
+                             f"the spawn form offers first, got {_shown(offered)}")
         for key, schemes, required in (("bind_url", ("http", "https"), True),
                                        ("hub_bind_url", ("http",), True),
                                        ("hub_api_url", ("http", "https"), False),

@@ -460,13 +460,15 @@ class TestCluster:
                 return container["Name"].lstrip("/")
         return None
 
-    def start_notebook(self, name, timeout=180):
-        """Start hub user ``name``'s notebook server (creating the user if missing) and
-        wait until the hub says it is ready; returns its container's name on the hub
-        host. A failed spawn raises ClusterError with the hub's message."""
+    def start_notebook(self, name, timeout=180, image=None):
+        """Start hub user ``name``'s notebook server (creating the user if missing), of
+        the offered ``image`` (default: the hub's), and wait until the hub says it is
+        ready; returns its container's name on the hub host. A failed spawn raises
+        ClusterError with the hub's message."""
         self.hub_user(name)
         quoted = urllib.parse.quote(name, safe="")
-        status, answer = self.hub_api("POST", f"/users/{quoted}/server", {}, check=False)
+        options = {} if image is None else {"image": image}
+        status, answer = self.hub_api("POST", f"/users/{quoted}/server", options, check=False)
         if status not in (201, 202, 400):  # 400: already running or pending
             raise ClusterError(f"starting {name}'s notebook failed ({status}): {answer!r}")
         deadline = time.monotonic() + timeout
@@ -645,6 +647,14 @@ class TestCluster:
         return self.build_image("dockermpi/mpi-bullseye",
                                 REPO / "tests/cluster/images/mpi-bullseye",
                                 buildargs={"BASE": self.ensure_base_image("bullseye")})
+
+    def notebook_mpich_image(self):
+        """The notebook image with MPICH and mpi4py from PyPI in a virtualenv first on
+        PATH: a second image offered for notebooks (tests/cluster/images/notebook-mpich)."""
+        return self.build_image("dockermpi/notebook-mpich",
+                                REPO / "tests/cluster/images/notebook-mpich",
+                                {"wheelhouse": WHEELHOUSE},
+                                {"BASE": self.notebook_image()})
 
     def notebook_image(self):
         """The MPI image plus JupyterLab, jupyterhub-singleuser and the mpi client."""
@@ -1033,6 +1043,7 @@ class TestCluster:
         host_image = self.host_image()
         mpi_image = self.mpi_image()
         notebook_image = self.notebook_image()
+        notebook_mpich_image = self.notebook_mpich_image()
         for spec in (CLUSTER_NET, SITE_NET):
             self.ensure_network(spec)
         for volume in self.volume_names():
@@ -1047,7 +1058,8 @@ class TestCluster:
         step("accepting minion keys, waiting for minions")
         self.wait_for_minions()
         step("pushing the MPI and notebook images to the cluster registry")
-        references = self.publish_images({"mpi": mpi_image, "notebook": notebook_image})
+        references = self.publish_images({"mpi": mpi_image, "notebook": notebook_image,
+                                          "notebook-mpich": notebook_mpich_image})
         for name, reference in references.items():
             step(f"approved image {name} = {reference}")
         step("highstate on the master host, then the hub and all nodes (first run "

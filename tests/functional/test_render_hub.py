@@ -74,9 +74,35 @@ def test_every_hub_state_requires_both_checks_and_is_named_by_component(hub_high
 
 
 def test_only_the_notebook_image_pulled_by_digest(hub_high):
-    image = _args(hub_high, "mpi-hub-image-present", "mpi_image.present")
+    image = _args(hub_high, "mpi-hub-image-present-notebook", "mpi_image.present")
     assert (image["name"], image["reference"]) == ("notebook", NOTEBOOK)
+    assert [sid for sid in hub_high if sid.startswith("mpi-hub-image-present")] == [
+        "mpi-hub-image-present-notebook"]
     assert not [sid for sid in hub_high if sid.startswith("mpi-images-present-")]
+
+
+def test_every_image_offered_for_notebooks_is_pulled_and_given_to_the_spawner(
+        tmp_path, monkeypatch):
+    (tmp_path / "minion").mkdir()
+    high = _highstate(_minion(tmp_path / "minion", ["mpi-hub"],
+                              _pillar(images=["notebook", "mpi"])))
+    pulled = {_args(high, sid, "mpi_image.present")["reference"]
+              for sid in high if sid.startswith("mpi-hub-image-present-")}
+    assert pulled == {NOTEBOOK, MPI}
+    settings = _args(high, "mpi-hub-config-settings-json", "file.serialize")["dataset"]
+    assert settings["images"] == {"notebook": NOTEBOOK, "mpi": MPI}
+    spawner = _hub_config(tmp_path, monkeypatch, settings)["DockerMPISpawner"]
+    assert spawner.allowed_images == {"notebook": NOTEBOOK, "mpi": MPI}
+    assert (spawner.image, spawner.image_name) == (NOTEBOOK, "notebook")
+
+
+def test_an_offered_image_that_is_not_approved_fails_before_anything_changes(tmp_path):
+    code, ret = _dry_run(_minion(tmp_path, ["mpi-hub"], _pillar(images=["notebook", "x"])))
+    assert code != 0
+    check = {r["__id__"]: r for r in ret.values()}["mpi-hub-settings-complete"]
+    assert check["comment"].splitlines()[1:] == [
+        "mpi:hub:images names x, which is not an approved image (mpi:images has: mpi, "
+        "notebook)"]
 
 
 def test_pinned_packages_from_the_wheelhouse_in_the_virtualenv(hub_high):
@@ -96,6 +122,7 @@ def test_settings_json_from_pillar_is_private(hub_high):
     assert (settings["name"], settings["mode"]) == ("/etc/dockermpi/hub/settings.json", "0600")
     data = settings["dataset"]
     assert (data["image"], data["image_reference"]) == ("notebook", NOTEBOOK)
+    assert data["images"] == {"notebook": NOTEBOOK}
     assert data["users_dir"] == "/srv/shared/users"
     assert data["hub_api_url"] == "http://172.30.0.5:8081/hub/api"
     assert data["api_url"] == "http://172.30.0.5:8000/services/dockermpi"
@@ -130,7 +157,7 @@ def test_service_runs_jupyterhub_and_restarts_on_every_change(hub_high):
         {"file": "mpi-hub-config-api-ca-file"},
         {"pip": "mpi-hub-venv-pip-installed"},
     ]
-    assert {"mpi_image": "mpi-hub-image-present"} in service["require"]
+    assert {"sls": "dockermpi.hub.image"} in service["require"]
     # no notebook starts before the firewall keeps notebooks from the cluster network
     assert {"iptables": "mpi-hub-firewall-notebooks-reach-only-the-hub"} in service["require"]
     state_dir = _args(hub_high, "mpi-hub-service-state-directory", "file.directory")

@@ -621,6 +621,59 @@ def test_the_notebook_and_the_jobs_of_a_user_run_as_their_uid_with_only_their_di
         mpi(cluster, ANN, "cancel", job["job_id"])
 
 
+#: mpi4py's allreduce, with the MPI library that ran it (the image's own).
+ALLREDUCE = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
+             "print(f'rank {c.Get_rank()} of {c.Get_size()}: {c.allreduce(c.Get_rank() + 1)} "
+             "' + MPI.Get_library_version().split(chr(10))[0])")
+
+
+def test_a_user_picks_the_image_of_their_notebook_and_their_jobs_run_in_it(cluster, notebooks):
+    cara = "cara"
+    try:
+        container = cluster.start_notebook(cara, image="notebook-mpich")
+        _, approved = cluster.run_json("mpi.images")
+        reference = {i["name"]: i["reference"] for i in approved["images"]}["notebook-mpich"]
+        assert _inspect(cluster, "hub", container)["Config"]["Image"] == reference
+        code, found = cluster.notebook_exec(
+            cara, ["sh", "-c", "echo $DOCKERMPI_IMAGE; command -v mpirun"])
+        assert code == 0 and found.split() == ["notebook-mpich", "/opt/venv/bin/mpirun"], found
+        # Its jobs run in it by default: MPICH from its virtualenv, over three nodes.
+        code, job = mpi_json(cluster, cara, "run", "-n", "3", "-N", "3", "python3", "-c",
+                             ALLREDUCE)
+        assert code == 0 and job["state"] == "succeeded", job
+        assert job["image"] == "notebook-mpich" and len(job["placement"]) == 3, job
+        _, output = cluster.notebook_exec(cara, ["cat", f"/data/mpi-jobs/{job['job_id']}/stdout"])
+        ranks = sorted(output.splitlines())
+        assert [line.split(" MPICH")[0] for line in ranks] == [
+            f"rank {r} of 3: 6" for r in range(3)], output
+        assert all("MPICH Version:" in line for line in ranks), output
+    finally:
+        cluster.stop_notebook(cara)
+
+
+@pytest.mark.parametrize("image", [
+    "mpi",                                  # approved, but not offered for notebooks
+    "registry:5000/anything@sha256:" + "0" * 64,  # a reference of the user's
+    "../notebook", ["notebook"], {"notebook": 1}, 7,
+])
+def test_only_an_image_offered_for_notebooks_starts(cluster, notebooks, image):
+    dan = "dan"
+    cluster.hub_user(dan)
+    try:
+        status, answer = cluster.hub_api("POST", f"/users/{dan}/server", {"image": image},
+                                         check=False)
+        assert status == 400, answer
+        assert "is not offered for notebooks (offered: notebook, notebook-mpich)" in \
+            str(answer), answer
+        _, user = cluster.hub_api("GET", f"/users/{dan}")
+        assert not user.get("servers") and cluster.notebook_container(dan) is None, user
+    finally:
+        cluster.stop_notebook(dan)
+    # Ann's notebook, started before, runs on as it was.
+    assert cluster.notebook_container(ANN) == notebooks[ANN]
+    assert cluster.notebook_exec(ANN, ["printenv", "DOCKERMPI_IMAGE"]) == (0, "notebook\n")
+
+
 def test_the_api_serves_the_hub_hosts_proxy_only(cluster):
     # From a node host (not the hub's): refused by the API whatever the token.
     code, output = cluster.exec("node1", ["python3", "-c",

@@ -4,6 +4,11 @@
     settings.json (0600: admin token, login secrets) rendered from mpi:hub. The spawner
     module lies beside them, on the service's PYTHONPATH. #}
 {%- set hub = mpi.hub %}
+{#- The images the spawn form offers (short name -> reference), the default among them. #}
+{%- set offered = {} %}
+{%- for name in (hub.images or [hub.image]) %}
+{%-   do offered.update({name | string: (mpi.images or {}).get(name | string, "")}) %}
+{%- endfor %}
 {#- TLS files (PEM from pillar): the proxy's certificate and key for users (mpi:hub:tls),
     the CA notebooks verify it with, and the CA the proxy and spawner verify the API's
     certificate with (mpi:api:tls:ca); '' leaves a file out (system CAs, or no TLS). #}
@@ -16,6 +21,7 @@
 {%- set settings = {
       "image": hub.image,
       "image_reference": (mpi.images or {}).get(hub.image | string, ""),
+      "images": offered,
       "bind_url": hub.bind_url,
       "hub_bind_url": hub.hub_bind_url,
       "hub_api_url": hub.hub_api_url,

@@ -65,7 +65,7 @@ mpi-hub-service-running:
       - sls: {{ tplroot }}.config
       - sls: {{ tplroot }}.hub.settings
       - service: mpi-docker-service-running
-      - mpi_image: mpi-hub-image-present
+      - sls: {{ tplroot }}.hub.image
       - pkg: mpi-hub-proxy-package-installed
       - file: mpi-hub-service-state-directory
       - iptables: mpi-hub-firewall-notebooks-reach-only-the-hub

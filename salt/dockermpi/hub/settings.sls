@@ -20,6 +20,9 @@
 {%- if hub.get("image") not in images %}
 {%-   do missing.append("mpi:hub:image " ~ (hub.get("image") | string) ~ " is not an approved image (mpi:images has: " ~ (images | list | sort | join(", ") or "none") ~ ")") %}
 {%- endif %}
+{%- for name in (hub.get("images") if hub.get("images") is iterable and hub.get("images") is not string else []) if name not in images %}
+{%-   do missing.append("mpi:hub:images names " ~ (name | string) ~ ", which is not an approved image (mpi:images has: " ~ (images | list | sort | join(", ") or "none") ~ ")") %}
+{%- endfor %}
 
 include:
   - {{ tplroot }}.config

@@ -622,13 +622,13 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
     [
         ({"imagee": "notebook"},
          "mpi:hub:imagee is not a DockerMPI setting (the keys of mpi:hub are: image, "
-         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
+         "images, bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
          "notebook_hosts, tls, authenticator, admin_users, admin_token, dummy, github, pip, "
          "limits, venv, state_dir)"),
         # salt-api's certificate is gone with salt-api
         ({"api_ca": "/etc/dockermpi/api-ca.pem"},
          "mpi:hub:api_ca is not a DockerMPI setting (the keys of mpi:hub are: image, "
-         "bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
+         "images, bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
          "notebook_hosts, tls, authenticator, admin_users, admin_token, dummy, github, pip, "
          "limits, venv, state_dir)"),
         ({"image": "note book"},
@@ -708,6 +708,15 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
          "mpi:hub:limits:pids must be a whole number of at least 16, got 0"),
         ({"state_dir": "var/lib/hub"},
          "mpi:hub:state_dir must be an absolute path, got 'var/lib/hub'"),
+        ({"images": "notebook"},
+         "mpi:hub:images must be a list of approved images' short names (keys of "
+         "mpi:images), got 'notebook'"),
+        ({"images": ["notebook", "../x"]},
+         "mpi:hub:images must be a list of approved images' short names (keys of "
+         "mpi:images), got ['notebook', '../x']"),
+        ({"images": ["notebook-mpich"]},
+         "mpi:hub:images must hold mpi:hub:image (notebook), the image the spawn form "
+         "offers first, got ['notebook-mpich']"),
     ],
 )
 def test_hub_checks_name_the_key_and_the_problem(hub, expected):
@@ -724,6 +733,8 @@ def test_hub_checks_name_the_key_and_the_problem(hub, expected):
     {"api_service_url": "https://10.0.0.2"},
     {"api_service_url": "http://127.0.0.1:8001"},
     {"api_url": "", "api_service_url": ""},  # hosts other than the hub need neither
+    {"images": ["notebook", "notebook-mpich"]},
+    {"images": []},
 ])
 def test_hub_api_urls_accepted(hub):
     assert _problems(hub=hub) == []

@@ -12,12 +12,18 @@ directory), every capability dropped, no-new-privileges, memory, pids and CPU li
 ``DOCKERMPI_API_URL`` tells the ``mpi`` client inside where the API is (on the master,
 called directly over TLS), ``DOCKERMPI_API_CA`` which CA signs its certificate.
 
+Where the site offers several approved images for notebooks (``allowed_images``: short
+name -> reference by digest), the spawn form lets the user pick one; the notebook runs
+it, and ``DOCKERMPI_IMAGE`` (the default image of the jobs the notebook submits) names
+it, so a notebook and its jobs run the same software.
+
 Installed by the dockermpi.hub state next to jupyterhub_config.py (on PYTHONPATH of the
 dockermpi-hub service).
 
 :depends: jupyterhub, dockerspawner 14, tornado
 """
 
+import html
 import json
 import os.path
 import re
@@ -25,7 +31,7 @@ import re
 from dockerspawner import DockerSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Float, Unicode
+from traitlets import Float, Unicode, default
 
 #: Where the user's directory appears in the notebook (as in job containers).
 DATA_MOUNT = "/data"
@@ -105,7 +111,8 @@ class DockerMPISpawner(DockerSpawner):
         help="<storage path>/users on the hub host: where mpi.whoami's directories lie."
     ).tag(config=True)
     image_name = Unicode(
-        help="Short name of the approved image (DOCKERMPI_IMAGE in the notebook)."
+        help="Short name of the approved image notebooks run unless the user picks "
+        "another of allowed_images (DOCKERMPI_IMAGE in the notebook)."
     ).tag(config=True)
     whoami_timeout = Float(
         30.0, help="Seconds to wait for the master's answer to mpi.whoami."
@@ -142,9 +149,39 @@ class DockerMPISpawner(DockerSpawner):
             raise WhoamiError(f"{where} refused mpi.whoami for {user}: {found['error']}")
         return check_identity(found, user, self.users_dir)
 
+    @default("options_form")
+    def _offered_images_form(self):
+        """A choice of the offered images, the site's default first selected; none when
+        there is nothing to choose."""
+        offered = self._get_allowed_images()
+        if not isinstance(offered, dict) or len(offered) <= 1:
+            return ""
+        options = "".join(
+            f'<option value="{html.escape(name)}"'
+            f'{" selected" if name == self.image_name else ""}>{html.escape(name)}</option>'
+            for name in offered)
+        return ('<label for="dockermpi-image">Image of your notebook and, unless you name '
+                'another, of the MPI jobs you run from it</label>'
+                '<select class="form-control" id="dockermpi-image" name="image" required '
+                f'autofocus>{options}</select>')
+
+    def chosen_image(self):
+        """The short name of the image this start runs: the user's choice among the
+        offered images, else the site's default. An HTTP 400 naming the offered ones
+        for anything else (the choice is the user's input)."""
+        offered = self._get_allowed_images()
+        if not isinstance(offered, dict) or not offered:
+            offered = {self.image_name: self.image}
+        chosen = (self.user_options or {}).get("image") or self.image_name
+        if not isinstance(chosen, str) or chosen not in offered:
+            raise web.HTTPError(400, "%s", f"image {str(chosen)[:100]!r} is not offered for "
+                                f"notebooks (offered: {', '.join(sorted(offered))})")
+        return chosen
+
     async def start(self):
-        # The image is the approved one by digest; a user may not pick another.
-        self.user_options = {}
+        # Only an approved image offered for notebooks, named as the site named it.
+        chosen = self.chosen_image()
+        self.user_options = {"image": chosen} if self._get_allowed_images() else {}
         try:
             identity = await self.whoami()
         except WhoamiError as exc:
@@ -171,7 +208,7 @@ class DockerMPISpawner(DockerSpawner):
             **self.environment,
             "HOME": DATA_MOUNT,
             "DOCKERMPI_API_URL": self.api_url,
-            "DOCKERMPI_IMAGE": self.image_name,
+            "DOCKERMPI_IMAGE": chosen,
             "DOCKERMPI_ACCOUNT": identity["account"],
             **ca,
         }

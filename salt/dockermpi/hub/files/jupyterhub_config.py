@@ -86,11 +86,12 @@ if settings["admin_token"]:
         "services": ["dockermpi-admin"],
     })
 
-# --- notebooks: the approved image by digest, the user's uid from the master -------------
+# --- notebooks: an approved image by digest, the user's uid from the master -------------
 c.JupyterHub.spawner_class = DockerMPISpawner
 c.DockerMPISpawner.image = settings["image_reference"]
 c.DockerMPISpawner.image_name = settings["image"]
-c.DockerMPISpawner.allowed_images = {}
+# The images offered in the spawn form (short name -> reference); one: no form.
+c.DockerMPISpawner.allowed_images = settings["images"]
 c.DockerMPISpawner.pull_policy = "never"  # the state pulled it by digest
 # Notebooks call the API on the master directly, over TLS (the hub host's firewall lets
 # them reach its address and port alone): through the proxy, which opens a connection to
