@@ -648,6 +648,13 @@ class TestCluster:
                                 REPO / "tests/cluster/images/mpi-bullseye",
                                 buildargs={"BASE": self.ensure_base_image("bullseye")})
 
+    def mpi_openmpi5_image(self):
+        """An image with Open MPI 5 and mpi4py from PyPI in a virtualenv, a USER of its
+        own and no ssh (tests/cluster/images/mpi-openmpi5)."""
+        return self.build_image("dockermpi/mpi-openmpi5",
+                                REPO / "tests/cluster/images/mpi-openmpi5",
+                                {"wheelhouse": WHEELHOUSE})
+
     def notebook_mpich_image(self):
         """The notebook image with MPICH and mpi4py from PyPI in a virtualenv first on
         PATH: a second image offered for notebooks (tests/cluster/images/notebook-mpich)."""

@@ -10,6 +10,7 @@ hub whose token it is.
 """
 
 import json
+import re
 import subprocess
 import time
 import urllib.request
@@ -94,8 +95,10 @@ def mpi_json(cluster, user, *argv):
     them on stderr, which docker exec hands back with stdout) come before the JSON."""
     # (--json right after the command: after the program, it would be the program's)
     code, output = mpi(cluster, user, argv[0], "--json", *argv[1:])
-    start = min((i for i in (output.find("{"), output.find("[")) if i >= 0), default=0)
-    return code, json.JSONDecoder().raw_decode(output[start:])[0]
+    # The answer starts on a line of its own ("{", "[" or "[]"); the job's output before
+    # it may hold brackets too.
+    found = re.search(r"^(\{|\[|\[\])$", output, re.MULTILINE)
+    return code, json.JSONDecoder().raw_decode(output[found.start() if found else 0:])[0]
 
 
 def account(cluster, user):
@@ -643,7 +646,8 @@ def test_a_user_picks_the_image_of_their_notebook_and_their_jobs_run_in_it(clust
         assert code == 0 and job["state"] == "succeeded", job
         assert job["image"] == "notebook-mpich" and len(job["placement"]) == 3, job
         _, output = cluster.notebook_exec(cara, ["cat", f"/data/mpi-jobs/{job['job_id']}/stdout"])
-        ranks = sorted(output.splitlines())
+        # (Hydra's mpiexec adds each rank's exit status: "[mpiexec@node1] Exit codes: ...")
+        ranks = sorted(line for line in output.splitlines() if line.startswith("rank "))
         assert [line.split(" MPICH")[0] for line in ranks] == [
             f"rank {r} of 3: 6" for r in range(3)], output
         assert all("MPICH Version:" in line for line in ranks), output

@@ -216,6 +216,10 @@ ALLREDUCE = ("import platform; from mpi4py import MPI; c = MPI.COMM_WORLD; "
              "{c.allreduce(c.Get_rank() + 1)} glibc {platform.libc_ver()[1]}')")
 
 
+EXIT_3_ON_RANK_1 = ("import sys, time; from mpi4py import MPI; r = MPI.COMM_WORLD.Get_rank(); "
+                    "time.sleep(0 if r == 1 else 30); sys.exit(3 if r == 1 else 0)")
+
+
 def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster):
     """...and each rank checks it runs where DockerMPI placed it."""
     import io
@@ -239,7 +243,8 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         tag=tooled_tag, rm=True, network_mode="none")
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
               for name, tag in (("plain", plain_tag), ("tooled", tooled_tag),
-                                ("bullseye", cluster.mpi_bullseye_image()))}
+                                ("bullseye", cluster.mpi_bullseye_image()),
+                                ("openmpi5", cluster.mpi_openmpi5_image()))}
     _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
     approved = yaml.safe_load(original) or {}
     approved["mpi"]["images"].update(pushed)
@@ -304,6 +309,26 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         assert len(done["placement"]) == 3, done
         _, out = run(cluster, "mpi.logs", job_id=job_id)
         assert sorted(out.splitlines()) == [f"rank {r} of 3: 6 glibc 2.31" for r in range(3)], out
+        # Open MPI 5 (PRRTE's mpirun) and mpi4py from PyPI in a virtualenv first on PATH,
+        # a USER and WORKDIR of its own, no ssh: the same over three nodes.
+        five = images["openmpi5"]
+        assert five["runs_jobs"] is True and five["sshd"] is None, five
+        assert (five["flavour"], five["mpi_version"], five["launcher"]) == \
+            ("openmpi5", "5.0.11", "/opt/venv/bin/mpirun"), five
+        job_id = submit(cluster, user="operations", image="openmpi5", np=3, nodes=3,
+                        slots_per_node=1, cmd=["python3", "-c", ALLREDUCE])
+        code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=180)
+        assert code == 0 and done["state"] == "succeeded", done
+        _, out = run(cluster, "mpi.logs", job_id=job_id)
+        assert sorted(out.splitlines()) == [f"rank {r} of 3: 6 glibc 2.36" for r in range(3)], out
+        # Which rank failed how, read from each MPI's own messages.
+        for image, expected in (("openmpi5", "rank 1 exited with code 3"),
+                                ("bullseye", "rank 1 exited with code 3"),
+                                ("notebook-mpich", "rank 1 exited with code 3")):
+            job_id = submit(cluster, user="operations", image=image, np=3, nodes=3,
+                            slots_per_node=1, cmd=["python3", "-c", EXIT_3_ON_RANK_1])
+            code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=180)
+            assert done["state"] == "failed" and done["reason"] == expected, (image, done)
     finally:
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])

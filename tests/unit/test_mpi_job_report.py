@@ -25,6 +25,7 @@ import dmpi.node.userfs
 import pytest
 import salt.crypt
 from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER
+from dmpi.launch import openmpi5
 from dmpi.node import agent, evidence, health, imagefacts, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
@@ -270,6 +271,27 @@ def test_exited_launcher_reports_exit_code_and_failed_rank(storage, job_root):
     assert job["launcher_exit_code"] == 3
     assert job["failure"] == {"rank": 1, "exit_code": 3}
     assert job["secrets"] is False
+
+
+@pytest.fixture(autouse=True)
+def no_failures_known(monkeypatch):
+    """Each test's job stderr is read afresh (the node reads a job's once)."""
+    monkeypatch.setattr(evidence, "_FAILURES", {})
+
+
+def test_a_lost_daemon_fails_a_launcher_that_exited_0(storage, job_root):
+    # Open MPI 5's mpirun says it lost a node's daemon, and exits 0.
+    stderr = (STDERR_DATA.parent / "openmpi5" / "ssh_partition.stderr").read_text()
+    path = storage / "users" / USER / "mpi-jobs" / JOB / "stderr"
+    _write(path, stderr)
+    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "exited", 0)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["failure"] == {"lost_daemon": openmpi5.LOST_DAEMON_REASON}
+    # Read once: what the job writes after its end changes nothing.
+    path.write_text("")
+    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "exited", 0)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["failure"] == {"lost_daemon": openmpi5.LOST_DAEMON_REASON}
 
 
 def test_successful_launcher_has_no_failure(storage, job_root):

@@ -58,6 +58,8 @@ def timeouts():
 
 def outcome(code, failure, program):
     """(state, reason) from the launcher's exit code and the failing rank, if known."""
+    if failure and failure.get("lost_daemon"):
+        return "failed", str(failure["lost_daemon"])[:300]
     if code == 0:
         return "succeeded", None
     if failure and failure.get("placement"):

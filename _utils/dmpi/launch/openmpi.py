@@ -224,7 +224,7 @@ def _signal_name(number, text):
         return text or f"SIG{number}"
 
 
-def parse_mpirun_failure(stderr_text):
+def parse_failure(stderr_text):
     """
     Find which rank made an Open MPI 4.1 job fail, from mpirun's standard error.
 

@@ -72,7 +72,7 @@ FLAVOUR_NAMES = {"openmpi4": "Open MPI 4", "openmpi5": "Open MPI 5", "openmpi": 
 _FAMILIES = {"openmpi4": "Open MPI", "openmpi5": "Open MPI", "openmpi": "Open MPI",
              "mpich": "MPICH", "intelmpi": "Intel MPI"}
 #: The flavours DockerMPI can launch jobs of, and what a job on such an image needs.
-LAUNCHABLE = ("openmpi4",)
+LAUNCHABLE = ("openmpi4", "openmpi5", "mpich")
 
 
 def _clean(text):
@@ -206,12 +206,14 @@ def why_no_jobs(facts):
 
 def launch_of(facts):
     """What a job's launch takes from an image's facts (None: not probed):
-    ``{"launcher": the absolute path of its mpirun (or "mpirun", found on PATH),
+    ``{"flavour": its MPI's (dmpi.launch.flavours; Open MPI 4 when not probed),
+    "launcher": the absolute path of its mpirun or mpiexec (or "mpirun", found on PATH),
     "image_env": names of the image's ENV its ranks get as the launcher has them}``.
-    Open MPI run by its absolute path starts its daemons on the other nodes from the
+    A launcher run by its absolute path starts its daemons on the other nodes from the
     same prefix, and ranks started over ssh get the image's PATH (a virtualenv first,
     say) and library path rather than sshd's defaults."""
     mpi = (facts or {}).get("mpi") or {}
     names = [n for n in (facts or {}).get("env_names") or ["PATH"]
              if isinstance(n, str) and ENV_NAME_RE.match(n) and not NOT_FORWARDED_RE.match(n)]
-    return {"launcher": mpi.get("launcher") or "mpirun", "image_env": sorted(set(names))}
+    return {"flavour": mpi.get("flavour") or LAUNCHABLE[0],
+            "launcher": mpi.get("launcher") or "mpirun", "image_env": sorted(set(names))}

@@ -10,7 +10,7 @@ import posixpath
 import time
 
 import dmpi.launch.files
-import dmpi.launch.openmpi
+import dmpi.launch.flavours
 import dmpi.launch.probe
 import dmpi.launch.ssh
 from dmpi.contract import ACCOUNT_RE, DATA_MOUNT
@@ -85,8 +85,9 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
     host_addresses = transport.host_addresses(nodes, config["cluster_network"])
     files = job_files(config, record, job_addresses)
     environment = dict(spec["env"], **job_environment(record, job_addresses))
-    launch = spec.get("launch") or dmpi.launch.probe.launch_of(None)  # none: mpirun on PATH
-    argv = dmpi.launch.openmpi.launcher_argv(
+    launch = job_launch(record)
+    flavour = dmpi.launch.flavours.module(launch.get("flavour"))
+    argv = flavour.launcher_argv(
         posixpath.join(record["output"]["dir_in_job"], "stdout"),
         posixpath.join(record["output"]["dir_in_job"], "stderr"),
         record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
@@ -110,7 +111,9 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
         allowed_sources=allowed, sshd_port=sshd_port, files=files,
         limits={n: node_limits(config, placement[n]) for n in nodes if n != launcher_node},
         launcher={"node": launcher_node, "argv": argv,
-                  "environment": transport.seal_for(launcher_node, environment),
+                  "environment": transport.seal_for(launcher_node, dict(
+                      environment, **dmpi.launch.flavours.launcher_environment(
+                          flavour, oob_ports, sshd_port))),
                   "status": view, "limits": node_limits(config, placement[launcher_node])},
         job_cas=job_cas, valid_seconds=record["walltime"],
         **common)
@@ -124,18 +127,25 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
     return started, timings
 
 
+def job_launch(record):
+    """How the job's image is launched (:func:`dmpi.launch.probe.launch_of`); a record
+    without it (an image never probed): Open MPI 4's mpirun on the image's PATH."""
+    return (record.get("spec") or {}).get("launch") or dmpi.launch.probe.launch_of(None)
+
+
 def job_files(config, record, job_addresses):
     """The files every container of the job reads: sshd's configuration, the
     account's passwd and group lines, the program and the hostfile."""
     account = account_name(record["user"], ACCOUNT_RE)
     uid = record["uid"]
     sshd_port = job_ports(config)[0]
+    flavour = dmpi.launch.flavours.module(job_launch(record).get("flavour"))
     return {
         "sshd_config": dmpi.launch.ssh.sshd_config_text(sshd_port, account),
         "passwd": dmpi.launch.files.passwd_text(account, uid, uid, home=DATA_MOUNT),
         "group": dmpi.launch.files.group_text(account, uid),
         "program": dmpi.launch.files.program_script_text(record["cmd"]),
-        "hostfile": dmpi.launch.openmpi.hostfile_text(
+        "hostfile": flavour.hostfile_text(
             [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
         ),
     }

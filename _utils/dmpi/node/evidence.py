@@ -17,7 +17,7 @@ import time
 import docker
 import docker.errors
 import dmpi.launch.files
-import dmpi.launch.openmpi
+import dmpi.launch.flavours
 import requests.exceptions
 
 from dmpi.contract import (JOB_ID_RE, LABEL_ROLE, LABEL_USER, PROBE_ROLE, STANDBY_ROLE,
@@ -36,6 +36,9 @@ ENGINE_RESTART_GRACE = 30
 # When this process (the mpi_node engine keeps this module loaded) first saw the Docker
 # engine not answering; None while it answers.
 _ENGINE_OUTAGE = {"since": None}
+# job id -> (launcher exit code, failure): a job's stderr is read once after its end.
+_FAILURES = {}
+_FAILURES_KEPT = 1000
 
 
 def _job_peers(secret_dir):
@@ -190,16 +193,41 @@ def _empty_job():
 
 
 def _failed_rank(storage_path, job_id, job):
-    """Which rank failed, from the job's stderr read as its uid; None when unknown."""
-    if job["launcher_exit_code"] in (None, 0) or not job["user"] or not job["uid"]:
+    """Which rank failed, from the job's stderr (and, after a failure, its stdout: Hydra
+    says there) read as its uid, once per job; None when unknown. A launcher that exited
+    0 is read too: Open MPI 5's mpirun exits 0 after it lost a node's daemon, and says
+    so only there."""
+    if job["launcher_exit_code"] is None or not job["user"] or not job["uid"]:
         return None
+    known = _FAILURES.get(job_id)
+    if known is not None and known[0] == job["launcher_exit_code"]:
+        return known[1]
     try:
         text = userdirs.read_tail(storage_path, job["user"], int(job["uid"]), int(job["gid"]),
                                   job_id, "stderr", userdirs.TAIL_BYTES).decode(errors="replace")
     except (DockerMPIError, ValueError, TypeError) as exc:
         log.debug("job %s: cannot read stderr: %s", job_id, exc)
-        return None
-    failure = dmpi.launch.openmpi.parse_mpirun_failure(text)
+        return None  # read again next time
+    if job["launcher_exit_code"] != 0:
+        try:
+            text += "\n" + userdirs.read_tail(
+                storage_path, job["user"], int(job["uid"]), int(job["gid"]), job_id, "stdout",
+                userdirs.TAIL_BYTES).decode(errors="replace")
+        except (DockerMPIError, ValueError, TypeError) as exc:
+            log.debug("job %s: cannot read stdout: %s", job_id, exc)
+    failure = _failure_in(text, job["launcher_exit_code"])
+    if len(_FAILURES) >= _FAILURES_KEPT:
+        _FAILURES.clear()
+    _FAILURES[job_id] = (job["launcher_exit_code"], failure)
+    return failure
+
+
+def _failure_in(text, exit_code):
+    """What a job's launcher's standard error says failed (see :func:`_failed_rank`)."""
+    if exit_code == 0:
+        lost = dmpi.launch.flavours.lost_daemon(text)
+        return {"lost_daemon": lost} if lost else None
+    failure = dmpi.launch.flavours.parse_failure(text)
     placement = dmpi.launch.files.placement_failure(text)
     if placement:
         failure = dict(failure or {}, placement=placement)

@@ -59,6 +59,12 @@ def test_the_launcher_exit_is_the_programs_verdict():
     assert bad == ("failed", "rank 1 exited with code 3", {"exit_code": 3, "failure": failure})
 
 
+def test_a_launcher_that_lost_a_nodes_daemon_failed_the_job_even_if_it_exited_0():
+    lost = {"lost_daemon": "mpirun lost the daemon of one of the job's nodes"}
+    assert rules.outcome(0, lost, ["python3"]) == (
+        "failed", "mpirun lost the daemon of one of the job's nodes")
+
+
 @pytest.mark.parametrize("failure, reason", [
     ({"rank": 2, "signal": 11, "signal_name": "SIGSEGV"}, "rank 2 died of SIGSEGV"),
     ({"rank": 0, "exit_code": 127}, "rank 0: program 'python3' was not found in the image"),

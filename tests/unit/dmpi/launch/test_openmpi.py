@@ -214,37 +214,37 @@ def test_launcher_script_redirects_and_keeps_exit_code(tmp_path):
     ],
 )
 def test_parse_real_mpirun_stderr(sample, expected):
-    assert openmpi.parse_mpirun_failure(_sample(sample)) == expected
+    assert openmpi.parse_failure(_sample(sample)) == expected
 
 
 def test_parse_crlf():
     text = _sample("exit3").replace("\n", "\r\n")
-    assert openmpi.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
+    assert openmpi.parse_failure(text) == {"rank": 1, "exit_code": 3}
 
 
 def test_parse_last_message_wins_over_program_output():
     forged = _sample("segv").replace("rank 1 with", "rank 0 with").replace("signal 11", "signal 6")
     # The program printed a look-alike first; mpirun's real verdict comes last.
     text = forged + _sample("exit3os")
-    assert openmpi.parse_mpirun_failure(text) == {"rank": 1, "exit_code": 3}
+    assert openmpi.parse_failure(text) == {"rank": 1, "exit_code": 3}
 
 
 def test_parse_unknown_signal_number_keeps_text():
     text = ("mpirun noticed that process rank 5 with PID 12 on node 10.0.0.1 exited on "
             "signal 99 (Odd signal).\n")
-    assert openmpi.parse_mpirun_failure(text) == {"rank": 5, "signal": 99, "signal_name": "Odd signal"}
+    assert openmpi.parse_failure(text) == {"rank": 5, "signal": 99, "signal_name": "Odd signal"}
 
 
 def test_parse_never_raises_on_what_a_job_can_write():
-    assert openmpi.parse_mpirun_failure(b"bytes") is None
+    assert openmpi.parse_failure(b"bytes") is None
     huge_rank = ("mpirun noticed that process rank " + "9" * 5000 + " with PID 12 on node n "
                  "exited on signal 11 (Segmentation fault).\n")
-    assert openmpi.parse_mpirun_failure(huge_rank) is None
+    assert openmpi.parse_failure(huge_rank) is None
     unicode_digits = "MPI_ABORT was invoked on rank \u0663 in communicator W\nwith errorcode 1.\n"
-    assert openmpi.parse_mpirun_failure(unicode_digits) is None
+    assert openmpi.parse_failure(unicode_digits) is None
     odd_signal = ("mpirun noticed that process rank 1 with PID 12 on node n exited on "
                   "signal 999.\n")
-    assert openmpi.parse_mpirun_failure(odd_signal) == {"rank": 1, "signal": 999,
+    assert openmpi.parse_failure(odd_signal) == {"rank": 1, "signal": 999,
                                                            "signal_name": "SIG999"}
 
 
@@ -258,7 +258,7 @@ def test_parse_never_raises_on_what_a_job_can_write():
               st.text(alphabet="0123456789\u0663", max_size=6000), st.text(max_size=40)),
 ), max_size=6))
 def test_parse_never_raises_and_returns_a_well_formed_verdict(pieces):
-    found = openmpi.parse_mpirun_failure("\n".join(pieces))
+    found = openmpi.parse_failure("\n".join(pieces))
     assert found is None or (isinstance(found["rank"], int) and 0 <= found["rank"] < 10**9)
     if found and "signal" in found:
         assert isinstance(found["signal_name"], str) and len(found["signal_name"]) <= 40

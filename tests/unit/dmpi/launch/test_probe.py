@@ -41,16 +41,24 @@ def test_open_mpi_4_image():
     assert probe.describe(facts) == "Open MPI 4.1.4 (/usr/bin/mpirun), mpi4py 3.1.4"
 
 
-def test_mpich_image_is_known_and_refused_with_the_reason():
+def test_mpich_image_is_known_and_runs_jobs():
     facts = probe.parse(_answer("mpich-debian12"))
     assert facts["mpi"] == {"flavour": "mpich", "version": "4.0.2",
                             "launcher": "/usr/bin/mpirun"}
     assert facts["commands"]["mpiexec.hydra"] == "/usr/bin/mpiexec.hydra"
     assert facts["mpi4py"] is None
     assert facts["mpi4py_error"] == "ModuleNotFoundError No module named 'mpi4py'"
-    why = probe.why_no_jobs(facts)
-    assert "MPICH 4.0.2 (/usr/bin/mpirun)" in why
-    assert "Open MPI 4" in why
+    assert probe.why_no_jobs(facts) is None
+    assert probe.launch_of(facts)["flavour"] == "mpich"
+
+
+def test_an_mpi_it_cannot_launch_is_refused_with_the_reason():
+    facts = dict(probe.parse(_answer("mpich-debian12")),
+                 mpi={"flavour": "intelmpi", "version": "2021.13",
+                      "launcher": "/opt/intel/mpi/bin/mpirun"})
+    assert probe.why_no_jobs(facts) == (
+        "it holds Intel MPI 2021.13 (/opt/intel/mpi/bin/mpirun); DockerMPI launches jobs "
+        "of Open MPI 4, Open MPI 5, MPICH (Hydra) images")
 
 
 def test_image_without_mpi():
@@ -118,7 +126,9 @@ def test_a_launch_takes_the_probed_launcher_and_the_images_environment():
                  env_names=["PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "HOME", "USER",
                             "OMPI_MCA_plm_rsh_agent", "PRTE_MCA_x", "DMPI_JOB_ID", "LANG"])
     assert probe.launch_of(facts) == {
-        "launcher": "/usr/bin/mpirun",
+        "flavour": "openmpi4", "launcher": "/usr/bin/mpirun",
         "image_env": ["LANG", "LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV"]}
-    # Not probed (yet): mpirun on the launcher's PATH, and that PATH for every rank.
-    assert probe.launch_of(None) == {"launcher": "mpirun", "image_env": ["PATH"]}
+    # Not probed (yet): Open MPI 4's mpirun on the launcher's PATH, and that PATH for
+    # every rank.
+    assert probe.launch_of(None) == {"flavour": "openmpi4", "launcher": "mpirun",
+                                     "image_env": ["PATH"]}

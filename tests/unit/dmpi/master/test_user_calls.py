@@ -226,8 +226,8 @@ OPEN_MPI_4 = {"mpi": {"flavour": "openmpi4", "version": "4.1.4", "launcher": "/u
               "commands": {"mpirun": "/usr/bin/mpirun", "sshd": "/usr/sbin/sshd"},
               "python3": "/usr/bin/python3", "python_version": "3.11.2", "mpi4py": "3.1.4",
               "os": "Debian GNU/Linux 12 (bookworm)", "glibc": "2.36", "problem": None}
-MPICH = dict(OPEN_MPI_4, mpi={"flavour": "mpich", "version": "4.0.2",
-                              "launcher": "/usr/bin/mpirun"}, mpi4py=None)
+INTEL_MPI = dict(OPEN_MPI_4, mpi={"flavour": "intelmpi", "version": "2021.13",
+                                  "launcher": "/opt/intel/mpi/bin/mpirun"}, mpi4py=None)
 
 
 def _probed(site, facts, nodes=("node1", "node2")):
@@ -252,18 +252,19 @@ def test_images_say_what_the_probe_found(site):
 
 
 def test_a_job_on_an_image_jobs_cannot_run_on_is_refused_with_the_reason(site):
-    _probed(site, MPICH)
-    with pytest.raises(RequestError, match=r"^image 'mpi' cannot run jobs: it holds MPICH "
-                                           r"4.0.2 \(/usr/bin/mpirun\); DockerMPI "
-                                           r"launches jobs of Open MPI 4 images$"):
+    _probed(site, INTEL_MPI)
+    with pytest.raises(RequestError, match=r"^image 'mpi' cannot run jobs: it holds Intel MPI "
+                                           r"2021.13 \(/opt/intel/mpi/bin/mpirun\); DockerMPI "
+                                           r"launches jobs of Open MPI 4, Open MPI 5, MPICH "
+                                           r"\(Hydra\) images$"):
         _submit(site, ALICE)
     assert site.store().jobs(["queued"]) == [] and site.events == []
     [found] = user_calls.images(site, ALICE)["images"]
-    assert found["runs_jobs"] is False and "MPICH" in found["why_no_jobs"]
+    assert found["runs_jobs"] is False and "Intel MPI" in found["why_no_jobs"]
 
 
 def test_pillar_says_what_mpi_an_image_holds(site):
-    _probed(site, MPICH)
+    _probed(site, INTEL_MPI)
     config = dict(CONFIG, image_facts={"mpi": {"flavour": "openmpi4", "version": "4.1.6",
                                                 "launcher": "/opt/ompi/bin/mpirun"}})
     site.settings = site.node_settings = lambda *a, **k: config
@@ -278,7 +279,8 @@ def test_a_job_is_launched_as_the_probe_found_its_image(site):
     _probed(site, dict(OPEN_MPI_4, env_names=["PATH", "VIRTUAL_ENV", "HOME"]))
     job_id = _submit(site, ALICE)["job_id"]
     assert site.store().get(job_id)["spec"]["launch"] == {
-        "launcher": "/usr/bin/mpirun", "image_env": ["PATH", "VIRTUAL_ENV"]}
+        "flavour": "openmpi4", "launcher": "/usr/bin/mpirun",
+        "image_env": ["PATH", "VIRTUAL_ENV"]}
 
 
 def test_a_job_on_an_image_no_node_probed_yet_is_queued(site):
