@@ -70,17 +70,16 @@ Open MPI, with :func:`launcher_environment` in its environment.
 
 import ipaddress
 import re
-import signal as _signal
 
 from dmpi.contract import AGENT_SSH
 from dmpi.launch import openmpi
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
-from dmpi.launch.values import check_abs_path, check_cidr, check_port, check_range
+from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, check_keepalive,
+                                check_output_paths, check_port, check_range, check_ranks,
+                                signal_name)
 
 #: The launcher container's fixed wrapper script (shared with Open MPI).
 LAUNCHER_SCRIPT = openmpi.LAUNCHER_SCRIPT
-
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def hostfile_text(placement):
@@ -94,28 +93,6 @@ def hostfile_text(placement):
     """
     openmpi.hostfile_text(placement)
     return "".join(f"{ipaddress.IPv4Address(address)}:{slots}\n" for address, slots in placement)
-
-
-def _check_keepalive(keepalive):
-    try:
-        ka_time, ka_intvl, ka_probes = keepalive
-    except (TypeError, ValueError):
-        raise ValueError(f"keepalive must be (time, intvl, probes), got {keepalive!r}") from None
-    for value in (ka_time, ka_intvl, ka_probes):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"keepalive values must be positive integers, got {keepalive!r}")
-    return ka_time, ka_intvl, ka_probes
-
-
-def _check_ports(oob_ports, btl_ports, ssh_port):
-    check_port(ssh_port, "ssh port")
-    oob_low, oob_high = check_range(oob_ports, "OOB port range")
-    btl_low, btl_high = check_range(btl_ports, "BTL port range")
-    if not (oob_high < btl_low or btl_high < oob_low):
-        raise ValueError(f"OOB ports {oob_low}-{oob_high} overlap BTL ports {btl_low}-{btl_high}")
-    if oob_low <= ssh_port <= oob_high or btl_low <= ssh_port <= btl_high:
-        raise ValueError(f"ssh port {ssh_port} lies inside the OOB or BTL port range")
-    return (oob_low, oob_high), (btl_low, btl_high)
 
 
 def launcher_environment(oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR):
@@ -155,7 +132,7 @@ def rank_settings(cluster_cidr, btl_ports, keepalive=(2, 1, 3)):
     """
     check_cidr(cluster_cidr)
     btl_low, btl_high = check_range(btl_ports, "BTL port range")
-    ka_time, ka_intvl, ka_probes = _check_keepalive(keepalive)
+    ka_time, ka_intvl, ka_probes = check_keepalive(keepalive)
     return [
         ("UCX_TLS", "self,sysv,posix,tcp"),
         ("UCX_TCP_PORT_RANGE", f"{btl_low}-{btl_high}"),
@@ -180,19 +157,9 @@ def mpiexec_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_
     the ``keepalive`` of the ranks' TCP and the ``launcher`` (``mpiexec``, found on the
     launcher's PATH, or its absolute path in the image).
     """
-    if launcher != "mpiexec":
-        check_abs_path(launcher, "launcher")
-    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
-        raise ValueError(f"np must be a positive integer, got {np!r}")
-    check_abs_path(workdir, "workdir")
+    env_names = check_ranks(np, workdir, env_names, launcher, "mpiexec")
     check_abs_path(run_dir, "run_dir")
-    if isinstance(env_names, str):
-        raise ValueError("env_names must be a list of variable names, not a string")
-    env_names = list(env_names)
-    for name in env_names:
-        if not isinstance(name, str) or not _ENV_RE.match(name):
-            raise ValueError(f"environment variable name {name!r} is not valid")
-    _check_ports(oob_ports, btl_ports, ssh_port)
+    check_job_ports(oob_ports, btl_ports, ssh_port)
     argv = [launcher, "-configfile", "/dev/null",
             "-launcher", "ssh", "-launcher-exec", AGENT_SSH,
             "-f", f"{run_dir}/hostfile", "-n", str(np), "-wdir", workdir,
@@ -213,10 +180,7 @@ def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_por
     :func:`dmpi.launch.openmpi.launcher_argv` does, with :func:`mpiexec_argv`. The
     container's environment must hold :func:`launcher_environment`.
     """
-    check_abs_path(stdout_path, "stdout_path")
-    check_abs_path(stderr_path, "stderr_path")
-    if stdout_path == stderr_path:
-        raise ValueError("stdout_path and stderr_path must differ")
+    check_output_paths(stdout_path, stderr_path)
     mpiexec = mpiexec_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir,
                            env_names, run_dir, keepalive, launcher)
     return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpiexec
@@ -247,13 +211,6 @@ _CLEANUP_SIGNAL = 9
 _MAX_RANKS = 10**6
 
 
-def _signal_name(number):
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
-
-
 def _rank_statuses(text, at):
     """The ranks' wait statuses of the ``Exit codes`` block at ``at`` (a list; empty if
     its lines are not Hydra's)."""
@@ -280,7 +237,7 @@ def _verdict_of_statuses(statuses):
         if number == 0 and status >> 8:
             exited.append({"rank": rank, "exit_code": status >> 8})
         elif number not in (0, 0x7F):
-            verdict = {"rank": rank, "signal": number, "signal_name": _signal_name(number)}
+            verdict = {"rank": rank, "signal": number, "signal_name": signal_name(number)}
             (killed if number == _CLEANUP_SIGNAL else signalled).append(verdict)
     if exited or signalled:
         return (exited or signalled)[0]

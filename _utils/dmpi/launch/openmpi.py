@@ -10,13 +10,11 @@ directory.
 
 import ipaddress
 import re
-import signal as _signal
 
 from dmpi.contract import AGENT_SSH
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
-from dmpi.launch.values import (check_abs_path, check_cidr, check_port, check_range)
-
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+from dmpi.launch.values import (check_cidr, check_job_ports, check_keepalive,
+                                check_output_paths, check_ranks, signal_name)
 
 # The fixed wrapper script of the launcher container. User strings only ever arrive as
 # positional parameters: $1 is the stdout file, $2 the stderr file, the rest is mpirun argv.
@@ -76,20 +74,8 @@ def mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir=DEFAULT_RUN
         seconds instead of hanging (defaults in Open MPI are 10/60/3).
     """
     cidr = check_cidr(cluster_cidr)
-    check_port(ssh_port, "ssh port")
-    oob_low, oob_high = check_range(oob_ports, "OOB port range")
-    btl_low, btl_high = check_range(btl_ports, "BTL port range")
-    if not (oob_high < btl_low or btl_high < oob_low):
-        raise ValueError(f"OOB ports {oob_low}-{oob_high} overlap BTL ports {btl_low}-{btl_high}")
-    if oob_low <= ssh_port <= oob_high or btl_low <= ssh_port <= btl_high:
-        raise ValueError(f"ssh port {ssh_port} lies inside the OOB or BTL port range")
-    try:
-        ka_time, ka_intvl, ka_probes = keepalive
-    except (TypeError, ValueError):
-        raise ValueError(f"keepalive must be (time, intvl, probes), got {keepalive!r}") from None
-    for v in (ka_time, ka_intvl, ka_probes):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"keepalive values must be positive integers, got {keepalive!r}")
+    (oob_low, oob_high), (btl_low, btl_high) = check_job_ports(oob_ports, btl_ports, ssh_port)
+    ka_time, ka_intvl, ka_probes = check_keepalive(keepalive)
     return [
         # Launch: ssh to the workers' unprivileged sshd; every orted from mpirun directly
         # (a tree spawn would need orted-to-orted ssh as well).
@@ -148,17 +134,7 @@ def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_n
         the image's probe found it: run so, Open MPI starts its daemons on the other
         nodes from the same prefix.
     """
-    if launcher != "mpirun":
-        check_abs_path(launcher, "launcher")
-    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
-        raise ValueError(f"np must be a positive integer, got {np!r}")
-    check_abs_path(workdir, "workdir")
-    if isinstance(env_names, str):
-        raise ValueError("env_names must be a list of variable names, not a string")
-    env_names = list(env_names)
-    for name in env_names:
-        if not isinstance(name, str) or not _ENV_RE.match(name):
-            raise ValueError(f"environment variable name {name!r} is not valid")
+    env_names = check_ranks(np, workdir, env_names, launcher, "mpirun")
     params = mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir, keepalive)
     argv = [launcher, "--hostfile", f"{run_dir}/hostfile", "-np", str(np), "--wdir", workdir]
     for name, value in params:
@@ -185,10 +161,7 @@ def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_por
     argv arrive as positional parameters, so no user string is parsed by a shell. The
     script ``exec``\\ s mpirun, so the container's exit code is mpirun's.
     """
-    check_abs_path(stdout_path, "stdout_path")
-    check_abs_path(stderr_path, "stderr_path")
-    if stdout_path == stderr_path:
-        raise ValueError("stdout_path and stderr_path must differ")
+    check_output_paths(stdout_path, stderr_path)
     mpirun = mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
                          run_dir, keepalive, launcher)
     return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpirun
@@ -215,13 +188,6 @@ _RE_ABORT = re.compile(
     r"MPI_ABORT was invoked on rank (?P<rank>[0-9]{1,9}) in communicator \S{1,255}\s{1,80}"
     r"with errorcode (?P<code>-?[0-9]{1,10})\."
 )
-
-
-def _signal_name(number, text):
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return text or f"SIG{number}"
 
 
 def parse_failure(stderr_text):
@@ -254,5 +220,5 @@ def parse_failure(stderr_text):
     rank = int(match.group("rank"))
     if kind == "signal":
         number = int(match.group("signal"))
-        return {"rank": rank, "signal": number, "signal_name": _signal_name(number, match.group("name"))}
+        return {"rank": rank, "signal": number, "signal_name": signal_name(number, match.group("name"))}
     return {"rank": rank, "exit_code": int(match.group("code"))}

@@ -18,17 +18,15 @@ The launcher container runs :func:`launcher_argv` exactly as for Open MPI 4.
 """
 
 import re
-import signal as _signal
 
 from dmpi.contract import AGENT_SSH
 from dmpi.launch import openmpi
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
-from dmpi.launch.values import check_abs_path, check_cidr, check_port, check_range
+from dmpi.launch.values import (check_cidr, check_job_ports, check_keepalive,
+                                check_output_paths, check_range, check_ranks, signal_name)
 
 #: The launcher container's fixed wrapper script (shared with Open MPI 4).
 LAUNCHER_SCRIPT = openmpi.LAUNCHER_SCRIPT
-
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def hostfile_text(placement):
@@ -38,17 +36,6 @@ def hostfile_text(placement):
     PRRTE's hostfile parser reads unchanged (``max_slots`` caps each node).
     """
     return openmpi.hostfile_text(placement)
-
-
-def _check_keepalive(keepalive):
-    try:
-        ka_time, ka_intvl, ka_probes = keepalive
-    except (TypeError, ValueError):
-        raise ValueError(f"keepalive must be (time, intvl, probes), got {keepalive!r}") from None
-    for value in (ka_time, ka_intvl, ka_probes):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"keepalive values must be positive integers, got {keepalive!r}")
-    return ka_time, ka_intvl, ka_probes
 
 
 def prte_params(cluster_cidr, oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3)):
@@ -70,7 +57,7 @@ def prte_params(cluster_cidr, oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR, keep
     """
     cidr = check_cidr(cluster_cidr)
     oob_low, oob_high = check_range(oob_ports, "OOB port range")
-    ka_time, ka_intvl, ka_probes = _check_keepalive(keepalive)
+    ka_time, ka_intvl, ka_probes = check_keepalive(keepalive)
     return [
         # Launch: DockerMPI's ssh client to the workers' unprivileged sshd; every prted
         # from prterun directly (a tree spawn would need prted-to-prted ssh as well).
@@ -121,16 +108,6 @@ def ompi_params(cluster_cidr, btl_ports):
     ]
 
 
-def _check_ports(oob_ports, btl_ports, ssh_port):
-    check_port(ssh_port, "ssh port")
-    oob_low, oob_high = check_range(oob_ports, "OOB port range")
-    btl_low, btl_high = check_range(btl_ports, "BTL port range")
-    if not (oob_high < btl_low or btl_high < oob_low):
-        raise ValueError(f"OOB ports {oob_low}-{oob_high} overlap BTL ports {btl_low}-{btl_high}")
-    if oob_low <= ssh_port <= oob_high or btl_low <= ssh_port <= btl_high:
-        raise ValueError(f"ssh port {ssh_port} lies inside the OOB or BTL port range")
-
-
 def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
                 run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
     """
@@ -147,18 +124,8 @@ def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_n
     see the node's cores, and pinning is the site's business. No ``--allow-run-as-root``:
     job containers never run as root.
     """
-    if launcher != "mpirun":
-        check_abs_path(launcher, "launcher")
-    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
-        raise ValueError(f"np must be a positive integer, got {np!r}")
-    check_abs_path(workdir, "workdir")
-    if isinstance(env_names, str):
-        raise ValueError("env_names must be a list of variable names, not a string")
-    env_names = list(env_names)
-    for name in env_names:
-        if not isinstance(name, str) or not _ENV_RE.match(name):
-            raise ValueError(f"environment variable name {name!r} is not valid")
-    _check_ports(oob_ports, btl_ports, ssh_port)
+    env_names = check_ranks(np, workdir, env_names, launcher, "mpirun")
+    check_job_ports(oob_ports, btl_ports, ssh_port)
     argv = [launcher, "--hostfile", f"{run_dir}/hostfile", "-np", str(np), "--wdir", workdir,
             "--map-by", "slot:NOOVERSUBSCRIBE", "--bind-to", "none"]
     for name, value in prte_params(cluster_cidr, oob_ports, ssh_port, run_dir, keepalive):
@@ -178,10 +145,7 @@ def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_por
     <stderr> <mpirun argv>`` (:data:`LAUNCHER_SCRIPT`), as
     :func:`dmpi.launch.openmpi.launcher_argv` does, with :func:`mpirun_argv`.
     """
-    check_abs_path(stdout_path, "stdout_path")
-    check_abs_path(stderr_path, "stderr_path")
-    if stdout_path == stderr_path:
-        raise ValueError("stdout_path and stderr_path must differ")
+    check_output_paths(stdout_path, stderr_path)
     mpirun = mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
                          run_dir, keepalive, launcher)
     return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpirun
@@ -238,13 +202,6 @@ def lost_daemon(stderr_text):
     return isinstance(stderr_text, str) and bool(_RE_LOST_DAEMON.search(stderr_text))
 
 
-def _signal_name(number, text):
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return text or f"SIG{number}"
-
-
 def parse_failure(stderr_text):
     """
     Find which rank made an Open MPI 5 job fail, from mpirun's (prterun's) standard error.
@@ -286,7 +243,7 @@ def parse_failure(stderr_text):
     if kind == "signal":
         number = int(detail.group("signal"))
         return {"rank": rank, "signal": number,
-                "signal_name": _signal_name(number, detail.group("name"))}
+                "signal_name": signal_name(number, detail.group("name"))}
     if kind == "aborted":
         return {"rank": rank, "exit_code": detail}
     return {"rank": rank, "exit_code": int(detail.group("code"))}

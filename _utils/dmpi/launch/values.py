@@ -6,9 +6,11 @@ it. Shared by the modules of :mod:`dmpi.launch`.
 
 import ipaddress
 import re
+import signal
 
 from dmpi.contract import ACCOUNT_RE
 
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _PUBKEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+=*( \S+)?$")
 
 
@@ -80,3 +82,64 @@ def check_cidr(value):
     if net.version != 4:
         raise ValueError(f"cluster CIDR must be IPv4, got {value!r}")
     return str(net)
+
+
+def check_job_ports(oob_ports, btl_ports, ssh_port):
+    """The job's port ranges, apart: ``((oob low, high), (btl low, high))``; the
+    launcher's and daemons' (OOB) and the ranks' (BTL) ranges may not overlap, nor hold
+    the job's ssh port."""
+    check_port(ssh_port, "ssh port")
+    oob_low, oob_high = check_range(oob_ports, "OOB port range")
+    btl_low, btl_high = check_range(btl_ports, "BTL port range")
+    if not (oob_high < btl_low or btl_high < oob_low):
+        raise ValueError(f"OOB ports {oob_low}-{oob_high} overlap BTL ports {btl_low}-{btl_high}")
+    if oob_low <= ssh_port <= oob_high or btl_low <= ssh_port <= btl_high:
+        raise ValueError(f"ssh port {ssh_port} lies inside the OOB or BTL port range")
+    return (oob_low, oob_high), (btl_low, btl_high)
+
+
+def check_keepalive(keepalive):
+    """``(time, intvl, probes)`` of a TCP keepalive, each a positive whole number."""
+    try:
+        ka_time, ka_intvl, ka_probes = keepalive
+    except (TypeError, ValueError):
+        raise ValueError(f"keepalive must be (time, intvl, probes), got {keepalive!r}") from None
+    for value in (ka_time, ka_intvl, ka_probes):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"keepalive values must be positive integers, got {keepalive!r}")
+    return ka_time, ka_intvl, ka_probes
+
+
+def check_ranks(np, workdir, env_names, launcher, default):
+    """What every launcher's command line takes: ``np`` ranks (a positive whole
+    number), their absolute ``workdir``, the ``env_names`` forwarded to them (returned as
+    a list) and the ``launcher``, ``default`` (found on PATH) or an absolute path."""
+    if launcher != default:
+        check_abs_path(launcher, "launcher")
+    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
+        raise ValueError(f"np must be a positive integer, got {np!r}")
+    check_abs_path(workdir, "workdir")
+    if isinstance(env_names, str):
+        raise ValueError("env_names must be a list of variable names, not a string")
+    env_names = list(env_names)
+    for name in env_names:
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            raise ValueError(f"environment variable name {name!r} is not valid")
+    return env_names
+
+
+def check_output_paths(stdout_path, stderr_path):
+    """The launcher's standard output and error files: absolute, and two."""
+    check_abs_path(stdout_path, "stdout_path")
+    check_abs_path(stderr_path, "stderr_path")
+    if stdout_path == stderr_path:
+        raise ValueError("stdout_path and stderr_path must differ")
+
+
+def signal_name(number, text=None):
+    """``SIGSEGV`` for 11; for a number no signal has, ``text`` (the MPI's own word) or
+    ``SIG<number>``."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return text or f"SIG{number}"

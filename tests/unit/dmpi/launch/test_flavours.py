@@ -39,6 +39,40 @@ def test_each_flavour_launches_with_the_nodes_ssh_and_the_jobs_program(flavour):
     assert module.hostfile_text(PLACEMENT).count("\n") == 2
 
 
+@pytest.mark.parametrize("flavour", sorted(flavours.MODULES))
+@pytest.mark.parametrize("kwargs, message", [
+    ({"np": 0}, "np"), ({"np": "4"}, "np"), ({"np": True}, "np"),
+    ({"cluster_cidr": "eth0"}, "CIDR"),
+    ({"cluster_cidr": "10.197.1.5/24"}, "not a network"),
+    ({"cluster_cidr": "fd00::/64"}, "IPv4"),
+    ({"oob_ports": "20100"}, "LOW-HIGH"),
+    ({"oob_ports": (20199, 20100)}, "empty"),
+    ({"oob_ports": (80, 200)}, "between 1024"),
+    ({"btl_ports": (20150, 20300)}, "overlap"),
+    ({"ssh_port": 20150}, "inside"),
+    ({"ssh_port": 22}, "between 1024"),
+    ({"workdir": "data/x"}, "absolute"),
+    ({"workdir": "/data/my job"}, "whitespace"),
+    ({"run_dir": "/run/my dir"}, "whitespace"),
+    ({"env_names": "PATH"}, "list"),
+    ({"env_names": ["A=B"]}, "not valid"), ({"env_names": ["A,B"]}, "not valid"),
+    ({"env_names": ["1X"]}, "not valid"), ({"env_names": [None]}, "not valid"),
+    ({"keepalive": (0, 1, 3)}, "positive"),
+    ({"keepalive": (2, 1)}, "time, intvl, probes"),
+    ({"keepalive": (2, 1, True)}, "positive"),
+    ({"launcher": "bin/mpirun"}, "launcher must be an absolute path"),
+    ({"launcher": "/opt/my mpi/mpirun"}, "whitespace"),
+    ({"stdout_path": "out"}, "absolute"),
+    ({"stderr_path": "/data/o"}, "must differ"),
+])
+def test_every_flavour_refuses_bad_launch_values_by_name(flavour, kwargs, message):
+    args = dict(zip(("np", "cluster_cidr", "oob_ports", "btl_ports", "ssh_port", "workdir"),
+                    ARGS), stdout_path="/data/o", stderr_path="/data/e")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        flavours.module(flavour).launcher_argv(**args)
+
+
 @pytest.mark.parametrize("flavour, sample, expected", [
     ("openmpi4", "mpirun/exit3.stderr", {"rank": 1, "exit_code": 3}),
     ("openmpi5", "openmpi5/exit3.stderr", {"rank": 1, "exit_code": 3}),
