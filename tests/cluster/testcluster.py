@@ -993,7 +993,7 @@ class TestCluster:
     def highstate(self, test=False):
         """Apply highstate to the master host's minion, then to the hub and every node;
         returns {minion: {id: result}}; raises on failure."""
-        started = self.master_started()
+        started = self.started("master", "salt-master")
         results = self._highstate(["master"], test)
         restarting = any("mpi-api-master-restart" in key and value.get("changes")
                          for key, value in results["master"].items())
@@ -1001,18 +1001,34 @@ class TestCluster:
             # Its state restarts salt-master (2 s after it returns) when the API's
             # configuration changed: what is published before that restart is lost.
             deadline = time.monotonic() + 60
-            while self.master_started() == started:
+            while self.started("master", "salt-master") == started:
                 if time.monotonic() > deadline:
                     raise ClusterError("salt-master did not restart after its API changed")
                 time.sleep(0.5)
             self.wait_for_minions()
+        minions_started = {node: self.started(node, "salt-minion") for node in self.nodes}
         results.update(self._highstate(["hub", *self.nodes], test))
+        if not test:
+            # A node whose engine changed restarts its minion 5 s after its highstate:
+            # until it is back, it reports nothing and answers no publish.
+            restarting = [node for node in self.nodes if any(
+                "mpi-node-engine-minion-restart" in key and value.get("changes")
+                for key, value in results[node].items())]
+            deadline = time.monotonic() + 60
+            while any(self.started(node, "salt-minion") == minions_started[node]
+                      for node in restarting):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"the minions of {restarting} did not restart after "
+                                       "their engine changed")
+                time.sleep(0.5)
+            if restarting:
+                self.wait_for_minions()
         return results
 
-    def master_started(self):
-        """When salt-master last started (systemd's monotonic timestamp, as text)."""
-        _, found = self.exec("master", ["systemctl", "show", "salt-master", "--value",
-                                        "-p", "ActiveEnterTimestampMonotonic"])
+    def started(self, host, unit):
+        """When ``unit`` last started on ``host`` (systemd's monotonic timestamp, as text)."""
+        _, found = self.exec(host, ["systemctl", "show", unit, "--value",
+                                    "-p", "ActiveEnterTimestampMonotonic"])
         return found.strip()
 
     def _highstate(self, minions, test=False):

@@ -5,9 +5,11 @@
     job containers. Built again when apt offers another OpenSSH. #}
 
 include:
+  - {{ tplroot }}.config
   - .jobs
 
 mpi-node-agent:
   mpi_agent.present:
     - require:
+      - sls: {{ tplroot }}.config
       - pkg: mpi-node-jobs-tools-installed
