@@ -13,8 +13,9 @@ dockermpi
 host
     host networking as DockerMPI used before: one container of the same approved image
     (pillar ``mpi:images:mpi``) on each of node1 and node2, started by this script with
-    ``--net=host --user 65000:65000`` (no capabilities, no-new-privileges), running an
-    unprivileged sshd on port 20099 of the node with a throwaway key pair and host key
+    ``--net=host --user 65000:65000`` (no capabilities, no-new-privileges), running the
+    node's own sshd (its remote-start agent, mounted as in job containers) unprivileged
+    on port 20099 of the node with a throwaway key pair and host key
     (the files are built by :mod:`dmpi.launch` as for a job), and plain ``mpirun``
     from node1's container over the nodes' host addresses with
     ``dmpi.launch.openmpi.mpirun_argv``: TCP BTL, the same MCA settings (``mca_params``) for the
@@ -60,6 +61,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import dmpi.launch.files  # noqa: E402
 import dmpi.launch.openmpi  # noqa: E402
 import dmpi.launch.ssh  # noqa: E402  (pure Python; key generation needs cryptography)
+from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD  # noqa: E402
 from dmpi_bench import (  # noqa: E402
     FINAL, BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
     trap_sigterm, verdict, check_common_args, parse_args,
@@ -241,7 +243,10 @@ class HostNetwork:
         self.ca = dmpi.launch.ssh.generate_ed25519_keypair("dmpi-bench-ca")
         for node in PAIR:
             put_files(node, self.directory, self.files(node))
+            # The node's own sshd and ssh, as job containers have them.
+            agent = node_exec(node, ["readlink", "-f", AGENT_DIR]).stdout.strip()
             mounts = [f"type=bind,src={self.directory},dst={self.run_dir},readonly",
+                      f"type=bind,src={agent},dst={AGENT_DIR},readonly",
                       f"type=bind,src={self.directory}/passwd,dst=/etc/passwd,readonly",
                       f"type=bind,src={self.directory}/group,dst=/etc/group,readonly",
                       "type=tmpfs,dst=/data,tmpfs-mode=1777"]
@@ -253,10 +258,12 @@ class HostNetwork:
                 argv += ["--cpus", str(self.args.cpus)]
             for mount in mounts:
                 argv += ["--mount", mount]
-            argv += [self.image, "/usr/sbin/sshd", "-D", "-e", "-f", f"{self.run_dir}/sshd_config"]
+            argv += ["--entrypoint", AGENT_SSHD, self.image,
+                     "-D", "-e", "-f", f"{self.run_dir}/sshd_config"]
             node_exec(node, argv, timeout=60)
         # Ready when node1's container logs in to node2's sshd with the throwaway keys.
-        ssh = ["ssh", *dmpi.launch.ssh.ssh_args(SSH_PORT, self.run_dir), ADDRESSES[PAIR[1]], "true"]
+        ssh = [AGENT_SSH, *dmpi.launch.ssh.ssh_args(SSH_PORT, self.run_dir), ADDRESSES[PAIR[1]],
+               "true"]
         deadline = time.monotonic() + T_SSHD
         while True:
             result = node_exec(PAIR[0], ["docker", "exec", f"{PREFIX}-{PAIR[0]}", *ssh],

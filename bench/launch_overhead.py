@@ -266,7 +266,7 @@ class Baseline:
         if config.get("User") != self.user:
             raise BenchError(f"launcher runs as {config.get('User')!r}, not the job's user "
                              f"{self.user}")
-        command = config["Cmd"]
+        command = (config.get("Entrypoint") or []) + (config.get("Cmd") or [])
         script = ["/bin/sh", "-c", dmpi.launch.openmpi.LAUNCHER_SCRIPT, "sh"]
         # The script, the output paths, then mpirun (by the path the image's probe found).
         real = command[len(script) + 2:]
