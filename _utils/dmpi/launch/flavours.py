@@ -9,6 +9,8 @@ flavour whose launcher reads settings from its environment only also offers
 losing a node ``lost_daemon(stderr_text)``.
 """
 
+import ipaddress
+
 from dmpi.launch import mpich, openmpi, openmpi5
 
 #: Flavour (probe's name) -> its launch module.
@@ -25,6 +27,50 @@ def module(flavour):
         raise ValueError(f"DockerMPI cannot launch jobs of MPI flavour {flavour!r} "
                          f"(it launches {', '.join(sorted(MODULES))})")
     return found
+
+
+def hostfile_slots(text):
+    """``[(address, slots)]`` of a job's hostfile, whatever its flavour's format
+    (``address slots=N ...`` or ``address:N``), in order; lines that are not an IPv4
+    address are skipped, and slots that cannot be read count as 1. Never raises."""
+    entries = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        address, _, count = words[0].partition(":")
+        for word in words[1:]:
+            if word.startswith("slots="):
+                count = word[len("slots="):]
+        try:
+            entries.append((str(ipaddress.IPv4Address(address)),
+                            int(count) if count.isdigit() and len(count) < 7 else 1))
+        except ValueError:
+            continue
+    return entries
+
+
+def hostfile_addresses(text):
+    """The node addresses of a job's hostfile (:func:`hostfile_slots`), in order."""
+    return [address for address, _ in hostfile_slots(text)]
+
+
+def failed_rank_at(failure, hostfile_text):
+    """A failure a launcher pinned on a node, not a rank (``{"host": address, ...}``:
+    MPICH's "BAD TERMINATION" banner), with the rank instead: the one rank the hostfile
+    puts at that address (ranks fill the slots in hostfile order). None when that node
+    holds several of the job's slots or none (what else the failure holds, such as
+    ``placement``, stays). Any other failure is returned as is."""
+    if not isinstance(failure, dict) or "host" not in failure:
+        return failure
+    first = 0
+    for address, slots in hostfile_slots(hostfile_text):
+        if address == failure["host"] and slots == 1:
+            return {"rank": first, **{k: v for k, v in failure.items() if k != "host"}}
+        first += slots
+    rest = {k: v for k, v in failure.items()
+            if k not in ("host", "exit_code", "signal", "signal_name")}
+    return rest or None
 
 
 def launcher_environment(module, oob_ports, ssh_port):

@@ -204,6 +204,12 @@ _RE_ABORT = re.compile(
     r"(?P<rank>[0-9]{1,9})\b"
 )
 _RE_EXIT_CODES = re.compile(r"\] Exit codes: ")
+# Hydra's banner, when its proxies fail before the exit codes are printed (the other
+# ranks lose their connections to the dead one and the proxies' clean-up breaks off):
+# it names the node's address, and the exit code, 128 + the signal for a signal.
+_RE_BANNER = re.compile(
+    r"=   PID [0-9]{1,10} RUNNING AT (?P<host>[0-9]{1,3}(?:\.[0-9]{1,3}){3})\n"
+    r"=   EXIT CODE: (?P<code>[0-9]{1,10})\n")
 _RE_PROXY_STATUSES = re.compile(r"\[[^\]\s]{1,255}\] (?P<statuses>[0-9]{1,10}(?:,[0-9]{1,10})*)\n")
 # The signal Hydra's clean-up kills the other ranks with: a rank dead of it may be a
 # victim, not the cause.
@@ -261,8 +267,10 @@ def parse_failure(stderr_text):
     rank's (a lost node, ssh), or one Hydra's words cannot pin on a rank (several ranks
     dead of SIGKILL: the cause and the clean-up's victims look alike). Ranks are counted
     through the proxies in hostfile order, which is how Hydra numbers them while ``np``
-    does not exceed the hostfile's slots. It never raises: the text is written by the
-    user's job.
+    does not exceed the hostfile's slots. When Hydra printed no exit statuses (its
+    proxies broke off), its "BAD TERMINATION" banner gives ``{"host": address, ...}``
+    instead of a rank (:func:`dmpi.launch.flavours.failed_rank_at` finds the rank). It
+    never raises: the text is written by the user's job.
 
     Hydra prints its verdict after every rank has gone, so the *last* message wins
     (a last ``Exit codes`` block that pins nothing is a last word of None); a program
@@ -280,5 +288,11 @@ def parse_failure(stderr_text):
         if statuses:
             found.append((match.start(), _verdict_of_statuses(statuses)))
     if not found:
-        return None
+        banners = list(_RE_BANNER.finditer(text))
+        if not banners:
+            return None
+        host, code = banners[-1].group("host"), int(banners[-1].group("code"))
+        if 128 < code < 128 + 65:
+            return {"host": host, "signal": code - 128, "signal_name": signal_name(code - 128)}
+        return {"host": host, "exit_code": code} if code else None
     return max(found, key=lambda item: item[0])[1]

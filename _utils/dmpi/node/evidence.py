@@ -5,7 +5,6 @@ limits hit, the Docker engine, and whether each of the job's other containers an
 Nothing a job wrote can make it raise: at worst that job's failure stays unknown.
 """
 
-import ipaddress
 import json
 import logging
 import os
@@ -51,21 +50,12 @@ def _job_peers(secret_dir):
         with open(os.path.join(secret_dir, "sshd_config"), errors="replace") as handle:
             match = _PORT_RE.search(handle.read(containers.SECRET_FILE_MAX))
         with open(os.path.join(secret_dir, "hostfile"), errors="replace") as handle:
-            lines = handle.read(containers.SECRET_FILE_MAX).splitlines()
+            hostfile = handle.read(containers.SECRET_FILE_MAX)
     except OSError:
         return None, []
     if not match:
         return None, []
-    addresses = []
-    for line in lines:
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
-        try:
-            addresses.append(str(ipaddress.IPv4Address(words[0])))
-        except ValueError:
-            log.warning("%s/hostfile: ignoring %r", secret_dir, line[:80])
-    return int(match.group(1)), addresses
+    return int(match.group(1)), dmpi.launch.flavours.hostfile_addresses(hostfile)
 
 
 def _tcp_connects(address, port, timeout):
@@ -192,7 +182,7 @@ def _empty_job():
     }
 
 
-def _failed_rank(storage_path, job_id, job):
+def _failed_rank(storage_path, job_root, job_id, job):
     """Which rank failed, from the job's stderr (and, after a failure, its stdout: Hydra
     says there) read as its uid, once per job; None when unknown. A launcher that exited
     0 is read too: Open MPI 5's mpirun exits 0 after it lost a node's daemon, and says
@@ -216,6 +206,13 @@ def _failed_rank(storage_path, job_id, job):
         except (DockerMPIError, ValueError, TypeError) as exc:
             log.debug("job %s: cannot read stdout: %s", job_id, exc)
     failure = _failure_in(text, job["launcher_exit_code"])
+    if isinstance(failure, dict) and "host" in failure:
+        try:
+            with open(os.path.join(job_root, job_id, "hostfile"), errors="replace") as handle:
+                hostfile = handle.read(containers.SECRET_FILE_MAX)
+        except OSError:
+            hostfile = ""
+        failure = dmpi.launch.flavours.failed_rank_at(failure, hostfile)
     if len(_FAILURES) >= _FAILURES_KEPT:
         _FAILURES.clear()
     _FAILURES[job_id] = (job["launcher_exit_code"], failure)
@@ -302,7 +299,7 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
 
     wanted = {}
     for job_id, job in found.items():
-        job["failure"] = _failed_rank(storage_path, job_id, job)
+        job["failure"] = _failed_rank(storage_path, job_root, job_id, job)
         running = "running" in job["containers"].values()
         if running and job["secrets"]:
             port, addresses = _job_peers(os.path.join(job_root, job_id))

@@ -93,3 +93,16 @@ def test_a_lost_daemon_is_read_from_open_mpi_5_only():
 
 def test_mpich_is_a_flavour():
     assert flavours.module("mpich") is mpich
+
+
+@pytest.mark.parametrize("flavour", sorted(flavours.MODULES))
+def test_the_nodes_addresses_are_read_back_from_every_flavours_hostfile(flavour):
+    # The node probes a running job's peers at the addresses of its hostfile.
+    placement = [("10.251.1.130", 2), ("10.251.1.131", 1), ("10.251.1.132", 4)]
+    text = flavours.module(flavour).hostfile_text(placement)
+    assert flavours.hostfile_addresses(text) == [a for a, _ in placement]
+
+
+def test_hostfile_lines_that_are_no_address_are_skipped():
+    text = "# comment\n\n10.0.0.1:2\nnode9 slots=1\n999.1.1.1:1\n10.0.0.2 slots=1\n\x00:\n"
+    assert flavours.hostfile_addresses(text) == ["10.0.0.1", "10.0.0.2"]

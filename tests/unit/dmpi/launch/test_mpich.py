@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dmpi.contract import AGENT_SSH
-from dmpi.launch import mpich, openmpi, ssh
+from dmpi.launch import flavours, mpich, openmpi, ssh
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "mpich"
 
@@ -262,8 +262,43 @@ def test_parse_never_raises_on_what_a_job_can_write():
 ), max_size=6))
 def test_parse_never_raises_and_returns_a_well_formed_verdict(pieces):
     found = mpich.parse_failure("\n".join(pieces))
-    assert found is None or (isinstance(found["rank"], int) and 0 <= found["rank"] < 10**9)
+    assert found is None or (isinstance(found["rank"], int) and 0 <= found["rank"] < 10**9) \
+        or isinstance(found["host"], str)
     if found and "signal" in found:
         assert 0 < found["signal"] < 128 and isinstance(found["signal_name"], str)
     elif found:
         assert isinstance(found["exit_code"], int)
+
+
+#: A job of MPICH 5.0.2 (the PyPI wheel) on the test cluster, ranks 0-2 on 10.251.1.240-242
+#: (one slot each), rank 1 killed by SIGSEGV while the others slept: the proxies broke
+#: off before Hydra printed the ranks' exit statuses, and only its banner is left.
+BROKE_OFF = pathlib.Path(__file__).resolve().parent / "data" / "mpich-5.0.2"
+BROKE_OFF_PLACEMENT = [("10.251.1.240", 1), ("10.251.1.241", 1), ("10.251.1.242", 1)]
+
+
+def test_the_banner_names_the_node_when_the_exit_statuses_never_came():
+    text = "\n".join((BROKE_OFF / f"segv_proxies_broke_off.{stream}").read_text()
+                     for stream in ("stderr", "stdout"))
+    found = mpich.parse_failure(text)
+    assert found == {"host": "10.251.1.241", "signal": 11, "signal_name": "SIGSEGV"}
+    # The node finds the rank from the job's hostfile: the one rank at that address.
+    hostfile = mpich.hostfile_text(BROKE_OFF_PLACEMENT)
+    assert flavours.failed_rank_at(found, hostfile) == {
+        "rank": 1, "signal": 11, "signal_name": "SIGSEGV"}
+    # Two slots there: which of the two ranks died is unknown.
+    two = mpich.hostfile_text([("10.251.1.240", 1), ("10.251.1.241", 2)])
+    assert flavours.failed_rank_at(found, two) is None
+    assert flavours.failed_rank_at(dict(found, placement="elsewhere"), two) == {
+        "placement": "elsewhere"}
+    assert flavours.failed_rank_at(found, "") is None
+
+
+def test_exit_statuses_win_over_the_banner():
+    banner = ("=   PID 40 RUNNING AT 10.0.0.9\n=   EXIT CODE: 139\n")
+    assert mpich.parse_failure(banner + _output("exit3")) == {"rank": 1, "exit_code": 3}
+    assert mpich.parse_failure("=   PID 40 RUNNING AT 10.0.0.9\n=   EXIT CODE: 3\n") == {
+        "host": "10.0.0.9", "exit_code": 3}
+    assert mpich.parse_failure("=   PID 4 RUNNING AT 10.0.0.9\n=   EXIT CODE: 99999\n") == {
+        "host": "10.0.0.9", "exit_code": 99999}
+    assert mpich.parse_failure("=   PID 4 RUNNING AT node1\n=   EXIT CODE: 139\n") is None
