@@ -68,6 +68,8 @@ def _start_cluster_build(config):
 
 
 def pytest_collection_finish(session):
+    if session.config.option.collectonly:  # listing tests must not rebuild the cluster
+        return
     if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
         _start_cluster_build(session.config)
 

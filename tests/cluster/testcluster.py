@@ -655,6 +655,12 @@ class TestCluster:
                                 REPO / "tests/cluster/images/mpi-openmpi5",
                                 {"wheelhouse": WHEELHOUSE})
 
+    def mpi_mpich_image(self):
+        """An image with Debian's MPICH and mpi4py from PyPI in a virtualenv, no ssh
+        (tests/cluster/images/mpi-mpich)."""
+        return self.build_image("dockermpi/mpi-mpich", REPO / "tests/cluster/images/mpi-mpich",
+                                {"wheelhouse": WHEELHOUSE})
+
     def notebook_mpich_image(self):
         """The notebook image with MPICH and mpi4py from PyPI in a virtualenv first on
         PATH: a second image offered for notebooks (tests/cluster/images/notebook-mpich)."""
@@ -944,7 +950,15 @@ class TestCluster:
         host's first), then check the master really serves the job controller (runner,
         engine, node reports) and the hub answers before saying so."""
         self.sync_master()
-        self.salt(["salt", "-L", ",".join(self.minions), "saltutil.sync_all"])
+        _, synced = self.salt_json(["salt", "-L", ",".join(self.minions), "saltutil.sync_all"])
+        # A node's engine keeps the library it loaded at start.
+        stale = [minion for minion, kinds in synced.items()
+                 if minion in self.nodes and isinstance(kinds, dict)
+                 and any(kinds.get(kind) for kind in ("utils", "engines", "modules"))]
+        for node in stale:
+            self.exec(node, ["systemctl", "restart", "salt-minion"])
+        if stale:
+            self.wait_for_minions()
         self.salt(["salt", "-L", ",".join(self.minions), "saltutil.refresh_pillar",
                    "wait=True"])
         results = self.highstate()

@@ -211,15 +211,6 @@ ENTRYPOINT ["/bin/false"]
 """
 
 
-ALLREDUCE = ("import platform; from mpi4py import MPI; c = MPI.COMM_WORLD; "
-             "print(f'rank {c.Get_rank()} of {c.Get_size()}: "
-             "{c.allreduce(c.Get_rank() + 1)} glibc {platform.libc_ver()[1]}')")
-
-
-EXIT_3_ON_RANK_1 = ("import sys, time; from mpi4py import MPI; r = MPI.COMM_WORLD.Get_rank(); "
-                    "time.sleep(0 if r == 1 else 30); sys.exit(3 if r == 1 else 0)")
-
-
 def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster):
     """...and each rank checks it runs where DockerMPI placed it."""
     import io
@@ -242,9 +233,7 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         fileobj=io.BytesIO(TOOLED_DOCKERFILE.format(base=cluster.mpi_image()).encode()),
         tag=tooled_tag, rm=True, network_mode="none")
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
-              for name, tag in (("plain", plain_tag), ("tooled", tooled_tag),
-                                ("bullseye", cluster.mpi_bullseye_image()),
-                                ("openmpi5", cluster.mpi_openmpi5_image()))}
+              for name, tag in (("plain", plain_tag), ("tooled", tooled_tag))}
     _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
     approved = yaml.safe_load(original) or {}
     approved["mpi"]["images"].update(pushed)
@@ -296,32 +285,6 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
             done
         assert "were placed (nodes node1,node2: 2,1 ranks)" in done["reason"] or \
             "were placed (nodes node2,node1: 2,1 ranks)" in done["reason"], done
-        # An older Debian (another glibc, Open MPI and Python), and Open MPI 5 (PRRTE's
-        # mpirun) with mpi4py from PyPI in a virtualenv first on PATH and a USER and
-        # WORKDIR of its own, neither with ssh: mpi4py's allreduce over three nodes, each
-        # started by the node's own sshd; then a rank exiting 3, named from each MPI's
-        # own messages (MPICH's too, in the notebook image that holds it).
-        for image, facts, glibc in (
-                ("bullseye", ("openmpi4", "4.1.0", "/usr/bin/mpirun"), "2.31"),
-                ("openmpi5", ("openmpi5", "5.0.11", "/opt/venv/bin/mpirun"), "2.36")):
-            found = images[image]
-            assert found["runs_jobs"] is True and found["sshd"] is None, found
-            assert (found["flavour"], found["mpi_version"], found["launcher"]) == facts, found
-            assert found["glibc"] == glibc, found
-            job_id = submit(cluster, user="operations", image=image, np=3, nodes=3,
-                            slots_per_node=1, cmd=["python3", "-c", ALLREDUCE])
-            code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=180)
-            assert code == 0 and done["state"] == "succeeded", done
-            assert len(done["placement"]) == 3, done
-            _, out = run(cluster, "mpi.logs", job_id=job_id)
-            assert sorted(out.splitlines()) == [
-                f"rank {r} of 3: 6 glibc {glibc}" for r in range(3)], out
-        for image in ("bullseye", "openmpi5", "notebook-mpich"):
-            job_id = submit(cluster, user="operations", image=image, np=3, nodes=3,
-                            slots_per_node=1, cmd=["python3", "-c", EXIT_3_ON_RANK_1])
-            code, done = run(cluster, "mpi.wait", job_id=job_id, timeout=180)
-            assert done["state"] == "failed", (image, done)
-            assert done["reason"] == "rank 1 exited with code 3", (image, done)
     finally:
         cluster.put_file("master", IMAGES_PILLAR, original.encode())
         cluster.salt(["salt", "*", "saltutil.refresh_pillar", "--timeout=30"])
