@@ -4,9 +4,10 @@ lines (bind-mounted over ``/etc/passwd`` and ``/etc/group``) and the program scr
 runs the user's command without a shell parsing it.
 """
 
+import re
 import shlex
 
-from dmpi.launch.values import check_abs_path, check_id, check_name
+from dmpi.launch.values import check_abs_path, check_id, check_name, signal_name
 
 
 def passwd_text(user, uid, gid, home="/data", shell="/bin/sh"):
@@ -85,7 +86,27 @@ fi
 """ % {"mark": PLACEMENT_MARK, "code": PLACEMENT_EXIT}
 
 
-def program_script_text(program):
+#: What a rank's script says when its program failed, under an MPI that does not end a
+#: job when one rank exits non-zero (:data:`_END_JOB_ON_FAILURE`).
+RANK_FAILED_MARK = "DockerMPI: the program of a rank failed:"
+
+#: After the program, under such an MPI (Hydra, which only ends a job when a rank is
+#: killed by a signal; the others would run on to the walltime): a non-zero exit is
+#: said, then the script ends by the program's own signal, or by SIGKILL for an exit
+#: code, so the MPI ends the job at once. Plain POSIX sh.
+_END_JOB_ON_FAILURE = r"""status=$?
+if [ "$status" -ne 0 ]; then
+  echo "%(mark)s rank ${rank:-?} status $status" >&2
+  if [ "$status" -gt 128 ] && [ "$status" -lt 193 ]; then kill -$((status - 128)) $$; fi
+  kill -9 $$
+fi
+exit "$status"
+""" % {"mark": RANK_FAILED_MARK}
+_RANK_FAILED_RE = re.compile(re.escape(RANK_FAILED_MARK)
+                             + r" rank ([0-9]{1,9}) status ([0-9]{1,3})\n")
+
+
+def program_script_text(program, end_job_on_failure=False):
     """
     Return the script every rank runs: ``exec`` of the user's program, each word quoted.
 
@@ -98,6 +119,11 @@ def program_script_text(program):
     argv would be mpirun syntax. Each word is single-quoted (:func:`shlex.quote`), so the
     shell only execs it; ``exec`` keeps the rank's exit code and signals the program's.
     Before it, the rank checks it runs where it was placed (:data:`_PLACEMENT_CHECK`).
+
+    end_job_on_failure
+        True for an MPI that does not end a job when a rank exits non-zero: the program
+        runs as the script's child, and a failure ends the script by a signal
+        (:data:`_END_JOB_ON_FAILURE`), which the MPI does act on.
     """
     if isinstance(program, str) or not isinstance(program, (list, tuple)) or not program:
         raise ValueError("program must be a non-empty list of strings (argv), not a string")
@@ -107,6 +133,9 @@ def program_script_text(program):
     if not program[0]:
         raise ValueError("program must start with a program name")
     words = " ".join(shlex.quote(arg) for arg in program)
+    if end_job_on_failure:
+        return ("# DockerMPI: the job's program (generated; each word is data)\n"
+                + _PLACEMENT_CHECK + words + "\n" + _END_JOB_ON_FAILURE)
     return ("# DockerMPI: the job's program (generated; each word is data)\n"
             + _PLACEMENT_CHECK + "exec " + words + "\n")
 
@@ -122,3 +151,20 @@ def placement_failure(stderr_text):
         return None
     line = stderr_text[at + len(PLACEMENT_MARK):].split("\n", 1)[0]
     return "".join(c if c.isprintable() else "?" for c in line.strip())[:300] or None
+
+
+
+def rank_failure(stderr_text):
+    """Which rank's program failed how, from the first :data:`RANK_FAILED_MARK` line in a
+    job's standard error: ``{"rank": int, "exit_code": int}``, or ``{"rank": int,
+    "signal": int, "signal_name": str}`` for a status above 128 (a shell's 128 + signal);
+    None when no rank said so. Never raises: the text is the job's."""
+    if not isinstance(stderr_text, str):
+        return None
+    match = _RANK_FAILED_RE.search(stderr_text.replace("\r\n", "\n"))
+    if match is None:
+        return None
+    rank, status = int(match.group(1)), int(match.group(2))
+    if 128 < status < 193:
+        return {"rank": rank, "signal": status - 128, "signal_name": signal_name(status - 128)}
+    return {"rank": rank, "exit_code": status} if status else None

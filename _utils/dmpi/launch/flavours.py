@@ -73,6 +73,12 @@ def failed_rank_at(failure, hostfile_text):
     return rest or None
 
 
+def ends_job_on_rank_exit(module):
+    """Whether the MPI of a flavour's launch ``module`` ends a job when one rank exits
+    non-zero (its ``ENDS_JOB_ON_RANK_EXIT``; Open MPI's mpirun does)."""
+    return getattr(module, "ENDS_JOB_ON_RANK_EXIT", True)
+
+
 def launcher_environment(module, oob_ports, ssh_port):
     """``{name: value}`` the launcher container of a job of flavour ``module`` must
     have besides the job's own environment (Hydra's ssh options and control port)."""

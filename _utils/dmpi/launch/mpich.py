@@ -78,6 +78,11 @@ from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, che
                                 check_output_paths, check_port, check_range, check_ranks,
                                 signal_name)
 
+#: Hydra ends a job when a rank is killed by a signal, not when one exits non-zero (the
+#: others run on): each rank's script turns a failure into a signal
+#: (:func:`dmpi.launch.files.program_script_text`).
+ENDS_JOB_ON_RANK_EXIT = False
+
 #: The launcher container's fixed wrapper script (shared with Open MPI).
 LAUNCHER_SCRIPT = openmpi.LAUNCHER_SCRIPT
 

@@ -144,7 +144,9 @@ def job_files(config, record, job_addresses):
         "sshd_config": dmpi.launch.ssh.sshd_config_text(sshd_port, account),
         "passwd": dmpi.launch.files.passwd_text(account, uid, uid, home=DATA_MOUNT),
         "group": dmpi.launch.files.group_text(account, uid),
-        "program": dmpi.launch.files.program_script_text(record["cmd"]),
+        "program": dmpi.launch.files.program_script_text(
+            record["cmd"], end_job_on_failure=not dmpi.launch.flavours.ends_job_on_rank_exit(
+                flavour)),
         "hostfile": flavour.hostfile_text(
             [(job_addresses[node], ranks) for node, ranks in record["placement"].items()]
         ),

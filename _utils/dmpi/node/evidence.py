@@ -224,7 +224,8 @@ def _failure_in(text, exit_code):
     if exit_code == 0:
         lost = dmpi.launch.flavours.lost_daemon(text)
         return {"lost_daemon": lost} if lost else None
-    failure = dmpi.launch.flavours.parse_failure(text)
+    # A rank's own word comes first: it is the first failure, the MPI's may be a later one.
+    failure = dmpi.launch.files.rank_failure(text) or dmpi.launch.flavours.parse_failure(text)
     placement = dmpi.launch.files.placement_failure(text)
     if placement:
         failure = dict(failure or {}, placement=placement)

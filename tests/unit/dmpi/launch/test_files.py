@@ -120,3 +120,43 @@ def test_the_placement_failure_is_read_from_the_jobs_stderr(tmp_path):
     assert files.placement_failure(None) is None
     assert files.placement_failure(files.PLACEMENT_MARK + " \x1b[31m" + "x" * 999) == \
         "?[31m" + "x" * 295
+
+
+def _watched(tmp_path, program, env=None):
+    script = tmp_path / "program"
+    script.write_text(files.program_script_text(program, end_job_on_failure=True))
+    return subprocess.run(["dash", str(script)], capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin", "PMI_RANK": "2", **(env or {})})
+
+
+def test_under_an_mpi_that_ignores_a_ranks_exit_a_failure_ends_the_rank_by_a_signal(tmp_path):
+    # Hydra ends a job only for a rank killed by a signal: exit 3 becomes SIGKILL, said.
+    found = _watched(tmp_path, ["sh", "-c", "echo out; exit 3"])
+    assert (found.returncode, found.stdout) == (-9, "out\n")
+    assert found.stderr == f"{files.RANK_FAILED_MARK} rank 2 status 3\n"
+    assert files.rank_failure("noise\n" + found.stderr) == {"rank": 2, "exit_code": 3}
+    # A program killed by a signal: the script dies of the same signal.
+    found = _watched(tmp_path, ["sh", "-c", "kill -SEGV $$"])
+    assert found.returncode == -11
+    assert files.rank_failure(found.stderr) == {"rank": 2, "signal": 11,
+                                                "signal_name": "SIGSEGV"}
+
+
+def test_under_an_mpi_that_ignores_a_ranks_exit_success_and_placement_are_unchanged(tmp_path):
+    found = _watched(tmp_path, ["sh", "-c", "echo fine"])
+    assert (found.returncode, found.stdout, found.stderr) == (0, "fine\n", "")
+    found = _watched(tmp_path, ["echo", "ran"], {"MPI_LOCALNRANKS": "5",
+                                                "DMPI_TASKS_PER_NODE": "2,3",
+                                                "DMPI_NODELIST": "a,b"})
+    assert found.returncode == files.PLACEMENT_EXIT and found.stdout == ""
+
+
+def test_a_ranks_failure_is_read_first_and_never_raises():
+    mark = files.RANK_FAILED_MARK
+    assert files.rank_failure(f"{mark} rank 1 status 3\n{mark} rank 0 status 137\n") == {
+        "rank": 1, "exit_code": 3}
+    assert files.rank_failure(f"{mark} rank 1 status 3\r\n") == {"rank": 1, "exit_code": 3}
+    for junk in (None, b"x", "", f"{mark} rank ? status 3\n", f"{mark} rank 1 status 9999\n",
+                 f"{mark} rank {'9' * 50} status 3\n", f"{mark} rank \u0663 status 3\n",
+                 f"{mark} rank 1 status 0\n"):
+        assert files.rank_failure(junk) is None, junk
