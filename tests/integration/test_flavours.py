@@ -16,12 +16,11 @@ import pytest
 import yaml
 
 from tests.integration.test_lifecycle import run, submit, wait_clean, wait_for
+from tests.integration.test_operations import IMAGES_PILLAR, _images
 from tests.integration.test_tenants import (ATTACKER, VICTIM, victim,  # noqa: F401
                                             victim_unharmed_and_nothing_left)
 
 pytestmark = pytest.mark.cluster
-
-IMAGES_PILLAR = "/srv/pillar-local/testcluster_images.sls"
 
 #: Approved image name: what the probe must find (flavour, version, launcher, glibc).
 #: notebook-mpich is approved when the cluster is built; the others by this module.
@@ -57,12 +56,6 @@ def _ranks_output(cluster, job_id):
     codes: [<node>] 0,0" and "[<node>] 0,0")."""
     _, out = run(cluster, "mpi.logs", job_id=job_id)
     return [line for line in out.splitlines() if not line.startswith("[")]
-
-
-def _images(cluster):
-    code, found = run(cluster, "mpi.images")
-    assert code == 0, found
-    return {image["name"]: image for image in found["images"]}
 
 
 @pytest.fixture(scope="module")

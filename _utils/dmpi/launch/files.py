@@ -7,7 +7,7 @@ runs the user's command without a shell parsing it.
 import re
 import shlex
 
-from dmpi.launch.values import check_abs_path, check_id, check_name, signal_name
+from dmpi.launch.values import check_abs_path, check_id, check_name, status_failure
 
 
 def passwd_text(user, uid, gid, home="/data", shell="/bin/sh"):
@@ -133,11 +133,9 @@ def program_script_text(program, end_job_on_failure=False):
     if not program[0]:
         raise ValueError("program must start with a program name")
     words = " ".join(shlex.quote(arg) for arg in program)
-    if end_job_on_failure:
-        return ("# DockerMPI: the job's program (generated; each word is data)\n"
-                + _PLACEMENT_CHECK + words + "\n" + _END_JOB_ON_FAILURE)
+    run = words + "\n" + _END_JOB_ON_FAILURE if end_job_on_failure else "exec " + words + "\n"
     return ("# DockerMPI: the job's program (generated; each word is data)\n"
-            + _PLACEMENT_CHECK + "exec " + words + "\n")
+            + _PLACEMENT_CHECK + run)
 
 
 def placement_failure(stderr_text):
@@ -153,7 +151,6 @@ def placement_failure(stderr_text):
     return "".join(c if c.isprintable() else "?" for c in line.strip())[:300] or None
 
 
-
 def rank_failure(stderr_text):
     """Which rank's program failed how, from the first :data:`RANK_FAILED_MARK` line in a
     job's standard error: ``{"rank": int, "exit_code": int}``, or ``{"rank": int,
@@ -164,7 +161,5 @@ def rank_failure(stderr_text):
     match = _RANK_FAILED_RE.search(stderr_text.replace("\r\n", "\n"))
     if match is None:
         return None
-    rank, status = int(match.group(1)), int(match.group(2))
-    if 128 < status < 193:
-        return {"rank": rank, "signal": status - 128, "signal_name": signal_name(status - 128)}
-    return {"rank": rank, "exit_code": status} if status else None
+    said = status_failure(int(match.group(2)))
+    return {"rank": int(match.group(1)), **said} if said else None

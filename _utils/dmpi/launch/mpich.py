@@ -76,7 +76,7 @@ from dmpi.launch import openmpi
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
 from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, check_keepalive,
                                 check_output_paths, check_port, check_range, check_ranks,
-                                signal_name)
+                                signal_name, status_failure)
 
 #: Hydra ends a job when a rank is killed by a signal, not when one exits non-zero (the
 #: others run on): each rank's script turns a failure into a signal
@@ -296,8 +296,6 @@ def parse_failure(stderr_text):
         banners = list(_RE_BANNER.finditer(text))
         if not banners:
             return None
-        host, code = banners[-1].group("host"), int(banners[-1].group("code"))
-        if 128 < code < 128 + 65:
-            return {"host": host, "signal": code - 128, "signal_name": signal_name(code - 128)}
-        return {"host": host, "exit_code": code} if code else None
+        said = status_failure(int(banners[-1].group("code")))
+        return {"host": banners[-1].group("host"), **said} if said else None
     return max(found, key=lambda item: item[0])[1]

@@ -136,6 +136,15 @@ def check_output_paths(stdout_path, stderr_path):
         raise ValueError("stdout_path and stderr_path must differ")
 
 
+def status_failure(status):
+    """What a shell's exit status says of the program it ran, as a failure's fields:
+    ``{"signal": n, "signal_name": ...}`` for 129-192 (128 + the signal that killed
+    it), ``{"exit_code": status}`` for any other non-zero status, None for 0."""
+    if 128 < status < 128 + 65:
+        return {"signal": status - 128, "signal_name": signal_name(status - 128)}
+    return {"exit_code": status} if status else None
+
+
 def signal_name(number, text=None):
     """``SIGSEGV`` for 11; for a number no signal has, ``text`` (the MPI's own word) or
     ``SIG<number>``."""

@@ -40,20 +40,23 @@ _FAILURES = {}
 _FAILURES_KEPT = 1000
 
 
-def _job_peers(secret_dir):
-    """(the job's sshd port, [job addresses from the hostfile]) or (None, []).
-
-    The secret directory is root's (mounted read-only into the job), so its content is
-    the master's; it is still read with bounds.
-    """
+def _secret_text(secret_dir, name):
+    """A file of the job's secret directory, or None. The directory is root's (mounted
+    read-only into the job), so its content is the master's; it is still read with
+    bounds."""
     try:
-        with open(os.path.join(secret_dir, "sshd_config"), errors="replace") as handle:
-            match = _PORT_RE.search(handle.read(containers.SECRET_FILE_MAX))
-        with open(os.path.join(secret_dir, "hostfile"), errors="replace") as handle:
-            hostfile = handle.read(containers.SECRET_FILE_MAX)
+        with open(os.path.join(secret_dir, name), errors="replace") as handle:
+            return handle.read(containers.SECRET_FILE_MAX)
     except OSError:
-        return None, []
-    if not match:
+        return None
+
+
+def _job_peers(secret_dir):
+    """(the job's sshd port, [job addresses from the hostfile]) or (None, [])."""
+    sshd_config = _secret_text(secret_dir, "sshd_config")
+    hostfile = _secret_text(secret_dir, "hostfile")
+    match = _PORT_RE.search(sshd_config) if sshd_config is not None else None
+    if hostfile is None or not match:
         return None, []
     return int(match.group(1)), dmpi.launch.flavours.hostfile_addresses(hostfile)
 
@@ -207,11 +210,7 @@ def _failed_rank(storage_path, job_root, job_id, job):
             log.debug("job %s: cannot read stdout: %s", job_id, exc)
     failure = _failure_in(text, job["launcher_exit_code"])
     if isinstance(failure, dict) and "host" in failure:
-        try:
-            with open(os.path.join(job_root, job_id, "hostfile"), errors="replace") as handle:
-                hostfile = handle.read(containers.SECRET_FILE_MAX)
-        except OSError:
-            hostfile = ""
+        hostfile = _secret_text(os.path.join(job_root, job_id), "hostfile") or ""
         failure = dmpi.launch.flavours.failed_rank_at(failure, hostfile)
     if len(_FAILURES) >= _FAILURES_KEPT:
         _FAILURES.clear()
