@@ -342,7 +342,8 @@ def probe(reference):
     throw-away container with no network, as nobody, and keep the facts on this node,
     where its health report carries them to the master (``salt-run mpi.images``).
     Returns the facts; ``problem`` says why the probe could not run, ``why_no_jobs``
-    why jobs cannot run on the image (None when they can).
+    why jobs cannot run on the image (None when they can), ``why_one_node_only`` why its
+    jobs keep to one node (None when they need not).
 
     reference
         ``registry/repo@sha256:<64 hex>``, present on this node.
@@ -359,6 +360,7 @@ def probe(reference):
     except NodeError as exc:
         raise CommandExecutionError(str(exc)) from exc
     facts["why_no_jobs"] = image_probe.why_no_jobs(facts)
+    facts["why_one_node_only"] = image_probe.why_one_node_only(facts)
     try:
         return imagefacts.keep(reference, facts)
     except OSError as exc:

@@ -103,6 +103,8 @@ def _probed(ret, reference):
     ret["comment"] += f"; probed: {image_probe.describe(facts)}"
     if facts.get("why_no_jobs"):
         ret["comment"] += f"; jobs cannot run on it: {facts['why_no_jobs']}"
+    elif facts.get("why_one_node_only"):
+        ret["comment"] += f"; its jobs keep to one node: {facts['why_one_node_only']}"
     return ret
 
 

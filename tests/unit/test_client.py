@@ -241,6 +241,13 @@ IMAGE_LIST = [
      "launcher": None, "python3": "/usr/bin/python3", "python_version": "3.11.2",
      "mpi4py": None, "sshd": None, "os": "Debian GNU/Linux 12 (bookworm)", "glibc": "2.36",
      "probed_on": ["node1"], "mpi_from_pillar": False},
+    {"name": "mpich", "reference": "reg:5000/dockermpi/mpich@sha256:" + "2" * 64,
+     "runs_jobs": True, "why_no_jobs": None, "why_one_node_only": "its MPICH 4.0.2 (ch4:ucx) "
+     "can hang in MPI_Finalize when ranks span nodes", "mpi": "MPICH 4.0.2 (/usr/bin/mpirun)",
+     "flavour": "mpich", "mpi_version": "4.0.2", "launcher": "/usr/bin/mpirun",
+     "python3": "/usr/bin/python3", "python_version": "3.11.2", "mpi4py": None, "sshd": None,
+     "os": "Debian GNU/Linux 12 (bookworm)", "glibc": "2.36", "probed_on": ["node1"],
+     "mpi_from_pillar": False},
 ]
 LOG_BYTES = 1 << 20  # the API's default per-call log byte limit
 JOB_FIELDS = {"image", "np", "cmd", "name", "nodes", "slots_per_node", "walltime", "env",
@@ -1253,13 +1260,15 @@ def test_mpi_submit_mpijob_sends_the_manifest_as_written(api, capsys, tmp_path):
 
 def test_mpi_images_says_which_images_run_jobs_and_why_not(api, capsys):
     assert cli.main(["images"]) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "IMAGE     JOBS  MPI (OR WHY NOT)                                        PYTHON"
-        "                OS",
-        "mpi       yes   Open MPI 4.1.4 (/usr/bin/mpirun), mpi4py 3.1.4          3.11.2, "
-        "mpi4py 3.1.4  Debian GNU/Linux 12 (bookworm)",
-        "notebook  no    it has no MPI launcher (mpirun or mpiexec) on its PATH  3.11.2"
-        "                Debian GNU/Linux 12 (bookworm)"]
+    assert [line.rstrip() for line in capsys.readouterr().out.splitlines()] == [
+        "IMAGE     JOBS      MPI (OR WHY NOT)" + " " * 89 + "PYTHON                OS",
+        "mpi       yes       Open MPI 4.1.4 (/usr/bin/mpirun), mpi4py 3.1.4" + " " * 59
+        + "3.11.2, mpi4py 3.1.4  Debian GNU/Linux 12 (bookworm)",
+        "notebook  no        it has no MPI launcher (mpirun or mpiexec) on its PATH" + " " * 51
+        + "3.11.2                Debian GNU/Linux 12 (bookworm)",
+        "mpich     one node  MPICH 4.0.2 (/usr/bin/mpirun); its MPICH 4.0.2 (ch4:ucx) can hang "
+        "in MPI_Finalize when ranks span nodes  3.11.2                Debian GNU/Linux 12 "
+        "(bookworm)"]
     assert cli.main(["images", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == IMAGE_LIST
 

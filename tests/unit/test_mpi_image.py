@@ -11,6 +11,8 @@ from unittest.mock import MagicMock, patch
 import docker.errors
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from dmpi.launch import probe
 from tests.extension import load_extension
 
 
@@ -23,7 +25,7 @@ DIGEST = "sha256:" + "0123456789abcdef" * 4
 REF = f"registry.test:5000/dockermpi/openmpi@{DIGEST}"
 PROBED = {"mpi": {"flavour": "openmpi4", "version": "4.1.4", "launcher": "/usr/bin/mpirun"},
           "commands": {"sshd": "/usr/sbin/sshd"}, "mpi4py": "3.1.4", "why_no_jobs": None,
-          "probe_version": 1}
+          "probe_version": probe.PROBE_VERSION}
 
 
 @pytest.fixture

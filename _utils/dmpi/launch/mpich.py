@@ -55,6 +55,9 @@ What Hydra 4.0.2 offers, and what is used:
   keepalive, ``keepalive`` below, breaks their connections to the cut-off node) or the
   job's time limit ends it; the ssh client's ``ServerAliveInterval`` ends only ssh,
   which Hydra does not watch.
+- **MPI_Finalize**: MPICH before 4.2 on UCX can hang there between nodes; the probe
+  marks such images, and their jobs keep to one node
+  (:func:`dmpi.launch.probe.why_one_node_only`).
 - **Oversubscription**: Hydra places ranks round-robin over the hostfile's ``slots`` and
   wraps around past the last one; it has no switch to refuse, so ``np`` must not
   exceed the placement's slots (the caller's rule).

@@ -49,7 +49,7 @@ echo '@@ end'
 """
 
 #: Facts kept from an older probe than this are found again (highstate probes anew).
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 #: At most this much of the answer is read (the node caps what it takes from Docker).
 MAX_ANSWER_BYTES = 64 * 1024
 #: Each fact is at most this long once read.
@@ -137,6 +137,13 @@ def mpi_of(version_lines):
     return None, None
 
 
+def hydra_device(version_lines):
+    """The devices an MPICH was built with (``ch4:ucx``, ``ch4:ucx,ofi``, ``ch3:nemesis``)
+    from the ``--with-device=`` of Hydra's ``Configure options``, or None."""
+    match = re.search(r"--with-device=([A-Za-z0-9:,_]{1,40})", "\n".join(version_lines))
+    return match.group(1) if match else None
+
+
 def _python(lines):
     found = {}
     for line in lines:
@@ -148,11 +155,12 @@ def _python(lines):
 
 def parse(answer):
     """The facts of the probe's answer: ``{"os", "glibc", "path", "mpi": {"flavour",
-    "version", "launcher"} or None, "commands": {name: path}, "python3": path or None,
-    "python_version", "mpi4py", "mpi4py_library", "mpi4py_error", "complete"}``
-    (``complete``: the script ran to its end)."""
+    "version", "launcher", "device" (MPICH's build, else None)} or None, "commands":
+    {name: path}, "python3": path or None, "python_version", "mpi4py", "mpi4py_library",
+    "mpi4py_error", "complete"}`` (``complete``: the script ran to its end)."""
     found = sections(answer)
     flavour, version = mpi_of(found.get("launcher_version", []))
+    device = hydra_device(found.get("launcher_version", [])) if flavour == "mpich" else None
     launcher = _path(found.get("launcher", []))
     python = _python(found.get("python", []))
     return {
@@ -160,7 +168,7 @@ def parse(answer):
         "glibc": _glibc(found.get("glibc", [])),
         "path": _clean(found["path"][0]) if found.get("path") else None,
         "mpi": None if launcher is None else {
-            "flavour": flavour, "version": version, "launcher": launcher},
+            "flavour": flavour, "version": version, "launcher": launcher, "device": device},
         "commands": {name: path for name in _COMMANDS
                      if (path := _path(found.get(f"command {name}", [])))},
         "python3": _path(found.get("python3", [])),
@@ -201,6 +209,28 @@ def why_no_jobs(facts):
         launchable = ", ".join(FLAVOUR_NAMES[f] for f in LAUNCHABLE)
         return (f"it holds {describe(facts)}; DockerMPI launches jobs of {launchable} "
                 "images")
+    return None
+
+
+def _version_tuple(version):
+    return tuple(int(part) for part in re.findall(r"[0-9]+", version or "")[:3])
+
+
+def why_one_node_only(facts):
+    """Why jobs on an image with these facts must keep to one node, or None.
+
+    MPICH before 4.2 built with the UCX netmod disconnects every peer in
+    ``MPI_Finalize`` and then waits in a PMI barrier that does not progress UCX, so a
+    peer still disconnecting spins forever (pmodels/mpich#6596, fixed in 4.2). Between
+    nodes (UCX over TCP) that hangs a finished job to its walltime in a good share of runs
+    (Debian 12's MPICH 4.0.2 with UCX 1.13: 3 of 15 runs of three ranks, a barrier only);
+    within a node (UCX's shared memory) it did not."""
+    mpi = (facts or {}).get("mpi") or {}
+    version = _version_tuple(mpi.get("version"))
+    if (mpi.get("flavour") == "mpich" and version and version < (4, 2)
+            and "ucx" in (mpi.get("device") or "")):
+        return (f"its MPICH {mpi['version']} ({mpi['device']}) can hang in MPI_Finalize "
+                "when ranks span nodes (fixed in MPICH 4.2, pmodels/mpich#6596)")
     return None
 
 

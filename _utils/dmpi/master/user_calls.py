@@ -98,13 +98,21 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
         raise RequestError(f"image {request['image']!r} cannot run jobs: "
                            f"{found['why_no_jobs']}")
     candidates, count = site.candidates(request["nodes"], all_nodes)
+    one_node_only = (found or {}).get("why_one_node_only")
+    if one_node_only:
+        if count not in (None, 1):
+            raise RequestError(f"image {request['image']!r} runs jobs on one node only: "
+                               f"{one_node_only}; ask for nodes=1")
+        count = 1
     node_slots = int(config["slots_per_node"])
     try:
         sched.place(request["np"], {n: node_slots for n in candidates},
                     count, request["slots_per_node"], node_slots)
     except ValueError as exc:
-        raise RequestError(
-            f"this job can never run: {exc} (each node has {node_slots} slots)") from None
+        why = (f"; image {request['image']!r} runs jobs on one node only: {one_node_only}"
+               if one_node_only else "")
+        raise RequestError(f"this job can never run: {exc} (each node has {node_slots} "
+                           f"slots){why}") from None
     queued_limit = int(limits["max_queued_jobs_per_user"])
     if queued_limit and len(store.jobs(["queued"], user=request["user"])) >= queued_limit:
         raise RequestError(
@@ -242,7 +250,7 @@ def images(site, caller):  # pylint: disable=unused-argument
     """The approved images (pillar ``mpi:images``) by short name: the reference each is
     pinned to and what the nodes' probe found in it (MPI flavour, version and launcher,
     python3, mpi4py, ssh server, OS and C library), whether jobs can run on it and why
-    not. ``probed_on`` is empty until a node has probed the image."""
+    not, and why its jobs keep to one node when they must. ``probed_on`` is empty until a node has probed the image."""
     config = site.settings()
     approved = config.get("images") or {}
     seen = site.store().nodes()
@@ -254,6 +262,7 @@ def images(site, caller):  # pylint: disable=unused-argument
             "name": name, "reference": approved[name],
             "runs_jobs": None if not found else not found["why_no_jobs"],
             "why_no_jobs": found.get("why_no_jobs"),
+            "why_one_node_only": found.get("why_one_node_only"),
             "mpi": image_probe.describe(found) if found else None,
             "flavour": mpi.get("flavour"), "mpi_version": mpi.get("version"),
             "launcher": mpi.get("launcher"), "python3": found.get("python3"),
@@ -285,6 +294,7 @@ def image_facts(config, seen, name):
         found["mpi"] = dict(found.get("mpi") or {}, **override)
         found["mpi_from_pillar"] = True
     found["why_no_jobs"] = image_probe.why_no_jobs(found)
+    found["why_one_node_only"] = image_probe.why_one_node_only(found)
     return found
 
 

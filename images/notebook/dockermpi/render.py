@@ -127,14 +127,16 @@ def whoami_text(identity):
 
 
 def images_text(rows):
-    """The approved images: whether jobs run on each (and why not), the MPI it holds,
-    python3 and mpi4py, the OS."""
+    """The approved images: whether jobs run on each (and why not, or why on one node
+    only), the MPI it holds, python3 and mpi4py, the OS."""
     lines = []
     for row in rows:
         runs = {True: "yes", False: "no", None: "not probed yet"}.get(row.get("runs_jobs"))
         python = row.get("python_version")
         if python and row.get("mpi4py"):
             python += f", mpi4py {row['mpi4py']}"
-        lines.append([row.get("name"), runs, row.get("why_no_jobs") or row.get("mpi"),
-                      python, row.get("os")])
+        mpi = row.get("why_no_jobs") or row.get("mpi")
+        if row.get("runs_jobs") and row.get("why_one_node_only"):
+            runs, mpi = "one node", f"{mpi}; {row['why_one_node_only']}"
+        lines.append([row.get("name"), runs, mpi, python, row.get("os")])
     return table(["IMAGE", "JOBS", "MPI (OR WHY NOT)", "PYTHON", "OS"], lines)

@@ -11,6 +11,7 @@ openmpi-bin 4.1.4, python3-mpi4py), ``mpich-debian12`` bookworm with Debian's mp
 import pathlib
 import subprocess
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,7 @@ def _answer(name):
 def test_open_mpi_4_image():
     facts = probe.parse(_answer("openmpi4-debian12"))
     assert facts["mpi"] == {"flavour": "openmpi4", "version": "4.1.4",
-                            "launcher": "/usr/bin/mpirun"}
+                            "launcher": "/usr/bin/mpirun", "device": None}
     assert facts["os"] == "Debian GNU/Linux 12 (bookworm)"
     assert facts["glibc"] == "2.36"
     assert facts["commands"] == {"mpirun": "/usr/bin/mpirun", "mpiexec": "/usr/bin/mpiexec",
@@ -44,12 +45,31 @@ def test_open_mpi_4_image():
 def test_mpich_image_is_known_and_runs_jobs():
     facts = probe.parse(_answer("mpich-debian12"))
     assert facts["mpi"] == {"flavour": "mpich", "version": "4.0.2",
-                            "launcher": "/usr/bin/mpirun"}
+                            "launcher": "/usr/bin/mpirun", "device": "ch4:ucx"}
     assert facts["commands"]["mpiexec.hydra"] == "/usr/bin/mpiexec.hydra"
     assert facts["mpi4py"] is None
     assert facts["mpi4py_error"] == "ModuleNotFoundError No module named 'mpi4py'"
     assert probe.why_no_jobs(facts) is None
     assert probe.launch_of(facts)["flavour"] == "mpich"
+    assert probe.why_one_node_only(facts).startswith("its MPICH 4.0.2 (ch4:ucx) can hang")
+
+
+@pytest.mark.parametrize("version, device, one_node", [
+    ("4.0.2", "ch4:ucx", True), ("4.1.3", "ch4:ucx,ofi", True), ("4.2.0", "ch4:ucx", False),
+    ("5.0.2", "ch4:ucx,ofi", False), ("4.0.2", "ch4:ofi", False), ("3.3a2", "ch3:nemesis", False),
+    ("4.0.2", None, False), (None, "ch4:ucx", False)])
+def test_only_an_mpich_before_4_2_on_ucx_keeps_its_jobs_to_one_node(version, device, one_node):
+    facts = {"mpi": {"flavour": "mpich", "version": version, "device": device,
+                     "launcher": "/usr/bin/mpirun"}}
+    assert (probe.why_one_node_only(facts) is not None) is one_node
+    assert probe.why_one_node_only(dict(facts, mpi=dict(facts["mpi"], flavour="openmpi4"))) \
+        is None
+
+
+def test_hydra_names_the_devices_mpich_was_built_with():
+    assert probe.hydra_device(["    Configure options:   '--prefix=/usr' "
+                               "'--with-device=ch4:ucx,ofi' 'CFLAGS=-O2'"]) == "ch4:ucx,ofi"
+    assert probe.hydra_device(["    Version:      4.0.2"]) is None
 
 
 def test_an_mpi_it_cannot_launch_is_refused_with_the_reason():

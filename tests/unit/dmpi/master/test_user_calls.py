@@ -238,7 +238,7 @@ def _probed(site, facts, nodes=("node1", "node2")):
 def test_images_say_what_the_probe_found(site):
     assert user_calls.images(site, ALICE)["images"] == [{
         "name": "mpi", "reference": IMAGE, "runs_jobs": None, "why_no_jobs": None,
-        "mpi": None, "flavour": None, "mpi_version": None, "launcher": None,
+        "why_one_node_only": None, "mpi": None, "flavour": None, "mpi_version": None, "launcher": None,
         "python3": None, "python_version": None, "mpi4py": None, "sshd": None, "os": None,
         "glibc": None, "probed_on": [], "mpi_from_pillar": False}]
     _probed(site, OPEN_MPI_4, nodes=("node2",))
@@ -281,6 +281,34 @@ def test_a_job_is_launched_as_the_probe_found_its_image(site):
     assert site.store().get(job_id)["spec"]["launch"] == {
         "flavour": "openmpi4", "launcher": "/usr/bin/mpirun",
         "image_env": ["PATH", "VIRTUAL_ENV"]}
+
+
+MPICH_UCX = dict(OPEN_MPI_4, mpi={"flavour": "mpich", "version": "4.0.2", "device": "ch4:ucx",
+                                  "launcher": "/usr/bin/mpirun"})
+
+
+def test_an_mpich_that_hangs_in_finalize_between_nodes_keeps_its_jobs_to_one_node(site):
+    _probed(site, MPICH_UCX)
+    [found] = user_calls.images(site, ALICE)["images"]
+    assert found["runs_jobs"] is True
+    assert found["why_one_node_only"] == (
+        "its MPICH 4.0.2 (ch4:ucx) can hang in MPI_Finalize when ranks span nodes (fixed in "
+        "MPICH 4.2, pmodels/mpich#6596)")
+    with pytest.raises(RequestError, match=r"^image 'mpi' runs jobs on one node only: its "
+                                           r"MPICH 4.0.2 \(ch4:ucx\) can hang .*; ask for "
+                                           r"nodes=1$"):
+        _submit(site, ALICE, nodes=2)
+    with pytest.raises(RequestError, match=r"^this job can never run: .*\(each node has 2 "
+                                           r"slots\); image 'mpi' runs jobs on one node only"):
+        _submit(site, ALICE, np=3)
+    assert site.store().jobs(["queued"]) == [] and site.events == []
+    job_id = _submit(site, ALICE)["job_id"]
+    assert site.store().get(job_id)["spec"]["count"] == 1
+    # An admin who knows the site's build is sound says so in pillar.
+    config = dict(CONFIG, image_facts={"mpi": {"device": "ch4:ofi"}})
+    site.settings = site.node_settings = lambda *a, **k: config
+    job_id = _submit(site, ALICE, np=3)["job_id"]
+    assert site.store().get(job_id)["spec"]["count"] is None
 
 
 def test_a_job_on_an_image_no_node_probed_yet_is_queued(site):
