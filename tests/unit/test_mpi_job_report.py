@@ -25,7 +25,7 @@ import dmpi.node.userfs
 import pytest
 import salt.crypt
 from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER
-from dmpi.launch import openmpi5
+from dmpi.launch import files, openmpi5
 from dmpi.node import agent, evidence, health, imagefacts, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import REPO, load_extension
@@ -277,6 +277,19 @@ def test_exited_launcher_reports_exit_code_and_failed_rank(storage, job_root):
 def no_failures_known(monkeypatch):
     """Each test's job stderr is read afresh (the node reads a job's once)."""
     monkeypatch.setattr(evidence, "_FAILURES", {})
+
+
+def test_a_failing_ranks_word_in_the_job_directory_names_it_when_hydra_lost_its_stderr(
+        storage, job_root):
+    # Hydra ended the job before it forwarded the failing rank's standard error.
+    job_dir = storage / "users" / USER / "mpi-jobs" / JOB
+    _write(job_dir / "stderr", "")
+    mark = files.RANK_FAILED_MARK
+    _write(job_dir / files.RANK_FAILED_FILE, f"{mark} rank 1 status 3\n{mark} rank 0 status 143\n")
+    with _engine(_container(JOB, "worker", "running"),
+                 _container(JOB, "launcher", "exited", 15)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["failure"] == {"rank": 1, "exit_code": 3}
 
 
 def test_a_lost_daemon_fails_a_launcher_that_exited_0(storage, job_root):

@@ -90,18 +90,26 @@ fi
 #: job when one rank exits non-zero (:data:`_END_JOB_ON_FAILURE`).
 RANK_FAILED_MARK = "DockerMPI: the program of a rank failed:"
 
+#: Where a failing rank's script also writes what it said, in the job's directory
+#: (``DMPI_JOB_DIR``, on the shared storage): the MPI forwards a rank's standard error
+#: to the launcher, and Hydra may end the job before it has.
+RANK_FAILED_FILE = "ranks-failed"
+
 #: After the program, under such an MPI (Hydra, which only ends a job when a rank is
 #: killed by a signal; the others would run on to the walltime): a non-zero exit is
-#: said, then the script ends by the program's own signal, or by SIGKILL for an exit
-#: code, so the MPI ends the job at once. Plain POSIX sh.
+#: said (on standard error and in :data:`RANK_FAILED_FILE`), then the script ends by
+#: the program's own signal, or by SIGKILL for an exit code, so the MPI ends the job at
+#: once. Plain POSIX sh.
 _END_JOB_ON_FAILURE = r"""status=$?
 if [ "$status" -ne 0 ]; then
-  echo "%(mark)s rank ${rank:-?} status $status" >&2
+  said="%(mark)s rank ${rank:-?} status $status"
+  echo "$said" >&2
+  if [ -n "${DMPI_JOB_DIR:-}" ]; then echo "$said" >>"$DMPI_JOB_DIR/%(file)s"; fi 2>/dev/null
   if [ "$status" -gt 128 ] && [ "$status" -lt 193 ]; then kill -$((status - 128)) $$; fi
   kill -9 $$
 fi
 exit "$status"
-""" % {"mark": RANK_FAILED_MARK}
+""" % {"mark": RANK_FAILED_MARK, "file": RANK_FAILED_FILE}
 _RANK_FAILED_RE = re.compile(re.escape(RANK_FAILED_MARK)
                              + r" rank ([0-9]{1,9}) status ([0-9]{1,3})\n")
 

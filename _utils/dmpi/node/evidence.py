@@ -186,8 +186,9 @@ def _empty_job():
 
 
 def _failed_rank(storage_path, job_root, job_id, job):
-    """Which rank failed, from the job's stderr (and, after a failure, its stdout: Hydra
-    says there) read as its uid, once per job; None when unknown. A launcher that exited
+    """Which rank failed, from the job's stderr (and, after a failure, what failing ranks
+    wrote in its directory and its stdout: Hydra says there) read as its uid, once per
+    job; None when unknown. A launcher that exited
     0 is read too: Open MPI 5's mpirun exits 0 after it lost a node's daemon, and says
     so only there."""
     if job["launcher_exit_code"] is None or not job["user"] or not job["uid"]:
@@ -202,6 +203,7 @@ def _failed_rank(storage_path, job_root, job_id, job):
         log.debug("job %s: cannot read stderr: %s", job_id, exc)
         return None  # read again next time
     if job["launcher_exit_code"] != 0:
+        text = _ranks_failed(storage_path, job, job_id) + text
         try:
             text += "\n" + userdirs.read_tail(
                 storage_path, job["user"], int(job["uid"]), int(job["gid"]), job_id, "stdout",
@@ -216,6 +218,17 @@ def _failed_rank(storage_path, job_root, job_id, job):
         _FAILURES.clear()
     _FAILURES[job_id] = (job["launcher_exit_code"], failure)
     return failure
+
+
+def _ranks_failed(storage_path, job, job_id):
+    """What failing ranks' scripts wrote in the job's directory
+    (:data:`dmpi.launch.files.RANK_FAILED_FILE`, first failure first), "" when none did."""
+    try:
+        return userdirs.read_tail(
+            storage_path, job["user"], int(job["uid"]), int(job["gid"]), job_id,
+            dmpi.launch.files.RANK_FAILED_FILE, 4096, offset=0).decode(errors="replace") + "\n"
+    except (DockerMPIError, ValueError, TypeError):
+        return ""  # none (the usual case), or unreadable: standard error still says it
 
 
 def _failure_in(text, exit_code):

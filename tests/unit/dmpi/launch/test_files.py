@@ -142,6 +142,23 @@ def test_under_an_mpi_that_ignores_a_ranks_exit_a_failure_ends_the_rank_by_a_sig
                                                 "signal_name": "SIGSEGV"}
 
 
+def test_a_failing_ranks_word_is_kept_in_the_job_directory_too(tmp_path):
+    # The MPI may end the job before it forwards the rank's standard error.
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    _watched(tmp_path, ["sh", "-c", "exit 3"], {"DMPI_JOB_DIR": str(job_dir)})
+    _watched(tmp_path, ["sh", "-c", "kill -TERM $$"], {"DMPI_JOB_DIR": str(job_dir),
+                                                        "PMI_RANK": "0"})
+    said = (job_dir / files.RANK_FAILED_FILE).read_text()
+    assert said == (f"{files.RANK_FAILED_MARK} rank 2 status 3\n"
+                    f"{files.RANK_FAILED_MARK} rank 0 status 143\n")
+    assert files.rank_failure(said) == {"rank": 2, "exit_code": 3}
+    # A directory it cannot write to changes nothing else.
+    found = _watched(tmp_path, ["sh", "-c", "exit 3"], {"DMPI_JOB_DIR": str(tmp_path / "no")})
+    assert found.returncode == -9
+    assert found.stderr == f"{files.RANK_FAILED_MARK} rank 2 status 3\n"
+
+
 def test_under_an_mpi_that_ignores_a_ranks_exit_success_and_placement_are_unchanged(tmp_path):
     found = _watched(tmp_path, ["sh", "-c", "echo fine"])
     assert (found.returncode, found.stdout, found.stderr) == (0, "fine\n", "")
