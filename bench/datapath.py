@@ -18,7 +18,7 @@ host
     on port 20099 of the node with a throwaway key pair and host key
     (the files are built by :mod:`dmpi.launch` as for a job), and plain ``mpirun``
     from node1's container over the nodes' host addresses with
-    ``dmpi.launch.openmpi.mpirun_argv``: TCP BTL, the same MCA settings (``mca_params``) for the
+    ``dmpi.launch.openmpi.mpi_argv``: TCP BTL, the same MCA settings (``mca_params``) for the
     cluster network, OOB ports 20298-20299 and BTL ports 20900-20999 (inside the MPI
     port ranges the node firewall accepts from the cluster network). Each repeat is one
     mpirun in the same two containers. They have no CPU limit unless ``--cpus`` gives
@@ -219,7 +219,7 @@ class HostNetwork:
         self.cidr = cidr
         self.directory = f"{BASE}/{secrets.token_hex(4)}"
         self.run_dir = dmpi.launch.ssh.DEFAULT_RUN_DIR
-        self.argv = dmpi.launch.openmpi.mpirun_argv(2, cidr, OOB_PORTS, BTL_PORTS, SSH_PORT, "/data",
+        self.argv = dmpi.launch.openmpi.mpi_argv(2, cidr, OOB_PORTS, BTL_PORTS, SSH_PORT, "/data",
                                            run_dir=self.run_dir)
 
     def files(self, node):

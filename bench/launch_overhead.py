@@ -16,7 +16,7 @@ plain
     and waited for until ``mpi.status`` says running. Its containers sit in the job's own
     network namespaces (``job_addresses``) and run as the user's own uid. The mpirun of
     its launcher container's command (``docker inspect dmpi-<job>-launcher``; this script
-    checks it is ``dmpi.launch.openmpi.mpirun_argv`` of the job's settings, that the hostfile in
+    checks it is ``dmpi.launch.openmpi.mpi_argv`` of the job's settings, that the hostfile in
     ``/run/dockermpi`` lists the job's addresses and that the program file there is the
     job's) is run again with ``/bin/sh /run/dockermpi/program`` replaced by ``hostname``
     (the baseline is not user input, so its argv goes to mpirun directly): as the job's
@@ -74,6 +74,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 import dmpi.launch.files  # noqa: E402
+import dmpi.launch.flavours  # noqa: E402
 import dmpi.launch.openmpi  # noqa: E402
 import dmpi.launch.ssh  # noqa: E402  (pure Python, no Salt needed)
 from dmpi_bench import (  # noqa: E402
@@ -267,7 +268,7 @@ class Baseline:
             raise BenchError(f"launcher runs as {config.get('User')!r}, not the job's user "
                              f"{self.user}")
         command = (config.get("Entrypoint") or []) + (config.get("Cmd") or [])
-        script = ["/bin/sh", "-c", dmpi.launch.openmpi.LAUNCHER_SCRIPT, "sh"]
+        script = ["/bin/sh", "-c", dmpi.launch.flavours.LAUNCHER_SCRIPT, "sh"]
         # The script, the output paths, then mpirun (by the path the image's probe found).
         real = command[len(script) + 2:]
         if command[:len(script)] != script or not real \
@@ -279,12 +280,12 @@ class Baseline:
         btl_low = int(mca(real, "btl_tcp_port_min_v4"))
         btl = (btl_low, btl_low + int(mca(real, "btl_tcp_port_range_v4")) - 1)
         cidr, wdir = mca(real, "oob_tcp_if_include"), real[real.index("--wdir") + 1]
-        # The launcher's mpirun must be dmpi.launch.openmpi.mpirun_argv of the job's settings,
+        # The launcher's mpirun must be dmpi.launch.openmpi.mpi_argv of the job's settings,
         # running the job's program file.
-        built = dmpi.launch.openmpi.mpirun_argv(np, cidr, oob, btl, ssh_port, wdir, forwarded(real),
+        built = dmpi.launch.openmpi.mpi_argv(np, cidr, oob, btl, ssh_port, wdir, forwarded(real),
                                                 run_dir=RUN_DIR, launcher=real[0])
         if built != real:
-            raise BenchError("launcher mpirun is not dmpi.launch.openmpi.mpirun_argv of the job's "
+            raise BenchError("launcher mpirun is not dmpi.launch.openmpi.mpi_argv of the job's "
                              f"settings:\n{shlex.join(real)}\n{shlex.join(built)}")
         if built[-2:] != ["/bin/sh", f"{RUN_DIR}/program"]:
             raise BenchError(f"launcher mpirun does not run {RUN_DIR}/program: {built[-2:]}")
@@ -308,7 +309,7 @@ class Baseline:
                              f"mpirun {PLAIN_OOB_PORTS} OOB ports")
         plain_oob = (btl[1] - PLAIN_OOB_PORTS + 1, btl[1])
         plain_btl = (btl[0], btl[1] - PLAIN_OOB_PORTS)
-        self.argv = dmpi.launch.openmpi.mpirun_argv(
+        self.argv = dmpi.launch.openmpi.mpi_argv(
             np, cidr, plain_oob, plain_btl, ssh_port, wdir, forwarded(real), run_dir=RUN_DIR,
             launcher=real[0])[:-2] + PROGRAM
         log(f"baseline job {self.job_id} running on {job['placement']} at {addresses} as uid "

@@ -1,9 +1,9 @@
 """
 Which launch module starts a job, by the MPI flavour its image's probe found
 (:mod:`dmpi.launch.probe`): each offers ``hostfile_text(placement)``,
-``launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_ports,
-ssh_port, workdir, env_names, run_dir, keepalive, launcher)`` and
-``parse_failure(text)`` (the launcher's standard error, then its standard output); a
+``mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
+run_dir, keepalive, launcher)`` (its mpirun or mpiexec command, which
+:func:`launcher_argv` runs) and ``parse_failure(text)`` (the launcher's standard error, then its standard output); a
 flavour whose launcher reads settings from its environment only also offers
 ``launcher_environment(oob_ports, ssh_port)``, and one whose launcher can exit 0 after
 losing a node ``lost_daemon(stderr_text)``.
@@ -12,11 +12,16 @@ losing a node ``lost_daemon(stderr_text)``.
 import ipaddress
 
 from dmpi.launch import mpich, openmpi, openmpi5
+from dmpi.launch.values import check_output_paths
 
 #: Flavour (probe's name) -> its launch module.
 MODULES = {"openmpi4": openmpi, "openmpi5": openmpi5, "mpich": mpich}
 #: The flavour of a job whose image was never probed: DockerMPI's own job image's.
 DEFAULT = "openmpi4"
+#: The launcher container's fixed wrapper script. User strings only ever arrive as
+#: positional parameters: $1 is the stdout file, $2 the stderr file, the rest the MPI's
+#: command.
+LAUNCHER_SCRIPT = 'out="$1"; err="$2"; shift 2; exec "$@" >"$out" 2>"$err"'
 
 
 def module(flavour):
@@ -71,6 +76,28 @@ def failed_rank_at(failure, hostfile_text):
     rest = {k: v for k, v in failure.items()
             if k not in ("host", "exit_code", "signal", "signal_name")}
     return rest or None
+
+
+def launcher_argv(module, stdout_path, stderr_path, *mpi_args, **mpi_kwargs):
+    """
+    Return the launcher container's command: ``/bin/sh -c <fixed script> sh <stdout>
+    <stderr> <the MPI's command>``.
+
+    module
+        The flavour's launch module (:func:`module`).
+    stdout_path, stderr_path
+        Absolute paths (in the job directory under ``/data``) that receive the MPI
+        launcher's standard output and error.
+    mpi_args, mpi_kwargs
+        The module's ``mpi_argv`` arguments.
+
+    The script is a constant (:data:`LAUNCHER_SCRIPT`); the paths and the MPI's whole
+    command arrive as positional parameters, so no user string is parsed by a shell.
+    The script ``exec``\ s the launcher, so the container's exit code is its.
+    """
+    check_output_paths(stdout_path, stderr_path)
+    return (["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path]
+            + module.mpi_argv(*mpi_args, **mpi_kwargs))
 
 
 def ends_job_on_rank_exit(module):

@@ -67,8 +67,9 @@ What Hydra 4.0.2 offers, and what is used:
   wait status there, which :func:`parse_failure` reads (with ``MPI_Abort``'s message
   from standard error).
 
-The launcher container runs :func:`launcher_argv` with :data:`LAUNCHER_SCRIPT` as for
-Open MPI, with :func:`launcher_environment` in its environment.
+The launcher container runs :func:`mpi_argv` as for Open MPI
+(:func:`dmpi.launch.flavours.launcher_argv`), with :func:`launcher_environment` in its
+environment.
 """
 
 import ipaddress
@@ -78,7 +79,7 @@ from dmpi.contract import AGENT_SSH
 from dmpi.launch import openmpi
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
 from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, check_keepalive,
-                                check_output_paths, check_port, check_range, check_ranks,
+                                check_port, check_range, check_ranks,
                                 signal_name, status_failure)
 
 #: Hydra ends a job when a rank is killed by a signal, not when one exits non-zero (the
@@ -86,8 +87,6 @@ from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, che
 #: (:func:`dmpi.launch.files.program_script_text`).
 ENDS_JOB_ON_RANK_EXIT = False
 
-#: The launcher container's fixed wrapper script (shared with Open MPI).
-LAUNCHER_SCRIPT = openmpi.LAUNCHER_SCRIPT
 
 
 def hostfile_text(placement):
@@ -152,12 +151,12 @@ def rank_settings(cluster_cidr, btl_ports, keepalive=(2, 1, 3)):
     ]
 
 
-def mpiexec_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
+def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
                  run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpiexec"):
     """
     Return the Hydra ``mpiexec`` argv of a job (no shell involved).
 
-    Arguments as :func:`dmpi.launch.openmpi.mpirun_argv`: ``np`` ranks, the cluster
+    Arguments as :func:`dmpi.launch.openmpi.mpi_argv`: ``np`` ranks, the cluster
     network and port ranges (``oob_ports``: ``mpiexec``'s control port, set by
     :func:`launcher_environment`; ``btl_ports``: the ranks', :func:`rank_settings`), the
     ranks' absolute ``workdir``, ``env_names`` forwarded with ``-genvlist``, the per-job
@@ -177,21 +176,6 @@ def mpiexec_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_
     for name, value in rank_settings(cluster_cidr, btl_ports, keepalive):
         argv += ["-genv", name, value]
     return argv + ["/bin/sh", f"{run_dir}/program"]
-
-
-def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_ports, ssh_port,
-                  workdir, env_names=(), run_dir=DEFAULT_RUN_DIR,
-                  keepalive=(2, 1, 3), launcher="mpiexec"):
-    """
-    Return the launcher container's command: ``/bin/sh -c <fixed script> sh <stdout>
-    <stderr> <mpiexec argv>`` (:data:`LAUNCHER_SCRIPT`), as
-    :func:`dmpi.launch.openmpi.launcher_argv` does, with :func:`mpiexec_argv`. The
-    container's environment must hold :func:`launcher_environment`.
-    """
-    check_output_paths(stdout_path, stderr_path)
-    mpiexec = mpiexec_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir,
-                           env_names, run_dir, keepalive, launcher)
-    return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpiexec
 
 
 # ---------------------------------------------------------------------- failure parse
@@ -264,7 +248,7 @@ def parse_failure(stderr_text):
 
     stderr_text
         ``mpiexec``'s standard error *followed by its standard output*: Hydra prints the
-        ranks' exit statuses (:func:`mpiexec_argv` asks for them) on standard output,
+        ranks' exit statuses (:func:`mpi_argv` asks for them) on standard output,
         ``MPI_Abort``'s message comes on standard error. Either alone is read as far as
         it goes.
 

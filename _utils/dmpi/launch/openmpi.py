@@ -3,9 +3,9 @@ Open MPI's launch: the hostfile, the MCA parameters that keep ``mpirun`` and its
 daemons inside the job's ports and network, the launcher's command line, and which rank
 failed how, read from Open MPI's own messages.
 
-A *launcher* container on the first node runs :func:`launcher_argv`: ``mpirun`` over
-the node's ssh (:mod:`dmpi.node.agent`, :mod:`dmpi.launch.ssh`) to the workers, with its output redirected into the job
-directory.
+A *launcher* container on the first node runs :func:`mpi_argv` (``mpirun`` over the
+node's ssh, :mod:`dmpi.node.agent`, :mod:`dmpi.launch.ssh`, to the workers) with its
+output redirected into the job directory (:func:`dmpi.launch.flavours.launcher_argv`).
 """
 
 import ipaddress
@@ -14,11 +14,7 @@ import re
 from dmpi.contract import AGENT_SSH
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
 from dmpi.launch.values import (check_cidr, check_job_ports, check_keepalive,
-                                check_output_paths, check_ranks, signal_name)
-
-# The fixed wrapper script of the launcher container. User strings only ever arrive as
-# positional parameters: $1 is the stdout file, $2 the stderr file, the rest is mpirun argv.
-LAUNCHER_SCRIPT = 'out="$1"; err="$2"; shift 2; exec "$@" >"$out" 2>"$err"'
+                                check_ranks, signal_name)
 
 
 def hostfile_text(placement):
@@ -113,7 +109,7 @@ def mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir=DEFAULT_RUN
     ]
 
 
-def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
+def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
                 run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
     """
     Return the ``mpirun`` argv of a job (no shell involved).
@@ -142,29 +138,6 @@ def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_n
     for name in env_names:
         argv += ["-x", name]
     return argv + ["/bin/sh", f"{run_dir}/program"]
-
-
-def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_ports, ssh_port,
-                  workdir, env_names=(), run_dir=DEFAULT_RUN_DIR,
-                  keepalive=(2, 1, 3), launcher="mpirun"):
-    """
-    Return the launcher container's command: ``/bin/sh -c <fixed script> sh ...``.
-
-    stdout_path, stderr_path
-        Absolute paths (in the job directory under ``/data``) that receive mpirun's
-        standard output and error.
-    np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names, run_dir,
-    keepalive
-        See :func:`mpirun_argv`.
-
-    The script is a constant (:data:`LAUNCHER_SCRIPT`); the paths and the whole mpirun
-    argv arrive as positional parameters, so no user string is parsed by a shell. The
-    script ``exec``\\ s mpirun, so the container's exit code is mpirun's.
-    """
-    check_output_paths(stdout_path, stderr_path)
-    mpirun = mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
-                         run_dir, keepalive, launcher)
-    return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpirun
 
 
 # ---------------------------------------------------------------------- failure parse

@@ -14,7 +14,8 @@ the ``smsc`` framework), ``hwloc_base_binding_policy`` and ``rmaps_base_oversubs
 (``--bind-to`` and ``--map-by`` say it), and ``oob_tcp_if_include`` survives only as a
 deprecated synonym of ``prte_if_include``.
 
-The launcher container runs :func:`launcher_argv` exactly as for Open MPI 4.
+The launcher container runs :func:`mpi_argv` as for Open MPI 4
+(:func:`dmpi.launch.flavours.launcher_argv`).
 """
 
 import re
@@ -23,10 +24,8 @@ from dmpi.contract import AGENT_SSH
 from dmpi.launch import openmpi
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
 from dmpi.launch.values import (check_cidr, check_job_ports, check_keepalive,
-                                check_output_paths, check_range, check_ranks, signal_name)
+                                check_range, check_ranks, signal_name)
 
-#: The launcher container's fixed wrapper script (shared with Open MPI 4).
-LAUNCHER_SCRIPT = openmpi.LAUNCHER_SCRIPT
 
 
 def hostfile_text(placement):
@@ -108,12 +107,12 @@ def ompi_params(cluster_cidr, btl_ports):
     ]
 
 
-def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
+def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
                 run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
     """
     Return the Open MPI 5 ``mpirun`` argv of a job (no shell involved).
 
-    Arguments as :func:`dmpi.launch.openmpi.mpirun_argv`: ``np`` ranks, the cluster
+    Arguments as :func:`dmpi.launch.openmpi.mpi_argv`: ``np`` ranks, the cluster
     network and port ranges (:func:`prte_params`, :func:`ompi_params`), the ranks'
     absolute ``workdir``, ``env_names`` forwarded with ``-x``, the per-job ``run_dir``
     (``<run_dir>/hostfile``; every rank runs ``/bin/sh <run_dir>/program``), the
@@ -135,20 +134,6 @@ def mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_n
     for name in env_names:
         argv += ["-x", name]
     return argv + ["/bin/sh", f"{run_dir}/program"]
-
-
-def launcher_argv(stdout_path, stderr_path, np, cluster_cidr, oob_ports, btl_ports, ssh_port,
-                  workdir, env_names=(), run_dir=DEFAULT_RUN_DIR,
-                  keepalive=(2, 1, 3), launcher="mpirun"):
-    """
-    Return the launcher container's command: ``/bin/sh -c <fixed script> sh <stdout>
-    <stderr> <mpirun argv>`` (:data:`LAUNCHER_SCRIPT`), as
-    :func:`dmpi.launch.openmpi.launcher_argv` does, with :func:`mpirun_argv`.
-    """
-    check_output_paths(stdout_path, stderr_path)
-    mpirun = mpirun_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
-                         run_dir, keepalive, launcher)
-    return ["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path] + mpirun
 
 
 # ---------------------------------------------------------------------- failure parse

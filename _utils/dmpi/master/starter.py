@@ -87,8 +87,8 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
     environment = dict(spec["env"], **job_environment(record, job_addresses))
     launch = job_launch(record)
     flavour = dmpi.launch.flavours.module(launch.get("flavour"))
-    argv = flavour.launcher_argv(
-        posixpath.join(record["output"]["dir_in_job"], "stdout"),
+    argv = dmpi.launch.flavours.launcher_argv(
+        flavour, posixpath.join(record["output"]["dir_in_job"], "stdout"),
         posixpath.join(record["output"]["dir_in_job"], "stderr"),
         record["np"], config["cluster_network"], oob_ports, btl_ports, sshd_port,
         spec["workdir"], env_names=sorted(set(environment) | set(launch["image_env"])),

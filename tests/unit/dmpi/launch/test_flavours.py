@@ -3,6 +3,7 @@ launch module, and a job's failure is read whatever its MPI."""
 
 import inspect
 import pathlib
+import subprocess
 
 import pytest
 from dmpi.launch import flavours, mpich, openmpi, openmpi5, probe
@@ -16,10 +17,10 @@ def test_every_flavour_jobs_may_run_on_has_a_launch_module():
     assert set(flavours.MODULES) == set(probe.LAUNCHABLE)
     assert flavours.module(None) is openmpi and flavours.DEFAULT == probe.LAUNCHABLE[0]
     for name, module in flavours.MODULES.items():
-        for function in ("hostfile_text", "launcher_argv", "parse_failure"):
+        for function in ("hostfile_text", "mpi_argv", "parse_failure"):
             assert callable(getattr(module, function)), (name, function)
-        assert list(inspect.signature(module.launcher_argv).parameters) == list(
-            inspect.signature(openmpi.launcher_argv).parameters), name
+        assert list(inspect.signature(module.mpi_argv).parameters) == list(
+            inspect.signature(openmpi.mpi_argv).parameters), name
 
 
 def test_a_flavour_it_cannot_launch_is_a_clear_error():
@@ -31,9 +32,11 @@ def test_a_flavour_it_cannot_launch_is_a_clear_error():
 @pytest.mark.parametrize("flavour", sorted(flavours.MODULES))
 def test_each_flavour_launches_with_the_nodes_ssh_and_the_jobs_program(flavour):
     module = flavours.module(flavour)
-    argv = module.launcher_argv("/data/o", "/data/e", *ARGS, env_names=["PATH"],
-                                launcher="/opt/venv/bin/mpirun")
-    assert argv[:6] == ["/bin/sh", "-c", openmpi.LAUNCHER_SCRIPT, "sh", "/data/o", "/data/e"]
+    argv = flavours.launcher_argv(module, "/data/o", "/data/e", *ARGS, env_names=["PATH"],
+                                  launcher="/opt/venv/bin/mpirun")
+    assert argv[:6] == ["/bin/sh", "-c", flavours.LAUNCHER_SCRIPT, "sh", "/data/o", "/data/e"]
+    assert argv[6:] == module.mpi_argv(*ARGS, env_names=["PATH"],
+                                       launcher="/opt/venv/bin/mpirun")
     assert argv[6] == "/opt/venv/bin/mpirun"
     assert argv[-2:] == ["/bin/sh", "/run/dockermpi/program"]
     assert module.hostfile_text(PLACEMENT).count("\n") == 2
@@ -70,7 +73,22 @@ def test_every_flavour_refuses_bad_launch_values_by_name(flavour, kwargs, messag
                     ARGS), stdout_path="/data/o", stderr_path="/data/e")
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
-        flavours.module(flavour).launcher_argv(**args)
+        flavours.launcher_argv(flavours.module(flavour), **args)
+
+
+def test_the_launcher_script_redirects_and_keeps_the_exit_code(tmp_path):
+    """The fixed wrapper with a stand-in for mpirun: hostile strings stay data."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    hostile = ["$(touch pwned)", "; touch pwned2", "`id`", "a b"]
+    script = 'printf "%s\\n" "$@"; echo oops >&2; exit 7'
+    argv = ["/bin/sh", "-c", flavours.LAUNCHER_SCRIPT, "sh", str(out), str(err),
+            "/bin/sh", "-c", script, "inner"] + hostile
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, check=False)
+    assert result.returncode == 7
+    assert result.stdout == b"" and result.stderr == b""
+    assert out.read_text().splitlines() == hostile
+    assert err.read_text() == "oops\n"
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
 
 
 @pytest.mark.parametrize("flavour, sample, expected", [

@@ -3,7 +3,7 @@ Unit tests for :mod:`dmpi.launch.mpich`: the Hydra hostfile, mpiexec's command l
 environment, and the failure parser.
 
 The samples under ``data/mpich/`` are real output of Debian 12's MPICH 4.0.2 (ch4:ucx,
-Hydra) run with the argv of :func:`dmpi.launch.mpich.launcher_argv` and the environment
+Hydra) run with the argv of :func:`dmpi.launch.mpich.mpi_argv` and the environment
 of :func:`dmpi.launch.mpich.launcher_environment`, four ranks in one container
 (``data/mpich/capture.sh``): Hydra forks the proxy of its own address, so the ssh
 launch itself is not exercised by them.
@@ -71,7 +71,7 @@ def _argv(**kwargs):
     args = {"np": 4, "cluster_cidr": CIDR, "oob_ports": OOB, "btl_ports": BTL,
             "ssh_port": SSH_PORT, "workdir": "/data/jobs/42"}
     args.update(kwargs)
-    return mpich.mpiexec_argv(**args)
+    return mpich.mpi_argv(**args)
 
 
 def test_mpiexec_argv_exactly():
@@ -142,20 +142,6 @@ def test_the_program_never_reaches_mpiexec_argv():
     # Hydra reads ':' as a new executable: nothing of the user's may be in its argv.
     assert ":" not in argv
     assert argv[-2:] == ["/bin/sh", "/run/dockermpi/program"]
-
-
-def test_launcher_argv_wraps_mpiexec_in_the_fixed_script():
-    argv = mpich.launcher_argv("/data/jobs/42/stdout", "/data/jobs/42/stderr", 4, CIDR, OOB,
-                               BTL, SSH_PORT, "/data/jobs/42")
-    assert mpich.LAUNCHER_SCRIPT == openmpi.LAUNCHER_SCRIPT
-    assert argv[:6] == ["/bin/sh", "-c", openmpi.LAUNCHER_SCRIPT, "sh",
-                        "/data/jobs/42/stdout", "/data/jobs/42/stderr"]
-    assert argv[6:] == _argv()
-
-
-def test_launcher_argv_rejects_same_output_file():
-    with pytest.raises(ValueError, match="differ"):
-        mpich.launcher_argv("/data/o", "/data/o", 1, CIDR, OOB, BTL, SSH_PORT, "/data")
 
 
 # ------------------------------------------------------------- what the capture showed

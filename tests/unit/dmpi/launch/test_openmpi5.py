@@ -8,7 +8,6 @@ PRRTE 3.0.14) run with this module's argv; ``data/openmpi5/capture.sh`` made the
 """
 
 import pathlib
-import subprocess
 
 import pytest
 from hypothesis import given, settings
@@ -43,7 +42,7 @@ def _argv(**kwargs):
     args = {"np": 4, "cluster_cidr": CIDR, "oob_ports": OOB, "btl_ports": BTL,
             "ssh_port": SSH_PORT, "workdir": "/data/jobs/42"}
     args.update(kwargs)
-    return openmpi5.mpirun_argv(**args)
+    return openmpi5.mpi_argv(**args)
 
 
 # ------------------------------------------------------------------------- hostfile
@@ -127,31 +126,6 @@ def test_the_program_never_reaches_mpirun_argv():
     # mpirun reads ':' as a new program group: nothing of the user's may be in its argv.
     argv = _argv()
     assert ":" not in argv and argv[-2:] == ["/bin/sh", "/run/dockermpi/program"]
-
-
-def test_launcher_argv_wraps_mpirun_in_the_open_mpi_script():
-    argv = openmpi5.launcher_argv("/data/jobs/42/stdout", "/data/jobs/42/stderr", 4, CIDR,
-                                  OOB, BTL, SSH_PORT, "/data/jobs/42")
-    assert openmpi5.LAUNCHER_SCRIPT is openmpi.LAUNCHER_SCRIPT
-    assert argv[:6] == ["/bin/sh", "-c", openmpi.LAUNCHER_SCRIPT, "sh",
-                        "/data/jobs/42/stdout", "/data/jobs/42/stderr"]
-    assert argv[6:] == _argv()
-
-
-@pytest.mark.parametrize("out, err, message", [("/data/o", "/data/o", "differ"),
-                                               ("o", "/data/e", "absolute")])
-def test_launcher_argv_rejects(out, err, message):
-    with pytest.raises(ValueError, match=message):
-        openmpi5.launcher_argv(out, err, 1, CIDR, OOB, BTL, SSH_PORT, "/data")
-
-
-def test_launcher_script_keeps_exit_code(tmp_path):
-    out, err = tmp_path / "out", tmp_path / "err"
-    argv = ["/bin/sh", "-c", openmpi5.LAUNCHER_SCRIPT, "sh", str(out), str(err),
-            "/bin/sh", "-c", "echo $1; echo oops >&2; exit 7", "inner", "$(touch pwned)"]
-    assert subprocess.run(argv, cwd=tmp_path, check=False).returncode == 7
-    assert out.read_text() == "$(touch pwned)\n" and err.read_text() == "oops\n"
-    assert not (tmp_path / "pwned").exists()
 
 
 # ---------------------------------------------------------------------- failure parse

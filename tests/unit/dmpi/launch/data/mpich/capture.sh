@@ -7,7 +7,7 @@
 # (ch4:ucx) and a small C program, mpicase, whose first argument says how rank N fails.
 # Then runs ONE container as uid 1000 (HOME=/tmp, no capabilities, like a job
 # container) with the environment of dmpi.launch.mpich.launcher_environment, in which
-# every case runs the argv of dmpi.launch.mpich.launcher_argv (the module is
+# every case runs the argv of dmpi.launch.flavours.launcher_argv (the module is
 # bind-mounted read-only from this checkout) with a hostfile of the container's own
 # address, 4 slots: Hydra forks the proxy of its own address, so no ssh is made, but
 # every option and setting is parsed and applied. Each case writes CASE.stdout and
@@ -87,7 +87,7 @@ docker run --rm -i --name mpichcap-local --user 1000:1000 -e HOME=/tmp --cap-dro
   -v "$repo/_utils:/src:ro" -v "$out:/out" -e PYTHONPATH=/src \
   "$image" /usr/bin/python3 - <<'PY'
 import ipaddress, os, shlex, subprocess, time
-from dmpi.launch import mpich
+from dmpi.launch import flavours, mpich
 
 address = subprocess.run(["hostname", "-i"], capture_output=True, text=True).stdout.split()[0]
 cidr = next(line.split()[3] for line in subprocess.run(
@@ -125,8 +125,8 @@ with open("/out/results.tsv", "w") as results:
         if program is not None:
             with open(f"{run_dir}/program", "w") as f:
                 f.write("exec " + " ".join(shlex.quote(a) for a in program) + "\n")
-        argv = mpich.launcher_argv(
-            f"/out/{name}.stdout", f"/out/{name}.stderr", np, cidr, "20100-20199",
+        argv = flavours.launcher_argv(
+            mpich, f"/out/{name}.stdout", f"/out/{name}.stderr", np, cidr, "20100-20199",
             (20200, 20999), 20022, "/tmp", env_names=["DMPI_CAPTURE"], run_dir=run_dir,
             launcher=launcher)
         started = time.monotonic()
@@ -139,9 +139,9 @@ with open("/out/results.tsv", "w") as results:
         print(name, rc, flush=True)
     # mpiexec itself cannot find the executable (DockerMPI's argv always names /bin/sh;
     # this is what an image without it would give).
-    argv = mpich.launcher_argv(
-        "/out/notexec.stdout", "/out/notexec.stderr", 4, cidr, "20100-20199", (20200, 20999),
-        20022, "/tmp", run_dir="/tmp/cases/hello")[:-2] + ["/no/such/program"]
+    argv = flavours.launcher_argv(
+        mpich, "/out/notexec.stdout", "/out/notexec.stderr", 4, cidr, "20100-20199",
+        (20200, 20999), 20022, "/tmp", run_dir="/tmp/cases/hello")[:-2] + ["/no/such/program"]
     results.write(f"notexec\t{subprocess.run(argv, env=env).returncode}\t0\n")
 PY
 for f in "$out"/*; do cp "$f" "$here/"; done

@@ -10,7 +10,7 @@
 #
 # Builds a throw-away image FROM dockermpi/debian:bookworm with the wheels in a venv first
 # on PATH, then runs ONE container as uid 1000 (HOME=/tmp, no capabilities, like a job
-# container) in which every case runs the argv of dmpi.launch.openmpi5.launcher_argv
+# container) in which every case runs the argv of dmpi.launch.flavours.launcher_argv
 # (the module is bind-mounted read-only from this checkout) with a hostfile of the
 # container's own address, 4 slots: the ranks run on that node, so no ssh is made, but
 # every PRRTE and Open MPI parameter is parsed and applied. Each case writes
@@ -79,7 +79,7 @@ docker run --rm -i --user 1000:1000 -e HOME=/tmp --cap-drop ALL \
   -v "$repo/_utils:/src:ro" -v "$out:/out" -e PYTHONPATH=/src \
   "$image" /usr/bin/python3 - <<'EOF'
 import ipaddress, os, shlex, subprocess, time
-from dmpi.launch import openmpi5
+from dmpi.launch import flavours, openmpi5
 
 address = subprocess.run(["hostname", "-i"], capture_output=True, text=True).stdout.split()[0]
 cidr = next(line.split()[3] for line in subprocess.run(
@@ -128,8 +128,8 @@ with open("/out/results.tsv", "w") as results:
         if program is not None:
             with open(f"{run_dir}/program", "w") as f:
                 f.write("exec " + " ".join(shlex.quote(a) for a in program) + "\n")
-        argv = openmpi5.launcher_argv(
-            f"/out/{name}.stdout", f"/out/{name}.stderr", np, cidr, "20100-20199",
+        argv = flavours.launcher_argv(
+            openmpi5, f"/out/{name}.stdout", f"/out/{name}.stderr", np, cidr, "20100-20199",
             (20200, 20999), 20022, run_dir, env_names=["DMPI_CAPTURE"], run_dir=run_dir,
             launcher=launcher)
         started = time.monotonic()
@@ -139,9 +139,9 @@ with open("/out/results.tsv", "w") as results:
         print(name, rc, flush=True)
     # mpirun itself cannot find the executable (DockerMPI's argv always names /bin/sh;
     # this is what an image without it would give).
-    argv = openmpi5.launcher_argv(
-        "/out/notexec.stdout", "/out/notexec.stderr", 4, cidr, "20100-20199", (20200, 20999),
-        20022, "/tmp", run_dir="/tmp/cases/hello")[:-2] + ["/no/such/program"]
+    argv = flavours.launcher_argv(
+        openmpi5, "/out/notexec.stdout", "/out/notexec.stderr", 4, cidr, "20100-20199",
+        (20200, 20999), 20022, "/tmp", run_dir="/tmp/cases/hello")[:-2] + ["/no/such/program"]
     results.write(f"notexec\t{subprocess.run(argv).returncode}\t0\n")
 EOF
 
@@ -196,9 +196,10 @@ ssh_case() {
   sleep 1
   argv=$(PYTHONPATH="$repo/_utils" "$repo/.venv/bin/python" -c '
 import json, sys
-from dmpi.launch import openmpi5
-print(json.dumps(openmpi5.launcher_argv(
-    "/out/%s.stdout" % sys.argv[1], "/out/%s.stderr" % sys.argv[1], 4, "10.231.7.0/24",
+from dmpi.launch import flavours, openmpi5
+print(json.dumps(flavours.launcher_argv(
+    openmpi5, "/out/%s.stdout" % sys.argv[1], "/out/%s.stderr" % sys.argv[1], 4,
+    "10.231.7.0/24",
     "20100-20199", (20200, 20999), 20022, "/tmp", env_names=["DMPI_CAPTURE_CODE"],
     launcher="/opt/venv/bin/mpirun")))' "$1")
   started=$(date +%s)
