@@ -169,13 +169,22 @@ class JobStore:
                 raise
 
     # --- jobs -----------------------------------------------------------------------
-    def add(self, record):
-        """Insert a new job record (state ``queued``)."""
+    def add(self, record, queued_limit=0):
+        """Insert a new job record (state ``queued``); True when it is, False when its
+        user already has ``queued_limit`` jobs queued (0: no limit). The count and the
+        insert are one transaction, so submits at the same time cannot pass the limit."""
         with self.transaction() as conn:
+            if queued_limit:
+                (queued,) = conn.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE user = ? AND state = 'queued'",
+                    (record["user"],)).fetchone()
+                if queued >= queued_limit:
+                    return False
             conn.execute(
                 "INSERT INTO jobs (id, user, state, record) VALUES (?, ?, ?, ?)",
                 (record["job_id"], record["user"], record["state"], json.dumps(record)),
             )
+        return True
 
     def get(self, job_id, conn=None):
         """The job's record, or None."""

@@ -114,10 +114,11 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
         raise RequestError(f"this job can never run: {exc} (each node has {node_slots} "
                            f"slots){why}") from None
     queued_limit = int(limits["max_queued_jobs_per_user"])
+    queue_full = RequestError(
+        f"user {request['user']} already has {queued_limit} jobs queued, the site's "
+        "limit (mpi:limits:max_queued_jobs_per_user); wait for some to start")
     if queued_limit and len(store.jobs(["queued"], user=request["user"])) >= queued_limit:
-        raise RequestError(
-            f"user {request['user']} already has {queued_limit} jobs queued, the site's "
-            "limit (mpi:limits:max_queued_jobs_per_user); wait for some to start")
+        raise queue_full  # before a uid is given out; the insert checks again
     uid = site.user_uid(config, request["user"], identity=caller.identity)
     job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
     record = job_record.new(
@@ -127,7 +128,8 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
         else candidates,
         count=count, workdir=workdir, config=config, now=time.time(),
         launch=image_probe.launch_of(found))
-    store.add(record)
+    if not store.add(record, queued_limit=queued_limit):
+        raise queue_full
     site.fire_job(job_id, "queued", {"user": request["user"]})
     return job_record.public(record)
 

@@ -311,6 +311,25 @@ def test_an_mpich_that_hangs_in_finalize_between_nodes_keeps_its_jobs_to_one_nod
     assert site.store().get(job_id)["spec"]["count"] is None
 
 
+def test_the_queued_jobs_limit_holds_for_submits_at_the_same_time(site):
+    config = dict(CONFIG, limits=dict(CONFIG["limits"], max_queued_jobs_per_user=2))
+    site.settings = site.node_settings = lambda *a, **k: config
+    for _ in range(2):
+        _submit(site, ALICE)
+    full = r"^user alice already has 2 jobs queued, the site's limit"
+    with pytest.raises(RequestError, match=full):
+        _submit(site, ALICE)
+    # Another submit read the queue before these were added: the insert counts again.
+    store = site.store()
+    stale = type(store)(store.path)
+    stale.jobs = lambda *a, **k: []
+    site.store = lambda: stale
+    with pytest.raises(RequestError, match=full):
+        _submit(site, ALICE)
+    assert len(store.jobs(["queued"], user="alice")) == 2
+    assert _submit(site, BOB)["state"] == "queued"
+
+
 def test_a_job_on_an_image_no_node_probed_yet_is_queued(site):
     assert _submit(site, ALICE)["state"] == "queued"
 
