@@ -82,6 +82,9 @@ _URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-
 _PINNED_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*\Z")
 #: Where the scheduler puts a job's ranks (``mpi:placement``; ``dmpi.jobs.sched.PLACEMENTS``).
 PLACEMENTS = ("pack", "spread")
+#: In what order queued jobs are considered (``mpi:queue_order``): users taking turns
+#: (``dmpi.jobs.sched.fair_order``) or submission order.
+QUEUE_ORDERS = ("fair", "fifo")
 
 #: Per-user limits of the user API (``mpi:api:limits``).
 API_LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes",
@@ -98,7 +101,8 @@ _PEM_KINDS = {"cert": ("CERTIFICATE",), "ca": ("CERTIFICATE",),
 #: Every setting: the keys of each mapping under ``mpi`` (the limits that are not in
 #: defaults.yaml are read by ``dmpi.jobs.request`` when a site sets them).
 _KEYS = {
-    "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "placement", "limits",
+    "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "placement",
+         "queue_order", "limits",
          "retention", "storage", "docker", "job_network", "images", "image_facts", "job_root",
          "firewall", "hub", "api", "engine"),
     "users": ("uid_min", "uid_max"),
@@ -306,6 +310,7 @@ class _Checker:
         cluster = self.check_cluster_network()
         slots = self.whole("slots_per_node", minimum=1)
         self.choice(PLACEMENTS, "placement")
+        self.choice(QUEUE_ORDERS, "queue_order")
         self.check_ports(sections["ports"], slots)
         self.check_limits(sections["limits"])
         if sections["retention"] is not None:

@@ -454,6 +454,8 @@ class JobController:
         any_node = sorted(seen)  # one list shared by every job that takes any node
         waiting, images = planner.waiting_jobs(queued, any_node, free, seen)
         self._ask_pulls(images, now)
+        if site_config.get("queue_order", "fair") == "fair":
+            waiting = sched.fair_order(waiting, usage)
         starts, blocked = sched.plan(
             waiting, free, running, now, node_slots,
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),

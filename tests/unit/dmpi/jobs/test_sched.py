@@ -205,6 +205,30 @@ def test_plan_starts_in_submission_order():
     assert blocked == {}
 
 
+def test_fair_order_lets_users_take_turns_and_keeps_each_users_own_order():
+    queued = [_job(f"a{i}", 2) for i in range(5)] + [_job("b0", 2, user="bob"),
+                                                     _job("c0", 2, user="carol"),
+                                                     _job("b1", 2, user="bob")]
+    assert [j["id"] for j in sched.fair_order(queued)] == [
+        "a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
+    # Within a turn, the user holding fewer slots in running jobs goes first.
+    usage = {"alice": {"jobs": 1, "slots": 4}, "bob": {"jobs": 1, "slots": 2}}
+    assert [j["id"] for j in sched.fair_order(queued, usage)] == [
+        "c0", "b0", "a0", "b1", "a1", "a2", "a3", "a4"]
+    assert sched.fair_order([]) == []
+
+
+def test_a_user_who_queued_many_jobs_first_holds_another_back_by_one_of_them():
+    queued = [_job(f"a{i}", 4) for i in range(10)] + [_job("b0", 4, user="bob")]
+    starts, blocked = _plan(sched.fair_order(queued), {"n1": 4, "n2": 4})
+    assert starts == [("a0", {"n1": 4}), ("b0", {"n2": 4})]
+    assert set(blocked) == {f"a{i}" for i in range(1, 10)}
+
+
+def test_the_queue_orders_are_the_ones_the_pillar_accepts():
+    assert dmpi.settings.QUEUE_ORDERS == ("fair", "fifo")
+
+
 def test_plan_never_places_a_job_partially():
     starts, blocked = _plan([_job("big", 8)], {"n1": 4, "n2": 3})
     assert starts == []
