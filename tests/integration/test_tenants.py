@@ -476,6 +476,24 @@ def test_queue_and_size_limits_refuse_cleanly(cluster, victim):
         assert code == 1 and job["state"] == "rejected" and "walltime" in job["error"], job
 
 
+def test_a_user_who_floods_the_queue_first_holds_another_back_by_no_more_than_a_job(
+        cluster, victim):
+    # A's jobs each take every slot and hold it until A lets them go; B's job, submitted
+    # after all of A's, starts as soon as A's running one ends, before A's queued ones.
+    release = f"mpi-jobs/flood-{int(time.time() * 1000)}"
+    size = 2 * len(cluster.nodes)
+    hold = shell(f"while [ ! -e /data/{release} ]; do sleep 0.2; done")
+    flood = [submit(cluster, ATTACKER, hold, np=size) for _ in range(3)]
+    b_job = submit(cluster, VICTIM, ["true"], np=size)
+    wait_for(cluster, flood[0], ("running",), 120)
+    cluster.as_user(ATTACKER, ["touch", f"{STORAGE}/{ATTACKER}/{release}"])
+    a = [wait_for(cluster, job_id, ("succeeded",), 180) for job_id in flood]
+    b = wait_for(cluster, b_job, ("succeeded",), 180)
+    started = sorted([(job["started"], name) for name, job in
+                      (("A1", a[0]), ("A2", a[1]), ("A3", a[2]), ("B1", b))])
+    assert [name for _, name in started] == ["A1", "B1", "A2", "A3"], started
+
+
 # -------------------------------------------------------------------------------- limits
 
 

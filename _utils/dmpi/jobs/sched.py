@@ -328,22 +328,21 @@ def _within_limits(job, usage, limits):
     return True
 
 
-def fair_order(queued, usage=None):
+def fair_order(queued, last_start=None):
     """
     ``queued`` (in submission order) in fair-share order: users take turns. Each user's
     jobs keep their own order; a user's n-th queued job comes after every other user's
-    (n-1)-th; within a turn, the user holding fewer slots in running jobs (``usage``, as
-    :func:`plan` takes it) first, then submission order. A user who queued 500 jobs first
-    keeps each other user waiting behind one of them, not behind all 500.
+    (n-1)-th; within a turn, the user whose last job started longest ago (``last_start``:
+    ``{user: time}``; never: first) goes first, then submission order. A user who queued
+    500 jobs first keeps each other user waiting behind at most one of them.
     """
-    usage = usage or {}
+    last_start = last_start or {}
     turns = {}
     keyed = []
     for index, job in enumerate(queued):
         turn = turns.get(job["user"], 0)
         turns[job["user"]] = turn + 1
-        held = (usage.get(job["user"]) or {}).get("slots", 0)
-        keyed.append(((turn, held, index), job))
+        keyed.append(((turn, last_start.get(job["user"], 0.0), index), job))
     keyed.sort(key=lambda item: item[0])
     return [job for _, job in keyed]
 

@@ -79,6 +79,13 @@ class JobController:
         self.queue, self.active, self.on_node = {}, {}, {}
         self.last_seq = 0
         self._reload(now)
+        # When each user last had a job started (the fair-share order,
+        # dmpi.jobs.sched.fair_order); after a restart, from the jobs still active.
+        self.last_start = {}
+        for record in self.active.values():
+            user = record["user"]
+            self.last_start[user] = max(self.last_start.get(user, 0.0),
+                                        record.get("started") or now)
         self.plan_due = True
         self.last_plan = 0.0
         self.last_pass = now
@@ -455,7 +462,7 @@ class JobController:
         waiting, images = planner.waiting_jobs(queued, any_node, free, seen)
         self._ask_pulls(images, now)
         if site_config.get("queue_order", "fair") == "fair":
-            waiting = sched.fair_order(waiting, usage)
+            waiting = sched.fair_order(waiting, self.last_start)
         starts, blocked = sched.plan(
             waiting, free, running, now, node_slots,
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),
@@ -486,6 +493,7 @@ class JobController:
                     continue
                 self._track(record)
                 self.starting.add(job_id)
+                self.last_start[record["user"]] = now
                 started.append(record)
             if problems or any(fit["missing"] for fit in images.values()):
                 blocked = planner.explain(blocked, queued, images, problems, any_node)

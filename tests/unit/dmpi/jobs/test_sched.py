@@ -211,18 +211,21 @@ def test_fair_order_lets_users_take_turns_and_keeps_each_users_own_order():
                                                      _job("b1", 2, user="bob")]
     assert [j["id"] for j in sched.fair_order(queued)] == [
         "a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
-    # Within a turn, the user holding fewer slots in running jobs goes first.
-    usage = {"alice": {"jobs": 1, "slots": 4}, "bob": {"jobs": 1, "slots": 2}}
-    assert [j["id"] for j in sched.fair_order(queued, usage)] == [
+    # Within a turn, the user whose last job started longest ago goes first.
+    last_start = {"alice": 200.0, "bob": 100.0}
+    assert [j["id"] for j in sched.fair_order(queued, last_start)] == [
         "c0", "b0", "a0", "b1", "a1", "a2", "a3", "a4"]
     assert sched.fair_order([]) == []
 
 
-def test_a_user_who_queued_many_jobs_first_holds_another_back_by_one_of_them():
+def test_a_user_who_queued_many_jobs_first_holds_another_back_by_one_of_them_at_most():
     queued = [_job(f"a{i}", 4) for i in range(10)] + [_job("b0", 4, user="bob")]
     starts, blocked = _plan(sched.fair_order(queued), {"n1": 4, "n2": 4})
     assert starts == [("a0", {"n1": 4}), ("b0", {"n2": 4})]
     assert set(blocked) == {f"a{i}" for i in range(1, 10)}
+    # Once one of alice's has started, bob's is next.
+    starts, _ = _plan(sched.fair_order(queued[1:], {"alice": 10.0}), {"n1": 4})
+    assert starts == [("b0", {"n1": 4})]
 
 
 def test_the_queue_orders_are_the_ones_the_pillar_accepts():
