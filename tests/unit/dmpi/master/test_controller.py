@@ -293,6 +293,31 @@ def test_the_sites_placement_policy_decides_where_jobs_go(world, placement, plac
     assert [r["placement"] for r in records if r["state"] == "running"] == placements
 
 
+@pytest.mark.parametrize("queue_order, order", [("fair", ["a1", "b1", "a2"]),
+                                                ("fifo", ["a1", "a2", "a3"])])
+def test_queued_jobs_start_in_the_sites_queue_order(world, queue_order, order):
+    # Every job takes every slot: alice's a1 runs, then alice queues two more and bob one.
+    store, _, clock, engine = world
+    config = dict(CONFIG, queue_order=queue_order)
+    store.set_meta("site", {"config": config, "read": time.time()})
+    spec = dict(_spec(), config=config)
+    jobs = {name: _submit(store, clock, np=6, job_id=f"20261201-000000-00000{i}", spec=spec,
+                          user="bob" if name == "b1" else "alice")
+            for i, name in enumerate(("a1", "a2", "a3", "b1"))}
+    started = []
+    for _ in order:  # three starts: an ended job holds its addresses until its clean-up
+        engine.job_requested(jobs["a1"])
+        _settle(engine)
+        [running] = [name for name, job_id in jobs.items()
+                     if store.get(job_id)["state"] == "running"]
+        started.append(running)
+        clock.now += 2
+        engine.node_report("node1", _running_report(clock, jobs[running],
+                                                    launcher_exit_code=0))
+        _settle(engine)
+    assert started == order
+
+
 def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):
     store, transport, clock, engine = world
     job_id = _started(store, clock, engine, np=4)
