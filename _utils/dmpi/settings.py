@@ -127,7 +127,7 @@ _KEYS = {
     "hub:github": ("package", "client_id", "client_secret", "callback_url",
                    "allowed_organizations"),
     "hub:pip": ("index_url", "find_links", "no_index"),
-    "hub:limits": ("memory_mb", "pids", "cpus"),
+    "hub:limits": ("memory_mb", "pids", "cpus", "tmp_size_mb"),
     "api": ("host", "port", "allowed_clients", "hub_api_url", "tls", "token_cache_seconds",
             "limits"),
     "api:tls": TLS_KEYS,
@@ -845,6 +845,7 @@ class _Checker:
         if parts.get("limits") is not None:
             self.whole("hub", "limits", "memory_mb", minimum=64)
             self.whole("hub", "limits", "pids", minimum=16)
+            self.whole("hub", "limits", "tmp_size_mb", minimum=16)
             cpus = self.get("hub", "limits", "cpus")
             if cpus is not _MISSING:
                 if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or \

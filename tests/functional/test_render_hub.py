@@ -131,7 +131,8 @@ def test_settings_json_from_pillar_is_private(hub_high):
     assert data["admin_token"] == "t" * 32
     assert data["authenticator"] == "dummy"
     assert data["dummy"] == {"password": "secret", "allowed_users": ["alice", "bob"]}
-    assert data["limits"] == {"memory_mb": 1024, "pids": 256, "cpus": 0.5}
+    assert data["limits"] == {"memory_mb": 1024, "pids": 256, "cpus": 0.5,
+                              "tmp_size_mb": 1024}  # the default
     assert data["state_dir"] == "/var/lib/dockermpi-hub"
     for sid in ("mpi-hub-config-jupyterhub-config", "mpi-hub-config-spawner-module"):
         assert _args(hub_high, sid, "file.managed")["source"].startswith(

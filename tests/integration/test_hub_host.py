@@ -180,6 +180,23 @@ def test_notebook_is_the_approved_image_by_digest_and_confined(hub, notebooks, n
     assert host["Memory"] == host["MemorySwap"] == 1024 * 1024 * 1024
     assert host["AutoRemove"] is True
     assert host["NetworkMode"] == "bridge"
+    assert host["ReadonlyRootfs"] is True
+    assert host["Tmpfs"] == {"/tmp": "size=1024m,mode=1777,nosuid,nodev"}
+
+
+def test_a_notebook_writes_to_its_users_directory_and_a_sized_tmp_alone(hub, notebooks):
+    write = ("import errno, os\n"
+             "for path in ('/usr/local/x', '/var/tmp/x', '/etc/x', '/tmp/x', '/data/x'):\n"
+             "    try:\n"
+             "        open(path, 'w').close(); os.unlink(path); print(path, 'written')\n"
+             "    except OSError as exc:\n"
+             "        print(path, errno.errorcode[exc.errno])\n"
+             "tmp = os.statvfs('/tmp')\n"
+             "print('tmp', tmp.f_blocks * tmp.f_frsize // 2**20)\n")
+    code, out = hub.notebook_exec(ALICE, ["python3", "-c", write])
+    assert code == 0 and out.splitlines() == [
+        "/usr/local/x EROFS", "/var/tmp/x EROFS", "/etc/x EROFS", "/tmp/x written",
+        "/data/x written", "tmp 1024"], out
 
 
 def test_a_notebook_binds_no_privileged_port(hub, notebooks):

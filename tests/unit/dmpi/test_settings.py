@@ -706,6 +706,8 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
          "the hub's packages?)"),
         ({"limits": {"pids": 0}},
          "mpi:hub:limits:pids must be a whole number of at least 16, got 0"),
+        ({"limits": {"tmp_size_mb": "1G"}},
+         "mpi:hub:limits:tmp_size_mb must be a whole number of at least 16, got '1G'"),
         ({"state_dir": "var/lib/hub"},
          "mpi:hub:state_dir must be an absolute path, got 'var/lib/hub'"),
         ({"images": "notebook"},

@@ -119,6 +119,10 @@ c.DockerMPISpawner.extra_host_config = {
     "security_opt": ["no-new-privileges"],
     "pids_limit": settings["limits"]["pids"],
     "memswap_limit": f"{settings['limits']['memory_mb']}M",  # no swap beside it
+    # Nothing of the hub host's disk but the user's own directory: a read-only root and
+    # a /tmp in memory (Jupyter writes only to HOME=/data and /tmp, images/notebook).
+    "read_only": True,
+    "tmpfs": {"/tmp": f"size={settings['limits']['tmp_size_mb']}m,mode=1777,nosuid,nodev"},
     # Ports below 1024 for root alone, as on a host (Docker lowers the floor to 0): a
     # notebook binding one could pass for a host's root to a server that trusts those.
     "sysctls": {"net.ipv4.ip_unprivileged_port_start": "1024"},
