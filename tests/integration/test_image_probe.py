@@ -75,7 +75,7 @@ def test_the_probe_runs_as_nobody_without_network_on_a_read_only_root(built, eng
         " write=$(touch /probe-was-here 2>/dev/null && echo yes || echo no)\"\n"))
     facts = imagefacts.run_probe(tag, engine)
     assert facts["mpi"] == {"flavour": "openmpi4", "version": "4.1.9",
-                            "launcher": "/usr/local/bin/mpirun"}
+                            "launcher": "/usr/local/bin/mpirun", "device": None}
     answer = _raw_answer(engine, tag)
     assert "uid=65534 net=lo, write=no" in answer
     assert _no_probe_left(engine) == []
