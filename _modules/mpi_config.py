@@ -115,6 +115,20 @@ def endpoint(url):
     return list(found) if found else None
 
 
+def host_networks(cluster_network, job_addresses):
+    """
+    Return the cluster network without the job address pool, as the fewest CIDRs: the
+    hosts' part of it, which no job address is in.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt master mpi_config.host_networks 10.251.1.0/24 10.251.1.128/25
+    """
+    return dmpi.settings.host_networks(cluster_network, job_addresses)
+
+
 def is_loopback(host):
     """
     Return whether ``host`` (an address or ``localhost``) is its machine's loopback.

@@ -1028,6 +1028,16 @@ def endpoint(url):
     return parsed.hostname, port or (443 if parsed.scheme == "https" else 80)
 
 
+def host_networks(cluster_network, job_addresses):
+    """The cluster network without the job address pool, as the fewest CIDRs in address
+    order: where hosts are, and no job is (an NFS export's clients, say)."""
+    cluster = ipaddress.IPv4Network(cluster_network)
+    pool = ipaddress.IPv4Network(job_addresses)
+    if not pool.subnet_of(cluster):
+        return [str(cluster)]
+    return [str(net) for net in sorted(cluster.address_exclude(pool))]
+
+
 def is_loopback(host):
     """``host`` (of a URL) is this machine's loopback: localhost or 127/8, ::1."""
     if host == "localhost":

@@ -158,13 +158,16 @@ def test_a_sync_delivers_the_cluster_library_with_the_modules(tmp_path):
         for path in (REPO / "_utils" / "dmpi").rglob("*.py"))
 
 
-def test_nfs_export_is_cluster_network_only_and_root_squashed(nfs_high):
+def test_nfs_export_is_the_cluster_networks_hosts_only_and_root_squashed(nfs_high):
     exports = _args(nfs_high, "mpi-storage-nfs-server-exports-file", "file.managed")
     assert exports["name"] == "/etc/exports.d/dockermpi.exports"
     lines = [l for l in exports["contents"] if not l.startswith("#")]
-    assert lines == [
-        f"/export/mpi {CLUSTER_NETWORK}(rw,sync,root_squash,no_subtree_check)"
-    ]
+    # 172.30.0.0/16 without the job address pool 172.30.200.0/24: no job can mount it.
+    clients = ["172.30.0.0/17", "172.30.128.0/18", "172.30.192.0/21", "172.30.201.0/24",
+               "172.30.202.0/23", "172.30.204.0/22", "172.30.208.0/20", "172.30.224.0/19"]
+    assert lines == ["/export/mpi " + " ".join(
+        f"{net}(rw,sync,root_squash,no_subtree_check)" for net in clients)]
+    assert (CLUSTER_NETWORK, JOB_ADDRESSES) == ("172.30.0.0/16", "172.30.200.0/24")
     assert "no_root_squash" not in lines[0]
     assert "*" not in lines[0]
 
