@@ -3,7 +3,8 @@ Which launch module starts a job, by the MPI flavour its image's probe found
 (:mod:`dmpi.launch.probe`): each offers ``hostfile_text(placement)``,
 ``mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names,
 run_dir, keepalive, launcher)`` (its mpirun or mpiexec command, which
-:func:`launcher_argv` runs) and ``parse_failure(text)`` (the launcher's standard error, then its standard output); a
+:func:`launcher_argv` runs) and ``parse_failure(text)`` (the launcher's standard error,
+then its standard output); a
 flavour whose launcher reads settings from its environment only also offers
 ``launcher_environment(oob_ports, ssh_port)``, and one whose launcher can exit 0 after
 losing a node ``lost_daemon(stderr_text)``.

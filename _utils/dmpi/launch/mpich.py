@@ -88,7 +88,6 @@ from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, che
 ENDS_JOB_ON_RANK_EXIT = False
 
 
-
 def hostfile_text(placement):
     """
     Return a Hydra hostfile for a placement: ``"<address>:<slots>"`` lines.
@@ -152,7 +151,7 @@ def rank_settings(cluster_cidr, btl_ports, keepalive=(2, 1, 3)):
 
 
 def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
-                 run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpiexec"):
+             run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpiexec"):
     """
     Return the Hydra ``mpiexec`` argv of a job (no shell involved).
 

@@ -110,7 +110,7 @@ def mca_params(cluster_cidr, oob_ports, btl_ports, ssh_port, run_dir=DEFAULT_RUN
 
 
 def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
-                run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
+             run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
     """
     Return the ``mpirun`` argv of a job (no shell involved).
 

@@ -108,7 +108,7 @@ def ompi_params(cluster_cidr, btl_ports):
 
 
 def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_names=(),
-                run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
+             run_dir=DEFAULT_RUN_DIR, keepalive=(2, 1, 3), launcher="mpirun"):
     """
     Return the Open MPI 5 ``mpirun`` argv of a job (no shell involved).
 

@@ -252,7 +252,8 @@ def images(site, caller):  # pylint: disable=unused-argument
     """The approved images (pillar ``mpi:images``) by short name: the reference each is
     pinned to and what the nodes' probe found in it (MPI flavour, version and launcher,
     python3, mpi4py, ssh server, OS and C library), whether jobs can run on it and why
-    not, and why its jobs keep to one node when they must. ``probed_on`` is empty until a node has probed the image."""
+    not, and why its jobs keep to one node when they must. ``probed_on`` is empty until a
+    node has probed the image."""
     config = site.settings()
     approved = config.get("images") or {}
     seen = site.store().nodes()

@@ -188,26 +188,22 @@ def _empty_job():
 def _failed_rank(storage_path, job_root, job_id, job):
     """Which rank failed, from the job's stderr (and, after a failure, what failing ranks
     wrote in its directory and its stdout: Hydra says there) read as its uid, once per
-    job; None when unknown. A launcher that exited
-    0 is read too: Open MPI 5's mpirun exits 0 after it lost a node's daemon, and says
-    so only there."""
+    job; None when unknown. A launcher that exited 0 is read too: Open MPI 5's mpirun
+    exits 0 after it lost a node's daemon, and says so only there."""
     if job["launcher_exit_code"] is None or not job["user"] or not job["uid"]:
         return None
     known = _FAILURES.get(job_id)
     if known is not None and known[0] == job["launcher_exit_code"]:
         return known[1]
     try:
-        text = userdirs.read_tail(storage_path, job["user"], int(job["uid"]), int(job["gid"]),
-                                  job_id, "stderr", userdirs.TAIL_BYTES).decode(errors="replace")
+        text = _job_text(storage_path, job, job_id, "stderr")
     except (DockerMPIError, ValueError, TypeError) as exc:
         log.debug("job %s: cannot read stderr: %s", job_id, exc)
         return None  # read again next time
     if job["launcher_exit_code"] != 0:
         text = _ranks_failed(storage_path, job, job_id) + text
         try:
-            text += "\n" + userdirs.read_tail(
-                storage_path, job["user"], int(job["uid"]), int(job["gid"]), job_id, "stdout",
-                userdirs.TAIL_BYTES).decode(errors="replace")
+            text += "\n" + _job_text(storage_path, job, job_id, "stdout")
         except (DockerMPIError, ValueError, TypeError) as exc:
             log.debug("job %s: cannot read stdout: %s", job_id, exc)
     failure = _failure_in(text, job["launcher_exit_code"])
@@ -220,13 +216,19 @@ def _failed_rank(storage_path, job_root, job_id, job):
     return failure
 
 
+def _job_text(storage_path, job, job_id, name, max_bytes=userdirs.TAIL_BYTES, offset=None):
+    """A file of the job's directory read as its uid (its tail, or from ``offset``), as
+    text; raises as :func:`dmpi.node.userdirs.read_tail`."""
+    return userdirs.read_tail(storage_path, job["user"], int(job["uid"]), int(job["gid"]),
+                              job_id, name, max_bytes, offset=offset).decode(errors="replace")
+
+
 def _ranks_failed(storage_path, job, job_id):
     """What failing ranks' scripts wrote in the job's directory
     (:data:`dmpi.launch.files.RANK_FAILED_FILE`, first failure first), "" when none did."""
     try:
-        return userdirs.read_tail(
-            storage_path, job["user"], int(job["uid"]), int(job["gid"]), job_id,
-            dmpi.launch.files.RANK_FAILED_FILE, 4096, offset=0).decode(errors="replace") + "\n"
+        return _job_text(storage_path, job, job_id, dmpi.launch.files.RANK_FAILED_FILE,
+                         4096, offset=0) + "\n"
     except (DockerMPIError, ValueError, TypeError):
         return ""  # none (the usual case), or unreadable: standard error still says it
 
