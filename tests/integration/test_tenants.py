@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD
+from dmpi.node.netns import TRACKED_FLOWS
 from tests.cluster.testcluster import HUB_ADDR, MASTER_ADDR, node_address
 
 pytestmark = pytest.mark.cluster
@@ -375,6 +376,84 @@ def _job_reaches_no_host(cluster, services):
         # Refused at once by the job's own firewall, not left to time out.
         assert set(others.values()) == {"ECONNREFUSED"}, result
         assert result["port_700"] == "EACCES", result
+
+
+def test_a_job_opening_flows_as_fast_as_it_can_leaves_anothers_job_running(cluster, victim):
+    # A floods from both its nodes: connections and datagrams to its own peer, to
+    # Docker's resolver, to an address beyond the cluster and to the cluster's hosts.
+    # Nothing of its ranks is tracked and what is tracked is capped, so its namespace's
+    # connection-tracking table stays small, and B's job on the same two nodes runs.
+    release = f"mpi-jobs/flows-{int(time.time() * 1000)}"
+    flood = (
+        "import json, os, random, socket, time\n"
+        f"release = '/data/{release}'\n"
+        "mine = os.environ['DMPI_ADDRESSES'].split(',')\n"
+        "def tracked():\n"
+        "    with open('/proc/sys/net/netfilter/nf_conntrack_count') as f:\n"
+        "        return int(f.read())\n"
+        "def port():\n"
+        "    return random.randint(1024, 65000)\n"
+        "targets = [('tcp', a) for a in mine] + [('udp', a) for a in mine] + [\n"
+        f"    ('udp', '127.0.0.11'), ('tcp', '192.0.2.1'), ('udp', '192.0.2.1'),\n"
+        f"    ('tcp', {MASTER_ADDR!r}), ('udp', {MASTER_ADDR!r})]\n"
+        "attempts = refused = peak = 0\n"
+        "held = []\n"
+        "while not os.path.exists(release):\n"
+        "    for kind, address in targets:\n"
+        "        attempts += 1\n"
+        "        if kind == 'tcp':\n"
+        "            s = socket.socket(); s.setblocking(False)\n"
+        "            code = s.connect_ex((address, port()))\n"
+        "            refused += code not in (0, 115)\n"
+        "            held.append(s)\n"
+        "        else:\n"
+        "            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "            try:\n"
+        "                u.sendto(b'x', (address, 53 if address == '127.0.0.11' else port()))\n"
+        "            except OSError:\n"
+        "                refused += 1\n"
+        "            u.close()\n"
+        "    if len(held) > 400:\n"
+        "        for s in held: s.close()\n"
+        "        held = []\n"
+        "    if attempts % 900 == 0:\n"
+        "        peak = max(peak, tracked())\n"
+        "        if attempts == 9000:\n"
+        "            print('flooding', flush=True)\n"
+        "print(json.dumps({'attempts': attempts, 'refused': refused, 'peak': peak}), flush=True)\n"
+    )
+    a_job = submit(cluster, ATTACKER, ["python3", "-c", flood], np=2, nodes="node1,node2",
+                   slots_per_node=1, walltime="5m")
+    a = wait_for(cluster, a_job, ("running",))
+    deadline = time.monotonic() + 120
+    while cluster.read_shared(a["output"]["stdout"]).count("flooding") < 2:
+        assert time.monotonic() < deadline, "A's ranks did not start their flood"
+        time.sleep(0.5)
+    exchange = (
+        "from mpi4py import MPI\n"
+        "comm = MPI.COMM_WORLD\n"
+        "data, got = bytearray([comm.rank]) * (1 << 20), bytearray(1 << 20)\n"
+        "for _ in range(200):\n"
+        "    comm.Sendrecv(data, dest=1 - comm.rank, recvbuf=got, source=1 - comm.rank)\n"
+        "    assert got[-1] == 1 - comm.rank\n"
+        "total = comm.allreduce(1)\n"
+        "if comm.rank == 0:\n"
+        "    print('exchanged', total, flush=True)\n"
+    )
+    code, b = launch(cluster, VICTIM, ["python3", "-c", exchange], np=2, nodes="node1,node2",
+                     slots_per_node=1)
+    assert code == 0 and b["state"] == "succeeded", b
+    assert cluster.read_shared(b["output"]["stdout"]).strip() == "exchanged 2"
+    assert wait_for(cluster, a_job, ("running",))["state"] == "running"
+    cluster.as_user(ATTACKER, ["touch", f"{STORAGE}/{ATTACKER}/{release}"])
+    a = wait_for(cluster, a_job, ("succeeded",), 120)
+    results = [json.loads(line) for line in cluster.read_shared(a["output"]["stdout"])
+               .splitlines() if line.startswith("{")]
+    assert len(results) == 2, results
+    for result in results:
+        # A real flood, capped: beyond the cap A's new tracked flows are refused.
+        assert result["attempts"] > 9000 and result["refused"] > 0, result
+        assert result["peak"] <= 2 * TRACKED_FLOWS, result
 
 
 def _spares(cluster, node):
