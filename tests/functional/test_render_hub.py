@@ -161,6 +161,10 @@ def test_service_runs_jupyterhub_and_restarts_on_every_change(hub_high):
     assert {"sls": "dockermpi.hub.image"} in service["require"]
     # no notebook starts before the firewall keeps notebooks from the cluster network
     assert {"iptables": "mpi-hub-firewall-notebooks-reach-only-the-hub"} in service["require"]
+    assert {"iptables": "mpi-hub-firewall-notebooks-reach-the-hub-host-on-its-api-ports-only"} \
+        in service["require"]
+    assert {"iptables": "mpi-hub-firewall-notebooks-reach-the-hub-host-over-tcp-only"} in \
+        service["require"]
     state_dir = _args(hub_high, "mpi-hub-service-state-directory", "file.directory")
     assert (state_dir["name"], state_dir["mode"]) == ("/var/lib/dockermpi-hub", "0700")
 
@@ -361,6 +365,23 @@ def test_notebooks_reach_the_api_and_nothing_else_of_the_master(hub_high):
     assert {"iptables": "mpi-hub-firewall-notebooks-reach-only-the-hub"} in rule["require"]
 
 
+def test_notebooks_reach_the_hub_hosts_api_ports_and_no_other_port_of_it(hub_high):
+    """The hub host is reached through INPUT on any of its addresses: a storage server or
+    anything else it serves must not answer notebooks. Two refusals, so no order between
+    rules matters (a rule put back alone lands at the top)."""
+    tcp = _args(hub_high, "mpi-hub-firewall-notebooks-reach-the-hub-host-on-its-api-ports-only",
+                "iptables.insert")
+    other = _args(hub_high, "mpi-hub-firewall-notebooks-reach-the-hub-host-over-tcp-only",
+                  "iptables.insert")
+    for rule in (tcp, other):
+        assert (rule["table"], rule["chain"], rule["position"]) == ("filter", "INPUT", 1)
+        assert rule["in-interface"] == "docker0" and "destination" not in rule
+        assert (rule["ctstate"], rule["jump"], rule["save"]) == ("NEW", "REJECT", False)
+    assert (tcp["proto"], tcp["match"], tcp["dports"]) == ("tcp", ["multiport", "conntrack"],
+                                                           "! 8081,8001")
+    assert (other["proto"], other["match"]) == ("! tcp", "conntrack")
+
+
 def test_the_notebooks_rules_come_back_with_every_start_of_docker(hub_high):
     """A boot starts with an empty DOCKER-USER chain: a unit that Docker's start pulls in
     puts the same rules back, once each, the API's above the refusal."""
@@ -368,9 +389,16 @@ def test_the_notebooks_rules_come_back_with_every_start_of_docker(hub_high):
     lines = unit["contents"].splitlines()
     refuse = "-i docker0 -d 172.30.0.0/16 -m conntrack --ctstate NEW -j REJECT"
     api = "-i docker0 -d 172.30.0.2/32 -p tcp --dport 8001 -m conntrack --ctstate NEW -j RETURN"
+    refuse_tcp = ("-i docker0 -p tcp -m multiport ! --dports 8081,8001 -m conntrack "
+                  "--ctstate NEW -j REJECT")
+    refuse_other = "! -p tcp -i docker0 -m conntrack --ctstate NEW -j REJECT"
     starts = [line for line in lines if line.startswith("ExecStart=")]
     assert starts == [f"ExecStart=-/usr/sbin/iptables -w -D DOCKER-USER {refuse}",
                       f"ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 {refuse}",
+                      f"ExecStart=-/usr/sbin/iptables -w -D INPUT {refuse_tcp}",
+                      f"ExecStart=/usr/sbin/iptables -w -I INPUT 1 {refuse_tcp}",
+                      f"ExecStart=-/usr/sbin/iptables -w -D INPUT {refuse_other}",
+                      f"ExecStart=/usr/sbin/iptables -w -I INPUT 1 {refuse_other}",
                       f"ExecStart=-/usr/sbin/iptables -w -D DOCKER-USER {api}",
                       f"ExecStart=/usr/sbin/iptables -w -I DOCKER-USER 1 {api}"]
     assert {"After=docker.service", "PartOf=docker.service", "WantedBy=docker.service",

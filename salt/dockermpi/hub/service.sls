@@ -69,6 +69,8 @@ mpi-hub-service-running:
       - pkg: mpi-hub-proxy-package-installed
       - file: mpi-hub-service-state-directory
       - iptables: mpi-hub-firewall-notebooks-reach-only-the-hub
+      - iptables: mpi-hub-firewall-notebooks-reach-the-hub-host-on-its-api-ports-only
+      - iptables: mpi-hub-firewall-notebooks-reach-the-hub-host-over-tcp-only
     - watch:
       - file: mpi-hub-service-unit-file
       - file: mpi-hub-config-settings-json
