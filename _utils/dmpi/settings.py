@@ -61,6 +61,10 @@ ID_MAX = 2**31 - 2
 NOBODY_ID = 65534
 #: How every node sees the shared storage (``mpi:storage:type``).
 STORAGE_TYPES = ("nfs", "preshared")
+#: NFS security flavours (``mpi:storage:nfs:security``): the export's ``sec=`` and the
+#: mounts'. ``sys`` trusts the uid a host sends; the Kerberos ones authenticate (krb5),
+#: add integrity (krb5i) or encrypt as well (krb5p).
+NFS_SECURITY = ("sys", "krb5", "krb5i", "krb5p")
 #: iptables chains owned by the kernel or by Docker; DockerMPI needs one of its own.
 FOREIGN_CHAINS = ("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING", "DOCKER")
 
@@ -113,7 +117,7 @@ _KEYS = {
                "max_env_bytes", "max_env_vars", "memory_per_slot_mb", "pids_per_slot",
                "cpus_per_slot", "tmp_size_mb"),
     "storage": ("type", "path", "nfs"),
-    "storage:nfs": ("server", "export", "mount_options"),
+    "storage:nfs": ("server", "export", "mount_options", "security"),
     "retention": ("job_records_days", "job_dirs_days"),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries",
                "registry_credentials"),
@@ -581,6 +585,7 @@ class _Checker:
                 self.problem(f"mpi:storage:nfs:server {_shown(server)} is not a host name "
                              "or IPv4 address")
             export = self.path("storage", "nfs", "export")
+            self.choice(NFS_SECURITY, "storage", "nfs", "security")
             options = nfs.get("mount_options", _MISSING)
             if options is not _MISSING and (
                     not isinstance(options, list)
@@ -588,6 +593,10 @@ class _Checker:
                                for o in options)):
                 self.problem("mpi:storage:nfs:mount_options must be a list of mount "
                              f"options (one per item, no commas), got {_shown(options)}")
+            elif options is not _MISSING and any(o.startswith("sec=") for o in options):
+                self.problem("mpi:storage:nfs:mount_options must not hold sec=: "
+                             "mpi:storage:nfs:security sets it for the export and the "
+                             "mounts alike")
         job_root = self.path("job_root")
         if job_root is None:
             return

@@ -9,6 +9,7 @@ its failed requisite without running (a real run would install Docker on this ho
 that went wrong, so none is made).
 """
 
+import copy
 import json
 import pathlib
 import subprocess
@@ -166,10 +167,22 @@ def test_nfs_export_is_the_cluster_networks_hosts_only_and_root_squashed(nfs_hig
     clients = ["172.30.0.0/17", "172.30.128.0/18", "172.30.192.0/21", "172.30.201.0/24",
                "172.30.202.0/23", "172.30.204.0/22", "172.30.208.0/20", "172.30.224.0/19"]
     assert lines == ["/export/mpi " + " ".join(
-        f"{net}(rw,sync,root_squash,no_subtree_check)" for net in clients)]
+        f"{net}(rw,sync,root_squash,no_subtree_check,sec=sys)" for net in clients)]
     assert (CLUSTER_NETWORK, JOB_ADDRESSES) == ("172.30.0.0/16", "172.30.200.0/24")
     assert "no_root_squash" not in lines[0]
     assert "*" not in lines[0]
+
+
+def test_nfs_security_flavour_is_the_exports_and_the_mounts(tmp_path):
+    pillar = copy.deepcopy(NFS_PILLAR)
+    pillar["storage"]["nfs"]["security"] = "krb5p"
+    high = _highstate(_minion(tmp_path, ["mpi-node", "mpi-nfs-server"], pillar))
+    exports = _args(high, "mpi-storage-nfs-server-exports-file", "file.managed")["contents"]
+    line = [l for l in exports if not l.startswith("#")][0]
+    assert line.count("(rw,sync,root_squash,no_subtree_check,sec=krb5p)") == 8
+    assert "sec=sys" not in line
+    mount = _args(high, "mpi-storage-nfs-client-mount-mounted", "mount.mounted")
+    assert mount["opts"][-1] == "sec=krb5p"
 
 
 def test_nfs_export_reload_only_on_change(nfs_high):
@@ -194,7 +207,7 @@ def test_nfs_client_mounts_server_export_at_path(nfs_high):
     assert mount["name"] == "/srv/shared"
     assert mount["device"] == "172.30.0.10:/export/mpi"
     assert mount["fstype"] == "nfs"
-    assert mount["opts"] == ["rw", "hard", "noatime", "vers=4.2"]
+    assert mount["opts"] == ["rw", "hard", "noatime", "vers=4.2", "sec=sys"]
     assert "mpi-storage-preshared-path-exists" not in nfs_high
 
 

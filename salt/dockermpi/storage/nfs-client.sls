@@ -16,7 +16,7 @@ mpi-storage-nfs-client-mount-mounted:
     - name: {{ mpi.storage.path | json }}
     - device: {{ (nfs.server ~ ":" ~ nfs.export) | json }}
     - fstype: nfs
-    - opts: {{ nfs.mount_options | json }}
+    - opts: {{ (nfs.mount_options + ["sec=" ~ nfs.security]) | json }}
     - mkmnt: True
     - persist: True
     - require:

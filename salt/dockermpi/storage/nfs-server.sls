@@ -1,11 +1,12 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 {#- Export mpi:storage:nfs:export to the cluster network's hosts only (never the job
-    address pool inside it), root squashed.
+    address pool inside it), root squashed, with the security flavour of
+    mpi:storage:nfs:security.
     Salt 3008 core no longer ships the nfs_export state, so the export is a
     file in /etc/exports.d and `exportfs -ra` runs only when that file changes. #}
 {%- set export = mpi.storage.nfs.export %}
-{%- set options = "(rw,sync,root_squash,no_subtree_check)" %}
+{%- set options = "(rw,sync,root_squash,no_subtree_check,sec=" ~ mpi.storage.nfs.security ~ ")" %}
 {%- set clients = salt['mpi_config.host_networks'](mpi.cluster_network, mpi.job_network.addresses) %}
 {%- set export_line = export ~ " " ~ clients | join(options ~ " ") ~ options %}
 

@@ -183,7 +183,7 @@ CASES = [
     ({"engine": []}, "mpi:engine must be a mapping, got []"),
     ({"storage": {"nfs": {"servr": "x"}}},
      "mpi:storage:nfs:servr is not a DockerMPI setting (the keys of mpi:storage:nfs are: "
-     "server, export, mount_options)"),
+     "server, export, mount_options, security)"),
     ({"ports": {"ssh": [30000, 30001]}},
      "mpi:ports:ssh is not a DockerMPI setting (the keys of mpi:ports are: sshd, oob, btl)"),
     ({"limits": None}, "mpi:limits must be a mapping, got None"),
@@ -323,6 +323,11 @@ CASES = [
     ({"storage": {"nfs": {"mount_options": ["rw,hard"]}}},
      "mpi:storage:nfs:mount_options must be a list of mount options (one per item, no "
      "commas), got ['rw,hard']"),
+    ({"storage": {"nfs": {"security": "krb5p2"}}},
+     "mpi:storage:nfs:security must be one of sys, krb5, krb5i, krb5p, got 'krb5p2'"),
+    ({"storage": {"nfs": {"mount_options": ["rw", "sec=none"]}}},
+     "mpi:storage:nfs:mount_options must not hold sec=: mpi:storage:nfs:security sets it "
+     "for the export and the mounts alike"),
     ({"job_root": "var/lib/dockermpi/jobs"},
      "mpi:job_root must be an absolute path, got 'var/lib/dockermpi/jobs'"),
     ({"job_root": "/"}, "mpi:job_root must not be the root directory /"),
