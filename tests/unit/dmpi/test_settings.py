@@ -949,11 +949,11 @@ def test_image_facts_of_an_approved_image_are_valid():
     assert settings.validate(config)["image_facts"]["mpi"]["launcher"] == "/opt/ompi/bin/mpirun"
 
 
-@pytest.mark.parametrize("cluster, pool, expected", [
+@pytest.mark.parametrize("network, pool, expected", [
     ("10.251.1.0/24", "10.251.1.128/25", ["10.251.1.0/25"]),
     ("10.0.0.0/24", "10.0.0.64/26", ["10.0.0.0/26", "10.0.0.128/25"]),
     ("10.0.0.0/24", "10.9.0.0/24", ["10.0.0.0/24"]),
 ])
-def test_the_hosts_networks_are_the_cluster_network_without_the_job_pool(cluster, pool,
+def test_the_hosts_networks_are_the_cluster_network_without_the_job_pool(network, pool,
                                                                           expected):
-    assert settings.host_networks(cluster, pool) == expected
+    assert settings.host_networks(network, pool) == expected
