@@ -269,6 +269,90 @@ class TestCluster:
             raise ClusterError(f"{host}: {argv!r} exited {result.exit_code}:\n{stdout}{stderr}")
         return result.exit_code, output
 
+    #: The ports of an NFS server: rpcbind, nfsd, mountd (as Debian fixes it with -p).
+    STORAGE_PORTS = (111, 2049, 20048)
+    _STORAGE_STAND_IN = """
+import socket, sys, threading
+def udp(port):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', port))
+    while True:
+        data, peer = u.recvfrom(64); u.sendto(data, peer)
+def tcp(port):
+    t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    t.bind(('0.0.0.0', port)); t.listen()
+    while True:
+        c, _ = t.accept(); c.sendall(b'served'); c.close()
+for port in map(int, sys.argv[2:]):  # (sys.argv[1]: a marker to find the process by)
+    threading.Thread(target=udp, args=(port,), daemon=True).start()
+    threading.Thread(target=tcp, args=(port,), daemon=True).start()
+threading.Event().wait()
+"""
+
+    #: Run by an attacker (``python3 -c STORAGE_PROBE <address> <port>...``): one line per
+    #: port, "<port> <TCP connect> <UDP echo>", each "open"/the echo or the error's name.
+    STORAGE_PROBE = """
+import errno, socket, sys
+def name(exc):
+    return errno.errorcode.get(exc.errno, 'timeout' if isinstance(exc, TimeoutError) else str(exc))
+def tcp(address, port):
+    try:
+        socket.create_connection((address, port), timeout=5).close()
+        return 'open'
+    except OSError as exc:
+        return name(exc)
+def udp(address, port):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+    try:
+        u.connect((address, port)); u.send(b'x')
+        return u.recv(8).decode() or 'empty'
+    except OSError as exc:
+        return name(exc)
+for port in map(int, sys.argv[2:]):
+    print(port, tcp(sys.argv[1], port), udp(sys.argv[1], port), flush=True)
+"""
+
+    @staticmethod
+    def storage_unanswered(output):
+        """The ports of a STORAGE_PROBE's ``output`` that neither accepted a connection
+        nor echoed a datagram. (A refusal by ICMP can come as a timeout instead: the
+        kernel rate-limits the ICMP errors it sends to one host.)"""
+        return [int(port) for port, tcp, udp in map(str.split, output.splitlines())
+                if tcp != "open" and udp != "x"]
+
+    @contextlib.contextmanager
+    def storage_stand_in(self, host="master"):
+        """Echo services on a storage server's ports (:data:`STORAGE_PORTS`, TCP and UDP)
+        on ``host``, as root, proven to answer from node1's host first; yields their
+        address. Stands in for an NFS server the attacker tests aim at."""
+        marker = "dmpi-storage-stand-in"
+        kill = ["pkill", "-f", marker]
+        address = {"master": MASTER_ADDR, "hub": HUB_ADDR}[host]
+        self.exec(host, kill, check=False)
+        self.container(host).exec_run(
+            ["python3", "-c", self._STORAGE_STAND_IN, marker, *map(str, self.STORAGE_PORTS)],
+            detach=True)
+        try:
+            echo = ("import socket, sys\n"
+                    "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n"
+                    "u.connect((sys.argv[1], int(sys.argv[2]))); u.send(b'x')\n"
+                    "print(u.recv(8).decode())\n")
+            for port in self.STORAGE_PORTS:
+                deadline = time.monotonic() + 30
+                while self.exec("node1", ["timeout", "5", "bash", "-c",
+                                          f"</dev/tcp/{address}/{port}"], check=False)[0]:
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"the storage stand-in on {host} does not "
+                                           f"answer TCP {port} from node1's host")
+                    time.sleep(0.5)
+                code, out = self.exec("node1", ["python3", "-c", echo, address, str(port)],
+                                      check=False)
+                if code != 0 or out.strip() != "x":
+                    raise ClusterError(f"the storage stand-in on {host} does not answer "
+                                       f"UDP {port} from node1's host: {out}")
+            yield address
+        finally:
+            self.exec(host, kill, check=False)
+
     def salt(self, argv, check=True, stdout_only=False):
         """Run a salt CLI (``salt``, ``salt-run``, ``salt-key``) on the master."""
         return self.exec("master", argv, check=check, stdout_only=stdout_only)

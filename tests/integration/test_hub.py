@@ -579,6 +579,16 @@ for port in (8001, 4505, 4506, 8000, 5000):
     assert units.strip() != "active"
 
 
+def test_a_notebook_reaches_no_port_of_a_storage_server_over_tcp_or_udp(cluster, notebooks):
+    """A host of the cluster network serving NFS (the hub host's own ports:
+    test_hub_host)."""
+    with cluster.storage_stand_in("master") as address:
+        code, output = cluster.notebook_exec(ANN, [
+            "python3", "-c", cluster.STORAGE_PROBE, address, *map(str, cluster.STORAGE_PORTS)])
+    assert code == 0, output
+    assert cluster.storage_unanswered(output) == list(cluster.STORAGE_PORTS), output
+
+
 # ------------------------------------------------------------- who runs what, where
 
 

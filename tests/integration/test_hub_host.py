@@ -5,7 +5,6 @@ mounted, and no other user's data in reach."""
 
 import json
 import re
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,7 +12,7 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.cluster.testcluster import (API_NOTEBOOK_URL, API_PUBLIC_URL, HUB_ADDR, HUB_DOMAIN,
+from tests.cluster.testcluster import (API_NOTEBOOK_URL, API_PUBLIC_URL, HUB_DOMAIN,
                                        HUB_HOST_PORT, HUB_PUBLIC_PORT, NOTEBOOK_PREFIX)
 
 pytestmark = pytest.mark.cluster
@@ -212,60 +211,26 @@ def test_a_notebook_binds_no_privileged_port(hub, notebooks):
     assert code == 0 and out.split() == ["700", "EACCES", "1024", "bound"], out
 
 
-#: Stands for whatever else the hub host serves (a storage server's NFS port here).
-HOST_SERVICE_PORT = 2049
-HOST_SERVICE = """
-import socket, threading
-def udp():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 2049))
-    while True:
-        data, peer = u.recvfrom(64); u.sendto(data, peer)
-threading.Thread(target=udp, daemon=True).start()
-t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t.bind(('0.0.0.0', 2049)); t.listen()
-while True:
-    c, _ = t.accept(); c.sendall(b'served'); c.close()
-"""
-
-
 def test_a_notebook_reaches_no_port_of_the_hub_host_but_the_hubs_api(hub, notebooks):
     """A service of the hub host itself (INPUT, not DOCKER-USER: on its cluster address or
     its docker0 address, over TCP or UDP) does not answer a notebook; the hub's API does."""
-    listener = "dmpi-test-hub-host-service"
-    image = _inspect(hub, notebooks[ALICE][0])["Config"]["Image"]
-    hub.exec("hub", ["docker", "rm", "-f", listener], check=False)
-    hub.exec("hub", ["docker", "run", "-d", "--name", listener, "--net=host", "--user",
-                     "65534:65534", "--entrypoint", "python3", image, "-c", HOST_SERVICE])
-    try:
-        deadline = time.monotonic() + 60
-        while hub.exec("hub", ["timeout", "5", "bash", "-c", f"</dev/tcp/{HUB_ADDR}/"
-                               f"{HOST_SERVICE_PORT}"], check=False)[0] != 0:
-            assert time.monotonic() < deadline, "the hub host's service never listened"
-            time.sleep(0.5)
-        probe = ("import errno, socket, sys\n"
-                 "route = [l.split() for l in open('/proc/net/route')][1:]\n"
-                 "gateway = [l[2] for l in route if l[1] == '00000000'][0]\n"
-                 "gateway = socket.inet_ntoa(bytes.fromhex(gateway)[::-1])\n"
-                 "def tcp(address, port):\n"
-                 "    try:\n"
-                 "        socket.create_connection((address, port), timeout=5).close()\n"
-                 "        return 'open'\n"
-                 "    except OSError as exc:\n"
-                 "        return errno.errorcode.get(exc.errno, 'timeout')\n"
-                 "def udp(address, port):\n"
-                 "    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n"
-                 "    u.connect((address, port)); u.send(b'x')\n"
-                 "    try:\n"
-                 "        return u.recv(64).decode()\n"
-                 "    except OSError as exc:\n"
-                 "        return errno.errorcode.get(exc.errno, 'timeout')\n"
-                 "for address in (sys.argv[1], gateway):\n"
-                 f"    print(tcp(address, {HOST_SERVICE_PORT}), udp(address, {HOST_SERVICE_PORT}),\n"
-                 "          tcp(address, 8081))\n")
-        code, out = hub.notebook_exec(ALICE, ["python3", "-c", probe, HUB_ADDR])
-        assert code == 0 and out.splitlines() == ["ECONNREFUSED ECONNREFUSED open"] * 2, out
-    finally:
-        hub.exec("hub", ["docker", "rm", "-f", listener], check=False)
+    gateway = ("import socket\n"
+               "route = [line.split() for line in open('/proc/net/route')][1:]\n"
+               "(found,) = [r[2] for r in route if r[1] == '00000000']\n"
+               "print(socket.inet_ntoa(bytes.fromhex(found)[::-1]))\n")
+    code, docker0 = hub.notebook_exec(ALICE, ["python3", "-c", gateway])
+    assert code == 0, docker0
+    ports = [str(port) for port in hub.STORAGE_PORTS]
+    with hub.storage_stand_in("hub") as address:
+        for target in (address, docker0.strip()):
+            code, out = hub.notebook_exec(ALICE, ["python3", "-c", hub.STORAGE_PROBE, target,
+                                                  *ports])
+            assert code == 0, out
+            assert hub.storage_unanswered(out) == list(hub.STORAGE_PORTS), (target, out)
+            code, out = hub.notebook_exec(ALICE, ["python3", "-c", (
+                "import socket, sys\n"
+                "socket.create_connection((sys.argv[1], 8081), timeout=5).close()\n"), target])
+            assert code == 0, (target, out)
 
 
 def test_bob_cannot_read_alices_data(hub, notebooks):

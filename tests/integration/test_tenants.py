@@ -336,6 +336,20 @@ def test_a_job_reaches_no_host_of_the_cluster_and_binds_no_privileged_port(clust
             cluster.exec(node, ["docker", "rm", "-f", listener], check=False)
 
 
+def test_a_job_reaches_no_port_of_a_storage_server_over_tcp_or_udp(cluster, victim):
+    # With NFS sec=sys the server trusts the uid a client sends: no job may speak to it
+    # at all, neither rpcbind, nfsd nor mountd, over TCP or UDP.
+    with cluster.storage_stand_in("master") as address:
+        code, job = launch(cluster, ATTACKER, ["python3", "-c", cluster.STORAGE_PROBE, address,
+                                               *map(str, cluster.STORAGE_PORTS)],
+                           np=2, nodes="node1,node2", slots_per_node=1)
+    assert code == 0, job
+    lines = cluster.read_shared(job["output"]["stdout"]).splitlines()
+    # Refused at once by the job's own firewall: a reset, and a datagram never sent.
+    assert sorted(lines) == sorted(f"{port} ECONNREFUSED EPERM"
+                                   for port in cluster.STORAGE_PORTS for _ in range(2)), lines
+
+
 def _job_reaches_no_host(cluster, services):
     for address, port in services:
         deadline = time.monotonic() + 30  # a listener just started may not be up yet
