@@ -117,3 +117,9 @@ def container_name(job_id, role):
     if role not in CONTAINER_ROLES:
         raise ValueError(f"role must be one of {', '.join(CONTAINER_ROLES)}, got {str(role)[:60]!r}")
     return CONTAINER_NAME.format(job_id=job_id, role=role)
+
+#: How a node's health report starts its storage state when the mount answers but has
+#: no space, inodes or quota left (``"full: <error>"``): the node still takes jobs, since
+#: a full file system is the site's to free, not the node's fault, and taking every node
+#: out of service would let one user who fills it stop everyone's jobs.
+STORAGE_FULL = "full"

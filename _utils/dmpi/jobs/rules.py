@@ -22,7 +22,7 @@ grace (pillar ``mpi:engine:silent_grace``).
 
 import signal
 
-from dmpi.contract import ACTIVE, FINAL
+from dmpi.contract import ACTIVE, FINAL, STORAGE_FULL
 
 NODE_TIMEOUT = 5  # seconds without a heartbeat before a node counts as lost
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
@@ -310,7 +310,7 @@ def node_problem(seen, drain=None):
     """
     Why a reporting node may take no new job whatever its image, or None: drained by
     an admin, or unhealthy by its own health evidence (``seen["health"]``: the Docker
-    engine answering, shared storage mounted and writable, a job CA to certify the
+    engine answering, shared storage mounted and writable, or answering but full, a job CA to certify the
     job's keys with, the remote-start agent the job's containers mount). A node that never sent
     health evidence is not known to be healthy, so it takes nothing yet.
     """
@@ -321,8 +321,9 @@ def node_problem(seen, drain=None):
         return "unhealthy: no health report yet"
     if health.get("docker") != "ok":
         return f"unhealthy: Docker engine not answering ({str(health.get('docker'))[:200]})"
-    if health.get("storage") != "ok":
-        return f"unhealthy: storage {str(health.get('storage'))[:200]}"
+    storage = str(health.get("storage"))
+    if storage != "ok" and not storage.startswith(STORAGE_FULL + ":"):
+        return f"unhealthy: storage {storage[:200]}"
     if health.get("job_ca") != "ok" or not isinstance(health.get("job_ca_public"), str):
         return f"unhealthy: {str(health.get('job_ca') or 'no job CA reported')[:200]}"
     if health.get("agent") != "ok":

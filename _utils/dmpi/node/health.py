@@ -4,6 +4,8 @@ and writable (bounded in time: a hung mount makes the node unhealthy, not silent
 image digests present, its job CA and its remote-start agent.
 """
 
+import contextlib
+import errno
 import os
 import re
 import threading
@@ -12,6 +14,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from dmpi.contract import STORAGE_FULL
 from dmpi.errors import NodeError
 from dmpi.node import agent, checks, imagefacts, jobca
 
@@ -52,6 +55,10 @@ def _storage_state(storage_path, probe_name):
             os.close(fd)
         os.unlink(probe)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+            return f"{STORAGE_FULL}: {exc.strerror}"
         return f"not writable: {exc.strerror or exc}"
     return "ok"
 
@@ -87,7 +94,8 @@ def health(node_id, storage_path, engine_timeout=5):
         Seconds the Docker engine has to answer.
 
     Returns ``{"docker": "ok" or why not, "storage": "ok" or why not ("not mounted:
-    ...", "not writable: ...", "not responding ..."), "images": [repo@sha256:...],
+    ...", "not writable: ...", "not responding ...") or "full: ..." (no space, inodes or
+    quota left: still usable), "images": [repo@sha256:...],
     "image_facts": {repo@sha256:...: facts}, "job_ca": "ok" or why not, "job_ca_public":
     the job CA's public line, "agent": "ok" or why the remote-start agent cannot start
     jobs (:mod:`dmpi.node.agent`)}``:
