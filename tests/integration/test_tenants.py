@@ -627,6 +627,22 @@ def test_the_root_file_system_is_read_only_and_tmp_is_sized(cluster, victim):
     assert int(out[-1]) < 4096
 
 
+def test_a_job_that_fills_its_tmp_fails_saying_where_room_ran_out(cluster, victim):
+    # B's job on the same node goes on; A's ends with the reason, not a bare exit code.
+    b_job = submit(cluster, VICTIM, "sleep 300", np=1, nodes="node1")
+    wait_for(cluster, b_job, ("running",))
+    fill = ("with open('/tmp/fill', 'wb') as f:\n"
+            "    while True:\n"
+            "        f.write(b'x' * (1 << 20)); f.flush()\n")
+    code, job = launch(cluster, ATTACKER, ["python3", "-c", fill], np=1, nodes="node1")
+    assert code == 1 and job["state"] == "failed", job
+    assert job["reason"].endswith("; it reported 'No space left on device': the user's "
+                                  "directory (/data) is full or over its quota, or /tmp is "
+                                  "full (mpi:limits:tmp_size_mb)"), job["reason"]
+    assert wait_for(cluster, b_job, ("running",))["state"] == "running"
+    run(cluster, "mpi.cancel", job_id=b_job)
+
+
 def test_a_job_cannot_change_the_nodes_remote_start_agent(cluster, victim):
     # A's job tries to replace the sshd and ssh every later job (B's) starts with.
     code, job = launch(cluster, ATTACKER, shell(

@@ -292,6 +292,19 @@ def test_a_failing_ranks_word_in_the_job_directory_names_it_when_hydra_lost_its_
     assert ret["jobs"][JOB]["failure"] == {"rank": 1, "exit_code": 3}
 
 
+def test_a_rank_that_ran_out_of_room_is_reported_with_its_error(storage, job_root):
+    job_dir = storage / "users" / USER / "mpi-jobs" / JOB
+    mark = files.RANK_FAILED_MARK
+    _write(job_dir / "stderr", "Traceback (most recent call last):\n"
+           "OSError: [Errno 28] No space left on device\n"
+           f"{mark} rank 1 status 1\n")
+    with _engine(_container(JOB, "worker", "running"),
+                 _container(JOB, "launcher", "exited", 1)):
+        ret = mpi_job.report(str(storage), str(job_root))
+    assert ret["jobs"][JOB]["failure"] == {"rank": 1, "exit_code": 1,
+                                           "space": "No space left on device"}
+
+
 def test_a_lost_daemon_fails_a_launcher_that_exited_0(storage, job_root):
     # Open MPI 5's mpirun says it lost a node's daemon, and exits 0.
     stderr = (STDERR_DATA.parent / "openmpi5" / "ssh_partition.stderr").read_text()

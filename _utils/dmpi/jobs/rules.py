@@ -57,19 +57,29 @@ def timeouts():
 
 
 def outcome(code, failure, program):
-    """(state, reason) from the launcher's exit code and the failing rank, if known."""
+    """(state, reason) from the launcher's exit code and the failing rank, if known; a
+    failure that wrote one of the out-of-space errors says where room ran out."""
+    state, reason = _outcome(code, failure, program)
+    space = (failure or {}).get("space") if state == "failed" else None
+    if isinstance(space, str) and space:
+        reason += (f"; it reported {space[:40]!r}: the user's directory (/data) is full or "
+                   "over its quota, or /tmp is full (mpi:limits:tmp_size_mb)")
+    return state, reason
+
+
+def _outcome(code, failure, program):
     if failure and failure.get("lost_daemon"):
         return "failed", str(failure["lost_daemon"])[:300]
     if code == 0:
         return "succeeded", None
     if failure and failure.get("placement"):
         return "failed", f"ranks did not run where they were placed: {failure['placement']}"
-    if failure and "signal" in failure:
+    if failure and "rank" in failure and "signal" in failure:
         return "failed", f"rank {failure['rank']} died of {failure['signal_name']}"
-    if failure and failure.get("exit_code") in SHELL_EXITS:
+    if failure and "rank" in failure and failure.get("exit_code") in SHELL_EXITS:
         return "failed", (f"rank {failure['rank']}: program {str(program[0])[:100]!r} "
                           f"{SHELL_EXITS[failure['exit_code']]}")
-    if failure:
+    if failure and "rank" in failure:
         return "failed", (f"rank {failure['rank']} exited with code {failure['exit_code']}"
                           f"{_signal_meaning(failure['exit_code'])}")
     if code in SHELL_EXITS:  # mpirun passes on the first failing rank's code

@@ -159,6 +159,21 @@ def placement_failure(stderr_text):
     return "".join(c if c.isprintable() else "?" for c in line.strip())[:300] or None
 
 
+#: How C libraries and Python say a write found no room (strerror of EDQUOT, ENOSPC).
+SPACE_ERRORS = ("Disk quota exceeded", "No space left on device")
+
+
+def space_failure(stderr_text):
+    """The first of :data:`SPACE_ERRORS` a failed job's standard error holds, or None: a
+    rank that ran out of room in the user's directory (quota or a full file system) or
+    its sized /tmp. Never raises: the text is the job's."""
+    if not isinstance(stderr_text, str):
+        return None
+    found = [(stderr_text.find(error), error) for error in SPACE_ERRORS]
+    found = [(at, error) for at, error in found if at >= 0]
+    return min(found)[1] if found else None
+
+
 def rank_failure(stderr_text):
     """Which rank's program failed how, from the first :data:`RANK_FAILED_MARK` line in a
     job's standard error: ``{"rank": int, "exit_code": int}``, or ``{"rank": int,

@@ -243,6 +243,9 @@ def _failure_in(text, exit_code):
     placement = dmpi.launch.files.placement_failure(text)
     if placement:
         failure = dict(failure or {}, placement=placement)
+    space = dmpi.launch.files.space_failure(text)
+    if space:
+        failure = dict(failure or {}, space=space)
     return failure
 
 

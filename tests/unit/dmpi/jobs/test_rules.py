@@ -76,6 +76,21 @@ def test_outcomes_are_explained(failure, reason):
     assert state == "failed" and text.startswith(reason)
 
 
+@pytest.mark.parametrize("code, failure, start", [
+    (1, {"rank": 2, "exit_code": 1, "space": "Disk quota exceeded"}, "rank 2 exited with code 1"),
+    (1, {"space": "No space left on device"}, "mpirun exited with code 1"),
+])
+def test_a_job_that_ran_out_of_room_is_told_where(code, failure, start):
+    state, reason = rules.outcome(code, failure, ["python3"])
+    assert state == "failed" and reason == (
+        f"{start}; it reported {failure['space']!r}: the user's directory (/data) is full or "
+        "over its quota, or /tmp is full (mpi:limits:tmp_size_mb)")
+
+
+def test_a_job_that_succeeded_is_not_told_it_ran_out_of_room():
+    assert rules.outcome(0, {"space": "No space left on device"}, ["sh"]) == ("succeeded", None)
+
+
 @pytest.mark.parametrize("code, failure, reason", [
     (137, None, "mpirun exited with code 137 (128 + 9: the program was killed by SIGKILL)"),
     (1, {"rank": 3, "exit_code": 143},

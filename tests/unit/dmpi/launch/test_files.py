@@ -177,3 +177,13 @@ def test_a_ranks_failure_is_read_first_and_never_raises():
                  f"{mark} rank {'9' * 50} status 3\n", f"{mark} rank \u0663 status 3\n",
                  f"{mark} rank 1 status 0\n"):
         assert files.rank_failure(junk) is None, junk
+
+
+def test_the_first_out_of_room_error_of_a_jobs_stderr_is_found():
+    stderr = ("OSError: [Errno 122] Disk quota exceeded: '/data/out'\n"
+              "write error: No space left on device\n")
+    assert files.space_failure(stderr) == "Disk quota exceeded"
+    assert files.space_failure("cp: error writing 'x': No space left on device") == \
+        "No space left on device"
+    assert files.space_failure("all fine\n") is None
+    assert files.space_failure(None) is None
