@@ -50,6 +50,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from dmpi_bench import log, median, parse_args, table  # noqa: E402
+from dmpi.jobs import fairshare  # noqa: E402
 
 NODE_SLOTS = 8
 NOW = 1_700_000_000.0
@@ -87,7 +88,9 @@ def build_case(node_count, queued_count, running_count, seed, shared):
             continue
         free[node] -= ranks
         held += ranks
-        running.append({"placement": {node: ranks}, "end": NOW + rng.uniform(1, 86400)})
+        running.append({"placement": {node: ranks}, "end": NOW + rng.uniform(1, 86400),
+                        "user": rng.choice(USERS), "np": ranks,
+                        "started": NOW - rng.uniform(1, 86400)})
         mine = usage.setdefault(rng.choice(USERS), {"jobs": 0, "slots": 0})
         mine["jobs"] += 1
         mine["slots"] += ranks
@@ -106,8 +109,9 @@ def build_case(node_count, queued_count, running_count, seed, shared):
             per_node = rng.randint(1, NODE_SLOTS)
         candidates = nodes if rng.random() < 0.9 else rng.choice(partitions)
         queued.append({
-            "id": f"job{i:05d}", "user": rng.choice(USERS), "np": np, "candidates": candidates,
-            "count": count, "per_node": per_node, "walltime": rng.choice(WALLTIMES),
+            "id": f"job{i:05d}", "job_id": f"job{i:05d}", "user": rng.choice(USERS), "np": np,
+            "candidates": candidates, "count": count, "per_node": per_node,
+            "walltime": rng.choice(WALLTIMES), "submitted": NOW - rng.uniform(0, 7 * 86400),
         })
     if not shared:
         # As the runner reads them from the job store: separate lists and strings per job.
@@ -121,15 +125,24 @@ def digest(starts, blocked):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def time_passes(sched, case, repeat, placement):
-    """(seconds of each pass, (starts, blocked) of the last)."""
+def time_passes(sched, case, repeat, placement, fair):
+    """(seconds of each pass, (starts, blocked) of the last). With ``fair``, a pass
+    includes what the controller adds before ``plan``: every user's decayed usage (ended
+    jobs' kept figure and running jobs' so far), the queued jobs' priorities and the
+    queue in their order (``dmpi.jobs.fairshare``, the controller's default settings)."""
     queued, free, running, usage = case
     # A module from before placement policies knows only packing.
     policy = {} if placement == "pack" else {"placement": placement}
+    kept = {user: [float(i * 1000), NOW - 3600] for i, user in enumerate(USERS)}
+    settings = {"weight_fairshare": 10000, "weight_age": 1000, "max_age": 7 * 86400}
     seconds = []
     for _ in range(repeat):
         begin = time.perf_counter()
-        decisions = sched.plan(queued, free, running, NOW, NODE_SLOTS, LIMITS, usage, **policy)
+        ordered = queued
+        if fair:
+            used = fairshare.usage(kept, running, NOW, 7 * 86400)
+            ordered = fairshare.order(queued, fairshare.priorities(queued, used, NOW, settings))
+        decisions = sched.plan(ordered, free, running, NOW, NODE_SLOTS, LIMITS, usage, **policy)
         seconds.append(time.perf_counter() - begin)
     return seconds, decisions
 
@@ -145,6 +158,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1, help="seed of the synthetic data (default 1)")
     parser.add_argument("--placement", choices=("pack", "spread"), default="pack",
                         help="placement policy, mpi:placement (default pack)")
+    parser.add_argument("--queue-order", choices=("fair", "fifo"), default="fair",
+                        help="mpi:queue_order: fair times the fair-share priorities and "
+                             "ordering with each pass (default fair)")
     parser.add_argument("--module", default=None,
                         help="a scheduler file to time instead of this checkout's "
                              "dmpi/jobs/sched.py")
@@ -164,7 +180,8 @@ def main(argv=None):
         for kind in kinds:
             case = build_case(count, args.queued, args.running, args.seed + count,
                               shared=kind == "shared")
-            seconds, (starts, blocked) = time_passes(sched, case, args.repeat, args.placement)
+            seconds, (starts, blocked) = time_passes(sched, case, args.repeat, args.placement,
+                                                     args.queue_order == "fair")
             log(f"{count} nodes, {kind} lists: passes "
                 f"{', '.join(f'{s * 1000:.1f}' for s in seconds)} ms")
             why = collections.Counter(
@@ -172,13 +189,15 @@ def main(argv=None):
                 for reason in blocked.values()
             )
             label = (f"sched_pass_{count}_nodes{'_shared_lists' if kind == 'shared' else ''}"
-                     f"{'_spread' if args.placement == 'spread' else ''}_ms")
+                     f"{'_spread' if args.placement == 'spread' else ''}"
+                     f"{'_fifo' if args.queue_order == 'fifo' else ''}_ms")
             rows.append([label, count, kind, len(case[2]), len(case[0]),
                          median(seconds) * 1000, min(seconds) * 1000, len(starts),
                          why["resources"], why["reserved"], why["user limit"],
                          digest(starts, blocked)])
             del case
-    print(f"one pass of sched.plan ({sched.__file__}, {args.placement}): {args.queued} queued "
+    print(f"one pass of sched.plan ({sched.__file__}, {args.placement}, queue order "
+          f"{args.queue_order}): {args.queued} queued "
           f"jobs, nodes of {NODE_SLOTS} slots, seed {args.seed}, {args.repeat} passes each (ms)")
     print(table(["figure", "nodes", "candidates", "running", "queued", "median ms", "min ms", "start",
                  "resources", "reserved", "user limit", "decisions"], rows))

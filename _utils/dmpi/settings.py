@@ -86,9 +86,12 @@ _URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-
 _PINNED_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*\Z")
 #: Where the scheduler puts a job's ranks (``mpi:placement``; ``dmpi.jobs.sched.PLACEMENTS``).
 PLACEMENTS = ("pack", "spread")
-#: In what order queued jobs are considered (``mpi:queue_order``): users taking turns
-#: (``dmpi.jobs.sched.fair_order``) or submission order.
+#: In what order queued jobs are considered (``mpi:queue_order``): by fair-share priority
+#: (``dmpi.jobs.fairshare``, pillar ``mpi:fair_share``) or submission order.
 QUEUE_ORDERS = ("fair", "fifo")
+#: The fair-share settings (``mpi:fair_share``) and their bounds.
+FAIR_SHARE_BOUNDS = {"half_life_hours": (1, 87600), "max_age_hours": (1, 87600),
+                     "weight_fairshare": (0, 1_000_000), "weight_age": (0, 1_000_000)}
 
 #: Per-user limits of the user API (``mpi:api:limits``).
 API_LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes",
@@ -106,7 +109,7 @@ _PEM_KINDS = {"cert": ("CERTIFICATE",), "ca": ("CERTIFICATE",),
 #: defaults.yaml are read by ``dmpi.jobs.request`` when a site sets them).
 _KEYS = {
     "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "placement",
-         "queue_order", "limits",
+         "queue_order", "fair_share", "limits",
          "retention", "storage", "docker", "job_network", "images", "image_facts", "job_root",
          "firewall", "hub", "api", "engine"),
     "users": ("uid_min", "uid_max"),
@@ -119,6 +122,7 @@ _KEYS = {
     "storage": ("type", "path", "nfs"),
     "storage:nfs": ("server", "export", "mount_options", "security"),
     "retention": ("job_records_days", "job_dirs_days"),
+    "fair_share": tuple(FAIR_SHARE_BOUNDS),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries",
                "registry_credentials"),
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
@@ -297,8 +301,8 @@ class _Checker:
             return self.config, self.found
         self.out = copy.deepcopy(self.config)
         sections = {}
-        for section in ("users", "guest", "ports", "limits", "retention", "storage", "docker",
-                        "job_network", "firewall"):
+        for section in ("users", "guest", "ports", "limits", "retention", "fair_share",
+                        "storage", "docker", "job_network", "firewall"):
             sections[section] = self.mapping(section)
         self.keys("", self.out)
         for section, value in sections.items():
@@ -321,6 +325,9 @@ class _Checker:
             for name in ("job_records_days", "job_dirs_days"):
                 self.whole("retention", name, minimum=0, maximum=36500,
                            note=" (days; 0: keep forever)")
+        if sections["fair_share"] is not None:
+            for name, (low, high) in FAIR_SHARE_BOUNDS.items():
+                self.whole("fair_share", name, minimum=low, maximum=high)
         self.check_storage(sections["storage"], nfs)
         self.check_docker(sections["docker"])
         self.check_job_network(sections["job_network"], cluster)

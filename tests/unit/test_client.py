@@ -191,14 +191,22 @@ def test_record_text_lists_the_fields_people_ask_about():
 def test_queue_shows_why_queued_jobs_wait_and_where_running_ones_run():
     rows = [record("running", started=1000.0, ended=None),
             record("queued", job_id=OTHER_JOB, name=None, started=None,
-                   placement=None, waiting_for="resources")]
+                   placement=None, waiting_for="resources",
+                   priority={"priority": 5012, "fairshare": 0.5, "age": 0.012})]
     lines = render.queue_text(rows, now=1125.0).splitlines()
-    assert lines[0].split() == ["JOBID", "NAME", "USER", "STATE", "NP", "TIME",
+    assert lines[0].split() == ["JOBID", "NAME", "USER", "STATE", "NP", "PRIORITY", "TIME",
                                 "NODELIST(REASON)"]
-    assert lines[1].split() == [JOB, "pi", "alice", "running", "6", "2:05",
+    assert lines[1].split() == [JOB, "pi", "alice", "running", "6", "-", "2:05",
                                 "node1:2,node2:2,node3:2"]
-    assert lines[2].split() == [OTHER_JOB, "-", "alice", "queued", "6", "0:00",
+    assert lines[2].split() == [OTHER_JOB, "-", "alice", "queued", "6", "5012", "0:00",
                                 "(resources)"]
+
+
+def test_a_queued_jobs_status_shows_its_priority_and_its_parts():
+    text = render.record_text(record("queued", started=None, placement=None,
+                                     priority={"priority": 5012, "fairshare": 0.5,
+                                               "age": 0.012}))
+    assert "priority     5012 (fairshare 0.5, age 0.012)" in text
 
 
 def test_history_table_has_one_row_per_ended_job():
@@ -211,8 +219,8 @@ def test_history_table_has_one_row_per_ended_job():
 
 
 def test_empty_tables_are_just_headers():
-    assert render.queue_text([]).split() == ["JOBID", "NAME", "USER", "STATE", "NP", "TIME",
-                                             "NODELIST(REASON)"]
+    assert render.queue_text([]).split() == ["JOBID", "NAME", "USER", "STATE", "NP",
+                                             "PRIORITY", "TIME", "NODELIST(REASON)"]
 
 
 @pytest.mark.parametrize("job, status", [

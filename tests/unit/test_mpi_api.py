@@ -335,10 +335,14 @@ def real_runner(tmp_path, monkeypatch):
             store.transition(job_id, state, ended=1764677000.75, exit_code=0)
     store.set_meta("waiting", {"20261202-120001-aaaaaa": "user limit",
                                "20261202-120002-aaaaaa": "free slots"})
+    store.set_meta("priorities", {"20261202-120002-aaaaaa": PRIORITY})
     functions = {"status": functools.partial(user_calls.status, site),
                  "list": functools.partial(user_calls.list_jobs, site)}
     with _serving(functions, ["127.0.0.0/8"]) as url:
         yield url, store
+
+
+PRIORITY = {"priority": 5012, "fairshare": 0.5, "age": 0.012}
 
 
 def test_a_hub_users_list_and_status_show_their_own_jobs_as_recorded(real_runner):
@@ -348,13 +352,15 @@ def test_a_hub_users_list_and_status_show_their_own_jobs_as_recorded(real_runner
     assert answer["jobs"] == [
         {"job_id": "20261202-120000-aaaaaa", "name": "run-0", "user": "ann", "state": "running",
          "np": 2, "placement": {"node1": 2}, "submitted": 1764676800.25,
-         "started": 1764676900.5, "ended": None, "reason": None, "waiting_for": None},
+         "started": 1764676900.5, "ended": None, "reason": None, "waiting_for": None,
+         "priority": None},
         {"job_id": "20261202-120002-aaaaaa", "name": "run-2", "user": "ann", "state": "queued",
          "np": 2, "placement": None, "submitted": 1764676802.25, "started": None,
-         "ended": None, "reason": None, "waiting_for": "free slots"},
+         "ended": None, "reason": None, "waiting_for": "free slots", "priority": PRIORITY},
         {"job_id": "20261202-120003-aaaaaa", "name": "run-3", "user": "ann",
          "state": "succeeded", "np": 2, "placement": {"node1": 2}, "submitted": 1764676803.25,
-         "started": 1764676900.5, "ended": 1764677000.75, "reason": None, "waiting_for": None}]
+         "started": 1764676900.5, "ended": 1764677000.75, "reason": None, "waiting_for": None,
+         "priority": None}]
     status, _, answer = call(url, "/jobs?state=running,succeeded")
     assert [j["job_id"] for j in answer["jobs"]] == ["20261202-120000-aaaaaa",
                                                      "20261202-120003-aaaaaa"]
@@ -362,6 +368,7 @@ def test_a_hub_users_list_and_status_show_their_own_jobs_as_recorded(real_runner
     assert status == 400 and "unknown job states" in answer["error"]
     status, _, answer = call(url, "/jobs/20261202-120002-aaaaaa")
     assert status == 200 and answer["waiting_for"] == "free slots" and "spec" not in answer
+    assert answer["priority"] == PRIORITY
     assert (answer["state"], answer["closed"], answer["history"][0]["state"]) == (
         "queued", False, "queued")
     status, _, answer = call(url, "/jobs/20261202-120001-aaaaaa")  # bob's

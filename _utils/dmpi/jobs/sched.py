@@ -1,7 +1,8 @@
 """
 Placement and queue planning for DockerMPI jobs: pure functions, no Salt, no I/O.
 
-Jobs are started first come, first served, all or nothing across nodes. When the job at
+Jobs are started in the order given (submission order, or fair-share priority:
+:mod:`dmpi.jobs.fairshare`), all or nothing across nodes. When the job at
 the head of the queue cannot start, it gets a reservation (EASY backfill): the earliest
 time enough slots will be free given the walltimes of running jobs, and the nodes it
 would take then. A later job may start before it only if it fits now and either ends
@@ -326,25 +327,6 @@ def _within_limits(job, usage, limits):
     if max_slots and mine["slots"] + job["np"] > max_slots:
         return False
     return True
-
-
-def fair_order(queued, last_start=None):
-    """
-    ``queued`` (in submission order) in fair-share order: users take turns. Each user's
-    jobs keep their own order; a user's n-th queued job comes after every other user's
-    (n-1)-th; within a turn, the user whose last job started longest ago (``last_start``:
-    ``{user: time}``; never: first) goes first, then submission order. A user who queued
-    500 jobs first keeps each other user waiting behind at most one of them.
-    """
-    last_start = last_start or {}
-    turns = {}
-    keyed = []
-    for index, job in enumerate(queued):
-        turn = turns.get(job["user"], 0)
-        turns[job["user"]] = turn + 1
-        keyed.append(((turn, last_start.get(job["user"], 0.0), index), job))
-    keyed.sort(key=lambda item: item[0])
-    return [job for _, job in keyed]
 
 
 def plan(queued, free, running, now, node_slots, limits=None, usage=None, placement="pack"):

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dmpi.contract import job_tag
 from dmpi.errors import StartFailure
-from dmpi.jobs import addresses, rules, sched
+from dmpi.jobs import addresses, fairshare, rules, sched
 from dmpi.jobs import record as job_record
 from dmpi.master import planner, starter
 from dmpi.master.nodes import NodeBook, probe_host
@@ -42,6 +42,9 @@ STALL_SECONDS = 3  # a pass this late means the controller stalled: give nodes a
 # pillar mpi:engine when a site's settings (read by mpi.submit) predate it
 ENGINE_DEFAULTS = {"probe_port": 22, "silent_grace": 90}
 PULL_RETRY = 60  # seconds before a node is asked again to pull an image a job waits for
+# pillar mpi:fair_share when a site's settings (read by mpi.submit) predate it
+FAIR_SHARE_DEFAULTS = {"half_life_hours": 168, "max_age_hours": 168,
+                       "weight_fairshare": 10000, "weight_age": 1000}
 
 
 def controller_settings(site_config):
@@ -79,13 +82,10 @@ class JobController:
         self.queue, self.active, self.on_node = {}, {}, {}
         self.last_seq = 0
         self._reload(now)
-        # When each user last had a job started (the fair-share order,
-        # dmpi.jobs.sched.fair_order); after a restart, from the jobs still active.
-        self.last_start = {}
-        for record in self.active.values():
-            user = record["user"]
-            self.last_start[user] = max(self.last_start.get(user, 0.0),
-                                        record.get("started") or now)
+        # Each user's decayed usage of ended jobs (dmpi.jobs.fairshare), kept in the store.
+        self.fair_usage = store.get_meta("fair_usage", {})
+        self.fair_share = dict(FAIR_SHARE_DEFAULTS)
+        self.priorities = store.get_meta("priorities", {})  # as last written
         self.plan_due = True
         self.last_plan = 0.0
         self.last_pass = now
@@ -304,6 +304,11 @@ class JobController:
                 record["job_id"], state, reason, conn=conn,
                 expect=("queued",) + rules.active_states(), ended=now, **fields)
             if ended is not None:
+                if ended.get("started"):
+                    self.fair_usage = fairshare.add_job(
+                        self.fair_usage, ended["user"], ended["np"], ended["started"], now,
+                        self.fair_share["half_life_hours"] * 3600)
+                    self.store.set_meta("fair_usage", self.fair_usage, conn=conn)
                 timings = ended["timings"]
                 if ended.get("started"):
                     timings.setdefault("mpirun", round(now - ended["started"], 3))
@@ -461,8 +466,11 @@ class JobController:
         any_node = sorted(seen)  # one list shared by every job that takes any node
         waiting, images = planner.waiting_jobs(queued, any_node, free, seen)
         self._ask_pulls(images, now)
+        priorities = {}
         if site_config.get("queue_order", "fair") == "fair":
-            waiting = sched.fair_order(waiting, self.last_start)
+            self.fair_share = dict(FAIR_SHARE_DEFAULTS, **(site_config.get("fair_share") or {}))
+            priorities = self._priorities(queued, active, now)
+            waiting = fairshare.order(waiting, priorities)
         starts, blocked = sched.plan(
             waiting, free, running, now, node_slots,
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),
@@ -493,7 +501,6 @@ class JobController:
                     continue
                 self._track(record)
                 self.starting.add(job_id)
-                self.last_start[record["user"]] = now
                 started.append(record)
             if problems or any(fit["missing"] for fit in images.values()):
                 blocked = planner.explain(blocked, queued, images, problems, any_node)
@@ -501,7 +508,23 @@ class JobController:
             if blocked != self.waiting:
                 store.set_meta("waiting", blocked, conn=conn)
                 self.waiting = blocked
+            # Each queued job's priority and its parts (mpi.list and mpi.status show them).
+            waiting_priorities = {job_id: parts for job_id, parts in priorities.items()
+                                  if job_id in blocked}
+            if waiting_priorities != self.priorities:
+                store.set_meta("priorities", waiting_priorities, conn=conn)
+                self.priorities = waiting_priorities
         return started
+
+    def _priorities(self, queued, active, now):
+        """The queued jobs' fair-share priorities (:func:`dmpi.jobs.fairshare.priorities`)
+        from the users' decayed usage: ended jobs' and running ones' so far."""
+        settings = self.fair_share
+        half_life = settings["half_life_hours"] * 3600
+        used = fairshare.usage(self.fair_usage, active, now, half_life)
+        return fairshare.priorities(queued, used, now, {
+            "weight_fairshare": settings["weight_fairshare"],
+            "weight_age": settings["weight_age"], "max_age": settings["max_age_hours"] * 3600})
 
     def _ask_pulls(self, images, now):
         """Ask usable nodes that lack a queued job's image to pull it (in the background:

@@ -177,10 +177,13 @@ def list_jobs(site, caller, user=None, state=None):
             "ended", "reason")
     store = site.store()
     found = store.jobs(states, user=user, keys=keys)
-    # Why queued jobs wait, as the controller last planned: read only when one is listed.
-    waiting = store.get_meta("waiting", {}) if any(
-        r["state"] == "queued" for r in found) else {}
-    return [dict(r, waiting_for=waiting.get(r["job_id"]) if r["state"] == "queued" else None)
+    # Why queued jobs wait and their priority, as the controller last planned: read only
+    # when one is listed.
+    queued = any(r["state"] == "queued" for r in found)
+    waiting = store.get_meta("waiting", {}) if queued else {}
+    priorities = store.get_meta("priorities", {}) if queued else {}
+    return [dict(r, waiting_for=waiting.get(r["job_id"]) if r["state"] == "queued" else None,
+                 priority=priorities.get(r["job_id"]) if r["state"] == "queued" else None)
             for r in found]
 
 
@@ -327,8 +330,10 @@ def known_job(store, caller, job_id):
 def public(store, record):
     """What callers see of a job (``dmpi.jobs.record.public``), with why it waits when
     it is queued."""
-    waiting = store.get_meta("waiting", {}) if record["state"] == "queued" else None
-    return job_record.public(record, waiting)
+    if record["state"] != "queued":
+        return job_record.public(record)
+    return job_record.public(record, store.get_meta("waiting", {}),
+                             store.get_meta("priorities", {}))
 
 
 def job_states(state):

@@ -70,6 +70,7 @@ def record_text(record):
         ("reason", record.get("reason") if not record.get("explanation") else None),
         ("failure", record.get("failure")),
         ("waiting for", record.get("waiting_for")),
+        ("priority", priority_text(record.get("priority"))),
         ("ranks", record.get("np")),
         ("placement", placement_text(record["placement"]) if record.get("placement") else None),
         ("submitted", clock(record["submitted"]) if record.get("submitted") else None),
@@ -89,9 +90,18 @@ def record_text(record):
     return "\n".join(lines)
 
 
+def priority_text(priority):
+    """A queued job's fair-share priority and its parts, or None."""
+    if not isinstance(priority, dict):
+        return None
+    return (f"{priority.get('priority')} (fairshare {priority.get('fairshare')}, "
+            f"age {priority.get('age')})")
+
+
 def queue_text(rows, now=None):
-    """Queued and running jobs like ``squeue``: TIME is how long a job has run; the last
-    column says where it runs or, in parentheses, why it waits."""
+    """Queued and running jobs like ``squeue``: PRIORITY is a queued job's fair-share
+    priority (higher starts first), TIME how long a job has run; the last column says
+    where it runs or, in parentheses, why it waits."""
     now = time.time() if now is None else now
     lines = []
     for row in rows:
@@ -101,9 +111,11 @@ def queue_text(rows, now=None):
         else:
             where = placement_text(row.get("placement"))
         ran = (row.get("ended") or now) - started if started else 0
+        priority = row.get("priority") if isinstance(row.get("priority"), dict) else {}
         lines.append([row.get("job_id"), row.get("name"), row.get("user"), row.get("state"),
-                      row.get("np"), duration(ran), where])
-    return table(["JOBID", "NAME", "USER", "STATE", "NP", "TIME", "NODELIST(REASON)"], lines)
+                      row.get("np"), priority.get("priority"), duration(ran), where])
+    return table(["JOBID", "NAME", "USER", "STATE", "NP", "PRIORITY", "TIME",
+                  "NODELIST(REASON)"], lines)
 
 
 def history_text(rows):

@@ -12,7 +12,7 @@ import random
 import pytest
 
 import dmpi.settings
-from dmpi.jobs import sched
+from dmpi.jobs import fairshare, sched
 
 NODE_SLOTS = 4
 NODES = ["n1", "n2", "n3"]
@@ -205,27 +205,17 @@ def test_plan_starts_in_submission_order():
     assert blocked == {}
 
 
-def test_fair_order_lets_users_take_turns_and_keeps_each_users_own_order():
-    queued = [_job(f"a{i}", 2) for i in range(5)] + [_job("b0", 2, user="bob"),
-                                                     _job("c0", 2, user="carol"),
-                                                     _job("b1", 2, user="bob")]
-    assert [j["id"] for j in sched.fair_order(queued)] == [
-        "a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
-    # Within a turn, the user whose last job started longest ago goes first.
-    last_start = {"alice": 200.0, "bob": 100.0}
-    assert [j["id"] for j in sched.fair_order(queued, last_start)] == [
-        "c0", "b0", "a0", "b1", "a1", "a2", "a3", "a4"]
-    assert sched.fair_order([]) == []
-
-
 def test_a_user_who_queued_many_jobs_first_holds_another_back_by_one_of_them_at_most():
-    queued = [_job(f"a{i}", 4) for i in range(10)] + [_job("b0", 4, user="bob")]
-    starts, blocked = _plan(sched.fair_order(queued), {"n1": 4, "n2": 4})
-    assert starts == [("a0", {"n1": 4}), ("b0", {"n2": 4})]
-    assert set(blocked) == {f"a{i}" for i in range(1, 10)}
-    # Once one of alice's has started, bob's is next.
-    starts, _ = _plan(sched.fair_order(queued[1:], {"alice": 10.0}), {"n1": 4})
+    # alice's first job runs (she has usage now); bob's single job comes before her 9
+    # others in fair-share order, and backfill keeps that order.
+    queued = [dict(_job(f"a{i}", 4), job_id=f"a{i}", submitted=float(i)) for i in range(1, 10)]
+    queued.append(dict(_job("b0", 4, user="bob"), job_id="b0", submitted=10.0))
+    used = fairshare.usage({}, [{"user": "alice", "np": 4, "started": 0.0}], 30.0, 3600.0)
+    found = fairshare.priorities(queued, used, 30.0, {"weight_fairshare": 10000,
+                                                      "weight_age": 1000, "max_age": 86400})
+    starts, blocked = _plan(fairshare.order(queued, found), {"n1": 4})
     assert starts == [("b0", {"n1": 4})]
+    assert set(blocked) == {f"a{i}" for i in range(1, 10)}
 
 
 def test_the_queue_orders_are_the_ones_the_pillar_accepts():

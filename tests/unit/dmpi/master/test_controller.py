@@ -12,7 +12,7 @@ from dmpi.errors import StartFailure
 
 from dmpi.jobs import rules
 from dmpi.jobs import store as store_module
-from dmpi.master import controller
+from dmpi.master import controller, user_calls
 
 CONFIG = {
     "cluster_network": "10.0.0.0/16", "job_root": "/var/lib/dockermpi/jobs",
@@ -316,6 +316,34 @@ def test_queued_jobs_start_in_the_sites_queue_order(world, queue_order, order):
                                                     launcher_exit_code=0))
         _settle(engine)
     assert started == order
+
+
+def test_usage_survives_a_restart_and_queued_jobs_show_their_priority(world):
+    # alice's job ran and ended; after a restart, her queued job still ranks below bob's.
+    store, transport, clock, engine = world
+    first = _submit(store, clock, np=6, job_id="20261201-000000-000001", user="alice")
+    engine.job_requested(first)
+    _settle(engine)
+    clock.now += 60
+    engine.node_report("node1", _running_report(clock, first, launcher_exit_code=0))
+    _settle(engine)
+    assert store.get(first)["state"] == "succeeded"
+    used = store.get_meta("fair_usage")["alice"][0]
+    assert 6 * 59 < used <= 6 * 60  # ranks x seconds, barely decayed
+    engine = _restart(engine, store, transport, clock)
+    # every slot held, so both wait and show their priority
+    holder = _submit(store, clock, np=6, job_id="20261201-000000-000002", user="carol")
+    engine.job_requested(holder)
+    _settle(engine)
+    queued = {user: _submit(store, clock, np=6, job_id=f"20261201-000000-00000{i}", user=user)
+              for i, user in ((3, "alice"), (4, "bob"))}
+    engine.job_requested(queued["alice"])
+    _settle(engine)
+    shown = {user: user_calls.public(store, store.get(job_id))["priority"]
+             for user, job_id in queued.items()}
+    assert shown["bob"]["priority"] > shown["alice"]["priority"]
+    assert shown["alice"]["fairshare"] < 1.0 and set(shown["bob"]) == {"priority", "fairshare",
+                                                                        "age"}
 
 
 def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):

@@ -1,0 +1,86 @@
+"""Unit tests of dmpi.jobs.fairshare: Slurm's classic fair share over decayed usage."""
+
+import math
+
+import pytest
+from dmpi.jobs import fairshare
+
+HOUR = 3600.0
+SETTINGS = {"weight_fairshare": 10000, "weight_age": 1000, "max_age": 7 * 24 * HOUR}
+
+
+def _queued(job_id, user, submitted=0.0):
+    return {"job_id": job_id, "user": user, "submitted": submitted}
+
+
+def test_usage_halves_every_half_life():
+    ran = fairshare.job_usage(4, 0.0, 10.0, 10.0, HOUR)
+    # ten seconds of 4 ranks, barely decayed while they ran
+    assert ran == pytest.approx(40.0, rel=1e-2) and ran < 40.0
+    assert fairshare.job_usage(4, 0.0, 10.0, 10.0 + HOUR, HOUR) == pytest.approx(ran / 2)
+    assert fairshare.job_usage(4, 0.0, 10.0, 10.0 + 3 * HOUR, HOUR) == pytest.approx(ran / 8)
+
+
+def test_the_integral_over_a_long_run_is_exact():
+    # A run of one half-life seen at its end: np * H/ln2 * (1 - 1/2).
+    assert fairshare.job_usage(2, 0.0, HOUR, HOUR, HOUR) == pytest.approx(
+        2 * HOUR / math.log(2) / 2)
+
+
+def test_a_job_that_never_ran_has_no_usage():
+    assert fairshare.job_usage(8, None, 10.0, 10.0, HOUR) == 0.0
+    assert fairshare.job_usage(8, 10.0, 10.0, 10.0, HOUR) == 0.0
+
+
+def test_ended_jobs_accumulate_decayed_and_running_ones_accrue():
+    kept = fairshare.add_job({}, "alice", 2, 0.0, 100.0, HOUR)
+    kept = fairshare.add_job(kept, "alice", 2, 100.0 + HOUR, 200.0 + HOUR, HOUR)
+    first = fairshare.job_usage(2, 0.0, 100.0, 200.0 + HOUR, HOUR)
+    second = fairshare.job_usage(2, 100.0 + HOUR, 200.0 + HOUR, 200.0 + HOUR, HOUR)
+    assert kept["alice"][1] == 200.0 + HOUR
+    assert kept["alice"][0] == pytest.approx(first + second)
+    now = 200.0 + 2 * HOUR
+    used = fairshare.usage(kept, [{"user": "bob", "np": 1, "started": now - 60},
+                                  {"user": "carol", "np": 1, "started": None}], now, HOUR)
+    assert used["alice"] == pytest.approx((first + second) / 2)
+    assert used["bob"] == pytest.approx(fairshare.job_usage(1, now - 60, now, now, HOUR))
+    assert "carol" not in used
+
+
+def test_a_user_without_usage_comes_first_and_one_at_exactly_their_share_gets_half():
+    found = fairshare.priorities([_queued("a", "alice"), _queued("b", "bob")],
+                                 {"alice": 10.0, "bob": 0.0, "carol": 20.0}, 0.0, SETTINGS)
+    assert found["b"] == {"priority": 10000, "fairshare": 1.0, "age": 0.0}
+    # alice used a third of all usage, her share: 2^-1
+    assert found["a"] == {"priority": 5000, "fairshare": 0.5, "age": 0.0}
+
+
+def test_with_no_usage_anywhere_every_user_is_equal_and_age_breaks_no_tie_early():
+    queued = [_queued("a1", "alice", 0.0), _queued("b1", "bob", 5.0)]
+    found = fairshare.priorities(queued, {}, 10.0, SETTINGS)
+    assert {v["fairshare"] for v in found.values()} == {1.0}
+    assert [j["job_id"] for j in fairshare.order(queued, found)] == ["a1", "b1"]
+
+
+def test_age_adds_up_to_its_weight_and_stops_at_max_age():
+    queued = [_queued("old", "alice", 0.0), _queued("new", "alice", 7 * 24 * HOUR)]
+    found = fairshare.priorities(queued, {}, 14 * 24 * HOUR, SETTINGS)
+    assert found["old"] == {"priority": 11000, "fairshare": 1.0, "age": 1.0}
+    assert found["new"] == {"priority": 11000, "fairshare": 1.0, "age": 1.0}
+    found = fairshare.priorities(queued, {}, 7 * 24 * HOUR, SETTINGS)
+    assert found["old"]["priority"] == 11000 and found["new"]["priority"] == 10000
+
+
+def test_a_user_with_500_queued_jobs_and_a_running_one_goes_after_a_user_with_one():
+    queued = [_queued(f"a{i}", "alice", float(i)) for i in range(500)]
+    queued.append(_queued("b0", "bob", 600.0))
+    used = fairshare.usage({}, [{"user": "alice", "np": 1, "started": 599.0}], 601.0, HOUR)
+    found = fairshare.priorities(queued, used, 601.0, SETTINGS)
+    ordered = [j["job_id"] for j in fairshare.order(queued, found)]
+    assert ordered[0] == "b0" and ordered[1:] == [f"a{i}" for i in range(500)]
+
+
+def test_order_takes_the_schedulers_ids_too():
+    waiting = [{"id": "x", "user": "alice"}, {"id": "y", "user": "bob"}]
+    found = {"x": {"priority": 1}, "y": {"priority": 2}}
+    assert [j["id"] for j in fairshare.order(waiting, found)] == ["y", "x"]
