@@ -42,8 +42,21 @@ def vagrant(*argv, timeout=120, provider="docker", check=True):
                             text=True, timeout=timeout, check=False)
     if check and result.returncode != 0:
         pytest.fail(f"vagrant {shlex.join(argv)} exited {result.returncode}:\n"
-                    f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}")
+                    f"{_failed_states(result.stdout)}{result.stdout[-6000:]}\n"
+                    f"{result.stderr[-3000:]}")
     return result
+
+
+def _failed_states(output):
+    """The blocks of a highstate's output for its failed states (ID to Changes), which the
+    output's tail alone may leave out."""
+    lines = output.splitlines()
+    blocks = []
+    for at, line in enumerate(lines):
+        if line.strip().endswith("Result: False"):
+            start = max(at - 3, 0)
+            blocks.append("\n".join(lines[start:at + 12]))
+    return "".join(f"failed state:\n{block}\n" for block in blocks[:5])
 
 
 @pytest.mark.parametrize("provider,options", [
