@@ -23,9 +23,6 @@ Jobs are considered by priority, highest first, ties in submission order; EASY b
 
 import math
 
-#: The parts of a priority as ``mpi list`` and the API show them.
-PARTS = ("priority", "fairshare", "age")
-
 
 def _decay(age, half_life):
     return 2.0 ** (-max(age, 0.0) / half_life)
@@ -45,9 +42,11 @@ def add_job(accumulated, user, np, started, ended, half_life):
     user's entry brought to ``ended``. Returns a new mapping."""
     result = dict(accumulated)
     value, as_of = result.get(user) or (0.0, ended)
-    value = value * _decay(ended - as_of, half_life) if as_of <= ended else value
-    result[user] = [value + job_usage(np, started, ended, ended, half_life),
-                    max(as_of, ended)]
+    # Both parts seen at the later of the two times (a clock that stepped back can make
+    # the kept figure newer than this job's end).
+    seen = max(as_of, ended)
+    result[user] = [value * _decay(seen - as_of, half_life)
+                    + job_usage(np, started, ended, seen, half_life), seen]
     return result
 
 

@@ -320,9 +320,10 @@ def node_problem(seen, drain=None):
     """
     Why a reporting node may take no new job whatever its image, or None: drained by
     an admin, or unhealthy by its own health evidence (``seen["health"]``: the Docker
-    engine answering, shared storage mounted and writable, or answering but full, a job CA to certify the
-    job's keys with, the remote-start agent the job's containers mount). A node that never sent
-    health evidence is not known to be healthy, so it takes nothing yet.
+    engine answering, shared storage mounted and writable, or answering but full, a job
+    CA to certify the job's keys with, the remote-start agent the job's containers
+    mount). A node that never sent health evidence is not known to be healthy, so it
+    takes nothing yet.
     """
     if drain:
         return f"drained ({str(drain.get('reason') or 'no reason given')[:200]})"

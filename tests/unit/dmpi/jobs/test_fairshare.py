@@ -27,6 +27,14 @@ def test_the_integral_over_a_long_run_is_exact():
         2 * HOUR / math.log(2) / 2)
 
 
+def test_a_job_ended_before_the_kept_figure_is_decayed_to_its_time():
+    kept = {"alice": [100.0, 2 * HOUR]}
+    added = fairshare.add_job(kept, "alice", 2, 0.0, HOUR, HOUR)
+    assert added["alice"][1] == 2 * HOUR
+    assert added["alice"][0] == pytest.approx(
+        100.0 + fairshare.job_usage(2, 0.0, HOUR, 2 * HOUR, HOUR))
+
+
 def test_a_job_that_never_ran_has_no_usage():
     assert fairshare.job_usage(8, None, 10.0, 10.0, HOUR) == 0.0
     assert fairshare.job_usage(8, 10.0, 10.0, 10.0, HOUR) == 0.0
