@@ -341,8 +341,11 @@ def usage(user=None, since=None, until=None):
     Usage per user and in total, like Slurm's ``sreport``: jobs by final state, core-hours
     (ranks x elapsed), elapsed seconds, queue wait mean and max (of jobs that started),
     over the jobs that ended in the window; without ``until``, jobs queued or running
-    now are counted too (``queued``, ``running``), using nothing yet. Admins see every
-    user; a hub user (through the API) sees only themselves.
+    now are counted too (``queued``, ``running``), using nothing yet, and
+    ``fair_share`` gives each user's fair-share standing now, like Slurm's ``sshare``:
+    ``decayed_core_hours`` (usage halved every ``mpi:fair_share:half_life``, running
+    jobs so far included) and ``fairshare``, the factor of their jobs' priority. Admins
+    see every user; a hub user (through the API) sees only themselves.
 
     user
         Only this user.

@@ -134,13 +134,13 @@ def time_passes(sched, case, repeat, placement, fair):
     # A module from before placement policies knows only packing.
     policy = {} if placement == "pack" else {"placement": placement}
     kept = {user: [float(i * 1000), NOW - 3600] for i, user in enumerate(USERS)}
-    settings = {"weight_fairshare": 10000, "weight_age": 1000, "max_age": 7 * 86400}
+    settings = fairshare.settings(None)  # the defaults: half-lives and max age of 7 days
     seconds = []
     for _ in range(repeat):
         begin = time.perf_counter()
         ordered = queued
         if fair:
-            used = fairshare.usage(kept, running, NOW, 7 * 86400)
+            used = fairshare.usage(kept, running, NOW, settings["half_life"])
             ordered = fairshare.order(queued, fairshare.priorities(queued, used, NOW, settings))
         decisions = sched.plan(ordered, free, running, NOW, NODE_SLOTS, LIMITS, usage, **policy)
         seconds.append(time.perf_counter() - begin)

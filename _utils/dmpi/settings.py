@@ -29,6 +29,7 @@ from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
                            IMAGE_NAME_RE, IMAGE_REFERENCE_RE, MAX_STANDBY_NAMESPACES,
                            USER_RE)
 from dmpi.errors import ConfigError, RequestError
+from dmpi.jobs.request import parse_duration
 from dmpi.launch.probe import FLAVOUR_NAMES
 
 __all__ = [
@@ -89,9 +90,10 @@ PLACEMENTS = ("pack", "spread")
 #: In what order queued jobs are considered (``mpi:queue_order``): by fair-share priority
 #: (``dmpi.jobs.fairshare``, pillar ``mpi:fair_share``) or submission order.
 QUEUE_ORDERS = ("fair", "fifo")
-#: The fair-share settings (``mpi:fair_share``) and their bounds.
-FAIR_SHARE_BOUNDS = {"half_life_hours": (1, 87600), "max_age_hours": (1, 87600),
-                     "weight_fairshare": (0, 1_000_000), "weight_age": (0, 1_000_000)}
+#: The fair-share settings (``mpi:fair_share``): durations (as a walltime is written) and
+#: weights with their bounds.
+FAIR_SHARE_DURATIONS = ("half_life", "max_age")
+FAIR_SHARE_WEIGHTS = {"weight_fairshare": (0, 1_000_000), "weight_age": (0, 1_000_000)}
 
 #: Per-user limits of the user API (``mpi:api:limits``).
 API_LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes",
@@ -122,7 +124,7 @@ _KEYS = {
     "storage": ("type", "path", "nfs"),
     "storage:nfs": ("server", "export", "mount_options", "security"),
     "retention": ("job_records_days", "job_dirs_days"),
-    "fair_share": tuple(FAIR_SHARE_BOUNDS),
+    "fair_share": FAIR_SHARE_DURATIONS + tuple(FAIR_SHARE_WEIGHTS),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries",
                "registry_credentials"),
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
@@ -326,7 +328,9 @@ class _Checker:
                 self.whole("retention", name, minimum=0, maximum=36500,
                            note=" (days; 0: keep forever)")
         if sections["fair_share"] is not None:
-            for name, (low, high) in FAIR_SHARE_BOUNDS.items():
+            for name in FAIR_SHARE_DURATIONS:
+                self.duration("fair_share", name)
+            for name, (low, high) in FAIR_SHARE_WEIGHTS.items():
                 self.whole("fair_share", name, minimum=low, maximum=high)
         self.check_storage(sections["storage"], nfs)
         self.check_docker(sections["docker"])
@@ -401,6 +405,18 @@ class _Checker:
                          f"got {_shown(value)}")
             return None
         return value
+
+    def duration(self, *path):
+        """Seconds of a duration at ``path``, written as a walltime is (``7d``, ``12h``;
+        :func:`dmpi.jobs.request.parse_duration`), or None after a problem."""
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        try:
+            return parse_duration(value, _key(*path))
+        except RequestError as exc:
+            self.problem(str(exc))
+            return None
 
     def choice(self, choices, *path):
         """One of ``choices`` at ``path`` (as it is when missing), or None after a problem."""

@@ -573,11 +573,14 @@ def test_a_user_who_floods_the_queue_first_holds_another_back_by_no_more_than_a_
         cluster, victim):
     # A's jobs each take every slot and hold it until A lets them go; B's job, submitted
     # after all of A's, starts as soon as A's running one ends, before A's queued ones.
+    # B is a user new to this run: fair share ranks a user by recent usage, and the
+    # victim's from earlier tests (kept for days) could outweigh A's.
     release = f"mpi-jobs/flood-{int(time.time() * 1000)}"
+    newcomer = f"fair{int(time.time()) % 10**8}"
     size = 2 * len(cluster.nodes)
     hold = shell(f"while [ ! -e /data/{release} ]; do sleep 0.2; done")
     flood = [submit(cluster, ATTACKER, hold, np=size) for _ in range(3)]
-    b_job = submit(cluster, VICTIM, ["true"], np=size)
+    b_job = submit(cluster, newcomer, ["true"], np=size)
     wait_for(cluster, flood[0], ("running",), 120)
     cluster.as_user(ATTACKER, ["touch", f"{STORAGE}/{ATTACKER}/{release}"])
     a = [wait_for(cluster, job_id, ("succeeded",), 180) for job_id in flood]

@@ -30,6 +30,7 @@ __all__ = [
     "RESERVED_ENV_PREFIXES",
     "USER_RE",
     "RequestError",
+    "parse_duration",
     "parse_walltime",
     "parse_nodes",
     "validate_request",
@@ -183,32 +184,48 @@ def parse_walltime(value):
     Returns the seconds (an int above zero, at most ten years); raises
     :class:`RequestError` otherwise.
     """
+    return parse_duration(value, "walltime")
+
+
+def parse_duration(value, what):
+    """
+    Seconds from a duration written as a walltime is (:func:`parse_walltime`: ``90s``,
+    ``30m``, ``2h``, ``7d``, ``HH:MM:SS``, ...; no bare number), for settings that are
+    durations too (``mpi:fair_share:half_life``).
+
+    what
+        What the value is, to start each message (``walltime``, a pillar key).
+
+    Returns the seconds (an int above zero, at most ten years); raises
+    :class:`RequestError` naming ``what`` otherwise.
+    """
     shown = _shown(value)
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise RequestError(f"walltime {shown} is not a time: {WALLTIME_FORMS}")
+        raise RequestError(f"{what} {shown} is not a time: {WALLTIME_FORMS}")
     if not isinstance(value, str) or value.strip().isascii() and value.strip().isdigit():
+        hint = ("; quote a clock time on the salt-run command line: walltime='\"2:00\"'"
+                if what == "walltime" else "")
         raise RequestError(
-            f"walltime {shown} has no unit (seconds or minutes?): {WALLTIME_FORMS}; quote "
-            "a clock time on the salt-run command line: walltime='\"2:00\"'")
-    total = _parse_walltime_text(value, shown)
+            f"{what} {shown} has no unit (seconds or minutes?): {WALLTIME_FORMS}{hint}")
+    total = _parse_duration_text(value, shown, what)
     if total <= 0:
-        raise RequestError(f"walltime {shown} must be longer than zero")
+        raise RequestError(f"{what} {shown} must be longer than zero")
     if total > WALLTIME_CEILING:
-        raise RequestError(f"walltime {shown} is longer than ten years")
+        raise RequestError(f"{what} {shown} is longer than ten years")
     return total
 
 
-def _parse_walltime_text(value, shown):
+def _parse_duration_text(value, shown, what):
     # Length first: 20 characters hold at most 20 digits, so no big int is ever built.
     if len(value) > 4 * WALLTIME_MAX_CHARS or len(value.strip()) > WALLTIME_MAX_CHARS:
         raise RequestError(
-            f"walltime {shown} is not a time: at most {WALLTIME_MAX_CHARS} characters, "
+            f"{what} {shown} is not a time: at most {WALLTIME_MAX_CHARS} characters, "
             + WALLTIME_FORMS
         )
     text = value.strip().lower()
     match = _WALLTIME_RE.fullmatch(text) if text.isascii() else None
     if match is None:
-        raise RequestError(f"walltime {shown} is not a time: {WALLTIME_FORMS}")
+        raise RequestError(f"{what} {shown} is not a time: {WALLTIME_FORMS}")
     if match["number"] is not None:
         return int(match["number"]) * _WALLTIME_UNITS[match["unit"]]
     parts = [int(part) for part in match["clock"].split(":")]

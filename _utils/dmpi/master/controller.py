@@ -42,9 +42,9 @@ STALL_SECONDS = 3  # a pass this late means the controller stalled: give nodes a
 # pillar mpi:engine when a site's settings (read by mpi.submit) predate it
 ENGINE_DEFAULTS = {"probe_port": 22, "silent_grace": 90}
 PULL_RETRY = 60  # seconds before a node is asked again to pull an image a job waits for
-# pillar mpi:fair_share when a site's settings (read by mpi.submit) predate it
-FAIR_SHARE_DEFAULTS = {"half_life_hours": 168, "max_age_hours": 168,
-                       "weight_fairshare": 10000, "weight_age": 1000}
+# How stale the priorities mpi.list shows may grow while the same jobs wait: the age
+# factor moves every pass, and rewriting every job's priority each pass costs a big write.
+PRIORITIES_WRITE_SECONDS = 30
 
 
 def controller_settings(site_config):
@@ -84,8 +84,10 @@ class JobController:
         self._reload(now)
         # Each user's decayed usage of ended jobs (dmpi.jobs.fairshare), kept in the store.
         self.fair_usage = store.get_meta("fair_usage", {})
-        self.fair_share = dict(FAIR_SHARE_DEFAULTS)
+        self.fair_share = fairshare.settings(
+            ((store.get_meta("site") or {}).get("config") or {}).get("fair_share"))
         self.priorities = store.get_meta("priorities", {})  # as last written
+        self.priorities_written = 0.0
         self.plan_due = True
         self.last_plan = 0.0
         self.last_pass = now
@@ -307,7 +309,7 @@ class JobController:
                 if ended.get("started"):
                     self.fair_usage = fairshare.add_job(
                         self.fair_usage, ended["user"], ended["np"], ended["started"], now,
-                        self.fair_share["half_life_hours"] * 3600)
+                        self.fair_share["half_life"])
                     self.store.set_meta("fair_usage", self.fair_usage, conn=conn)
                 timings = ended["timings"]
                 if ended.get("started"):
@@ -443,6 +445,7 @@ class JobController:
             if not site:
                 return []
             self.settings = controller_settings(site["config"])
+            self.fair_share = fairshare.settings(site["config"].get("fair_share"))
             started = self._plan(site["config"], now)
         for record in started:
             self.transport.fire(job_tag(record["job_id"], "starting"),
@@ -468,7 +471,6 @@ class JobController:
         self._ask_pulls(images, now)
         priorities = {}
         if site_config.get("queue_order", "fair") == "fair":
-            self.fair_share = dict(FAIR_SHARE_DEFAULTS, **(site_config.get("fair_share") or {}))
             priorities = self._priorities(queued, active, now)
             waiting = fairshare.order(waiting, priorities)
         starts, blocked = sched.plan(
@@ -508,23 +510,23 @@ class JobController:
             if blocked != self.waiting:
                 store.set_meta("waiting", blocked, conn=conn)
                 self.waiting = blocked
-            # Each queued job's priority and its parts (mpi.list and mpi.status show them).
-            waiting_priorities = {job_id: parts for job_id, parts in priorities.items()
-                                  if job_id in blocked}
-            if waiting_priorities != self.priorities:
-                store.set_meta("priorities", waiting_priorities, conn=conn)
-                self.priorities = waiting_priorities
+            # Each queued job's priority and its parts (mpi.list and mpi.status show them):
+            # at once for jobs not shown yet, else at most every PRIORITIES_WRITE_SECONDS.
+            shown = fairshare.shown({job_id: parts for job_id, parts in priorities.items()
+                                     if job_id in blocked})
+            if shown != self.priorities and (
+                    shown.keys() != self.priorities.keys()
+                    or now - self.priorities_written >= PRIORITIES_WRITE_SECONDS):
+                store.set_meta("priorities", shown, conn=conn)
+                self.priorities = shown
+                self.priorities_written = now
         return started
 
     def _priorities(self, queued, active, now):
         """The queued jobs' fair-share priorities (:func:`dmpi.jobs.fairshare.priorities`)
         from the users' decayed usage: ended jobs' and running ones' so far."""
-        settings = self.fair_share
-        half_life = settings["half_life_hours"] * 3600
-        used = fairshare.usage(self.fair_usage, active, now, half_life)
-        return fairshare.priorities(queued, used, now, {
-            "weight_fairshare": settings["weight_fairshare"],
-            "weight_age": settings["weight_age"], "max_age": settings["max_age_hours"] * 3600})
+        used = fairshare.usage(self.fair_usage, active, now, self.fair_share["half_life"])
+        return fairshare.priorities(queued, used, now, self.fair_share)
 
     def _ask_pulls(self, images, now):
         """Ask usable nodes that lack a queued job's image to pull it (in the background:

@@ -23,7 +23,7 @@ import time
 import dmpi.settings
 from dmpi.contract import ACTIVE, DATA_MOUNT, FINAL, JOB_ID_RE, JOB_TAG_PREFIX
 from dmpi.errors import ClusterError, NoSuchJob, RequestError
-from dmpi.jobs import accounting, sched
+from dmpi.jobs import accounting, fairshare, sched
 from dmpi.jobs import mpijob as mpi_operator
 from dmpi.jobs import record as job_record
 from dmpi.jobs import request as job_request
@@ -232,10 +232,30 @@ def history(site, caller, user=None, since=None, until=None, state=None, format=
 
 def usage(site, caller, user=None, since=None, until=None):
     """Usage per user and in total over the jobs that ended in the window; without
-    ``until``, jobs queued or running now are counted too."""
+    ``until``, jobs queued or running now are counted too, and ``fair_share`` gives
+    each user's decayed usage and fair-share factor now."""
     user, end, rows = _ended_rows(site, caller, user, since, until, None)
-    active = site.store().jobs(["queued"] + list(ACTIVE), user=user) if end is None else []
-    return accounting.usage(rows, active)
+    if end is not None:
+        return accounting.usage(rows)
+    store = site.store()
+    active = store.jobs(["queued"] + list(ACTIVE), user=user)
+    found = accounting.usage(rows, active)
+    found["fair_share"] = fair_share_now(store, time.time(), user)
+    return found
+
+
+def fair_share_now(store, now, user=None):
+    """Each user's decayed usage and fair-share factor at ``now``
+    (:func:`dmpi.jobs.fairshare.report`), or only ``user``'s. Every user's usage counts
+    in each factor, so all of them are read."""
+    config = (store.get_meta("site") or {}).get("config") or {}
+    settings = fairshare.settings(config.get("fair_share"))
+    running = store.jobs(list(ACTIVE), keys=("user", "np", "started"))
+    waiting = {record["user"] for record in store.jobs(["queued"], keys=("user",))}
+    used = fairshare.usage(store.get_meta("fair_usage", {}), running, now,
+                           settings["half_life"])
+    found = fairshare.report(used, waiting)
+    return found if user is None else {u: v for u, v in found.items() if u == user}
 
 
 def whoami(site, caller):

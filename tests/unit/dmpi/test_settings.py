@@ -155,6 +155,24 @@ CASES = [
      "docker, job_network, images, image_facts, job_root, firewall, hub, api, engine)"),
     ({"placement": "random"}, "mpi:placement must be one of pack, spread, got 'random'"),
     ({"placement": ["spread"]}, "mpi:placement must be one of pack, spread, got ['spread']"),
+    ({"queue_order": "turns"}, "mpi:queue_order must be one of fair, fifo, got 'turns'"),
+    ({"fair_share": {"half_life": "2w"}},
+     "mpi:fair_share:half_life '2w' is not a time: use 90s, 30m, 2h, 1d, MM:SS, HH:MM:SS, "
+     "D-HH or D-HH:MM:SS"),
+    ({"fair_share": {"half_life": 168}},
+     "mpi:fair_share:half_life 168 has no unit (seconds or minutes?): use 90s, 30m, 2h, 1d, "
+     "MM:SS, HH:MM:SS, D-HH or D-HH:MM:SS"),
+    ({"fair_share": {"max_age": "0s"}}, "mpi:fair_share:max_age '0s' must be longer than zero"),
+    ({"fair_share": {"max_age": "4000d"}},
+     "mpi:fair_share:max_age '4000d' is longer than ten years"),
+    ({"fair_share": {"weight_age": -1}},
+     "mpi:fair_share:weight_age must be a whole number from 0 to 1000000, got -1"),
+    ({"fair_share": {"weight_fairshare": 2.5}},
+     "mpi:fair_share:weight_fairshare must be a whole number from 0 to 1000000, got 2.5"),
+    ({"fair_share": {"half_life_hours": 168}},
+     "mpi:fair_share:half_life_hours is not a DockerMPI setting (the keys of mpi:fair_share "
+     "are: half_life, max_age, weight_fairshare, weight_age)"),
+    ({"fair_share": "7d"}, "mpi:fair_share must be a mapping, got '7d'"),
     ({"retention": {"job_records_days": -1}},
      "mpi:retention:job_records_days must be a whole number from 0 to 36500 (days; 0: keep "
      "forever), got -1"),
@@ -957,3 +975,9 @@ def test_image_facts_of_an_approved_image_are_valid():
 def test_the_hosts_networks_are_the_cluster_network_without_the_job_pool(network, pool,
                                                                           expected):
     assert settings.host_networks(network, pool) == expected
+
+
+@pytest.mark.parametrize("half_life", ["12h", "90m", "1-00:00", "7D"])
+def test_fair_share_durations_are_written_as_walltimes_are(half_life):
+    config = settings.merge(DEFAULTS, dict(SITE, fair_share={"half_life": half_life}))
+    assert settings.problems(config) == []

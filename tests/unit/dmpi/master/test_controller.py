@@ -4,6 +4,7 @@ decisions out. The nodes are a recording transport (the engine on the real clust
 tested by tests/integration); every other module is the real one.
 """
 
+import math
 import threading
 import time
 
@@ -344,6 +345,26 @@ def test_usage_survives_a_restart_and_queued_jobs_show_their_priority(world):
     assert shown["bob"]["priority"] > shown["alice"]["priority"]
     assert shown["alice"]["fairshare"] < 1.0 and set(shown["bob"]) == {"priority", "fairshare",
                                                                         "age"}
+
+
+def test_the_sites_half_life_decays_a_job_that_ends_after_a_restart(world):
+    # The job runs across a restart and ends in the new controller before it planned:
+    # its 60 s at 6 ranks count as the pillar's half-life of a minute says.
+    store, transport, clock, engine = world
+    config = dict(CONFIG, fair_share={"half_life": "1m"})
+    store.set_meta("site", {"config": config, "read": time.time()})
+    job_id = _started(store, clock, engine, np=6, spec=dict(_spec(), config=config),
+                      job_id="20261201-000000-000001")
+    engine = _restart(engine, store, transport, clock)
+    clock.now += 60
+    engine.node_report("node1", _running_report(clock, job_id, launcher_exit_code=0))
+    _settle(engine)
+    assert store.get(job_id)["state"] == "succeeded"
+    [value, as_of] = store.get_meta("fair_usage")["alice"]
+    assert as_of == clock.now
+    assert value == pytest.approx(6 * 60 / math.log(2) / 2)  # np x H/ln2 x (1 - 1/2)
+    assert user_calls.fair_share_now(store, clock.now + 60)["alice"] == {
+        "decayed_core_hours": round(value / 2 / 3600, 6), "fairshare": 0.5}  # all usage hers
 
 
 def test_the_launchers_exit_ends_the_job_at_once_and_cleanup_follows(world):

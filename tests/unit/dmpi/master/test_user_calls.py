@@ -138,6 +138,19 @@ def test_a_hub_user_lists_and_reads_only_their_own(site, jobs):
         [alice_job, bob_job]
 
 
+def test_usage_shows_each_users_fair_share_standing_a_hub_user_only_their_own(site, jobs):
+    # carol ran a lot lately; alice and bob have queued jobs and no usage.
+    site.store().set_meta("fair_usage", {"carol": [36000.0, time.time()]})
+    standing = user_calls.usage(site, user_calls.ADMIN)["fair_share"]
+    assert set(standing) == {"alice", "bob", "carol"}
+    assert standing["alice"] == {"decayed_core_hours": 0.0, "fairshare": 1.0}
+    assert standing["carol"]["fairshare"] == 0.125  # all usage hers, a third the share
+    assert 9.99 < standing["carol"]["decayed_core_hours"] <= 10.0
+    assert user_calls.usage(site, ALICE)["fair_share"] == {"alice": standing["alice"]}
+    # a closed window is accounting only
+    assert "fair_share" not in user_calls.usage(site, ALICE, until=time.time())
+
+
 @pytest.mark.parametrize("call", [
     lambda site: user_calls.list_jobs(site, ALICE, user="bob"),
     lambda site: user_calls.history(site, ALICE, user="bob"),
