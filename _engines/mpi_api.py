@@ -407,7 +407,7 @@ def _openapi():
             "/history": {"get": op("your ended jobs", params=[
                 query("since", epoch, "from"), query("until", epoch, "to"),
                 query("state", {"type": "string"}, "states, comma-separated")])},
-            "/usage": {"get": op("your core-hours", params=[
+            "/usage": {"get": op("your core-hours, fair-share standing and storage quota", params=[
                 query("since", epoch, "from"), query("until", epoch, "to")])},
             "/events": {"get": op(
                 "server-sent events of your jobs: state (a job record), and with job= that "

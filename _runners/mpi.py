@@ -344,8 +344,11 @@ def usage(user=None, since=None, until=None):
     now are counted too (``queued``, ``running``), using nothing yet, and
     ``fair_share`` gives each user's fair-share standing now, like Slurm's ``sshare``:
     ``decayed_core_hours`` (usage halved every ``mpi:fair_share:half_life``, running
-    jobs so far included) and ``fairshare``, the factor of their jobs' priority. Admins
-    see every user; a hub user (through the API) sees only themselves.
+    jobs so far included) and ``fairshare``, the factor of their jobs' priority; where
+    the storage enforces quotas (``mpi:storage:type`` glusterfs), ``storage`` gives each
+    user directory's ``bytes_used``, ``bytes_limit``, ``files_used`` and ``files_limit``
+    (0: no limit), like ``quota -s``. Admins see every user; a hub user (through the
+    API) sees only themselves.
 
     user
         Only this user.

@@ -12,9 +12,21 @@ mpi:
     # Job containers' own addresses; the hosts use .1-.20.
     addresses: 10.251.1.128/25
   storage:
-    # The kernel here has no NFS: a Docker volume shares /srv/dockermpi between the nodes.
-    type: preshared
+    # The storage host dmpi-storage (10.251.1.6) serves a GlusterFS volume (the kernel
+    # here has no NFS); every node and the hub mount it at /srv/dockermpi.
+    type: glusterfs
     path: /srv/dockermpi
+    glusterfs:
+      server: 10.251.1.6
+    # Small, so the tests that fill a quota fill it quickly; `filler` is the user whose
+    # quota the tenant tests fill.
+    quota:
+      size_mb: 2048
+      files: 100000
+      users:
+        filler:
+          size_mb: 48
+          files: 2000
   docker:
     insecure_registries:
       - 10.251.1.2:5000

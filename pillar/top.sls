@@ -1,5 +1,5 @@
 base:
-  'G@roles:mpi-node or G@roles:mpi-hub or G@roles:mpi-master':
+  'G@roles:mpi-node or G@roles:mpi-hub or G@roles:mpi-master or G@roles:mpi-glusterfs-server':
     - match: compound
     - testcluster
     # Written by the cluster tool on the master: the images pinned by their pushed digests,

@@ -31,6 +31,7 @@ from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
 from dmpi.errors import ConfigError, RequestError
 from dmpi.jobs.request import parse_duration
 from dmpi.launch.probe import FLAVOUR_NAMES
+from dmpi.storage.glusterfs import MAX_CLIENT_ADDRESSES
 
 __all__ = [
     "endpoint",
@@ -61,7 +62,7 @@ ID_MAX = 2**31 - 2
 #: nobody/nogroup, which NFS maps root to (root_squash): never a user's uid.
 NOBODY_ID = 65534
 #: How every node sees the shared storage (``mpi:storage:type``).
-STORAGE_TYPES = ("nfs", "preshared")
+STORAGE_TYPES = ("nfs", "glusterfs", "preshared")
 #: NFS security flavours (``mpi:storage:nfs:security``): the export's ``sec=`` and the
 #: mounts'. ``sys`` trusts the uid a host sends; the Kerberos ones authenticate (krb5),
 #: add integrity (krb5i) or encrypt as well (krb5p).
@@ -80,6 +81,9 @@ _HOSTNAME_RE = re.compile(
 )
 _INTERFACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}\Z")
 _MOUNT_OPTION_RE = re.compile(r"^[^\s,]+\Z")
+_GLUSTER_VOLUME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+_GLUSTER_CLIENT_RE = re.compile(r"^[A-Za-z0-9*][A-Za-z0-9.*:-]{0,252}\Z")
+_GLUSTER_OPTION_RE = re.compile(r"^[a-z][a-z0-9.-]{1,80}\Z")
 _REGISTRY_RE = re.compile(r"^[^\s/]+(?:/[0-9]{1,2})?\Z")
 _REGISTRY_HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?\Z")
 _URL_RE = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])"
@@ -121,7 +125,9 @@ _KEYS = {
                "max_queued_jobs_per_user", "max_np", "max_cmd_bytes", "max_cmd_words",
                "max_env_bytes", "max_env_vars", "memory_per_slot_mb", "pids_per_slot",
                "cpus_per_slot", "tmp_size_mb"),
-    "storage": ("type", "path", "nfs"),
+    "storage": ("type", "path", "nfs", "glusterfs", "quota"),
+    "storage:glusterfs": ("server", "volume", "brick", "clients", "options", "mount_options"),
+    "storage:quota": ("size_mb", "files", "users"),
     "storage:nfs": ("server", "export", "mount_options", "security"),
     "retention": ("job_records_days", "job_dirs_days"),
     "fair_share": FAIR_SHARE_DURATIONS + tuple(FAIR_SHARE_WEIGHTS),
@@ -310,11 +316,15 @@ class _Checker:
         for section, value in sections.items():
             if value is not None:
                 self.keys(section, value)
-        nfs = None
-        if sections["storage"] is not None and "nfs" in sections["storage"]:
-            nfs = self.mapping("storage", "nfs")
-            if nfs is not None:
-                self.keys("storage:nfs", nfs)
+        nfs = gluster = quota = None
+        if sections["storage"] is not None:
+            found = {}
+            for part in ("nfs", "glusterfs", "quota"):
+                if part in sections["storage"]:
+                    found[part] = self.mapping("storage", part)
+                    if found[part] is not None:
+                        self.keys(f"storage:{part}", found[part])
+            nfs, gluster, quota = (found.get(p) for p in ("nfs", "glusterfs", "quota"))
 
         self.check_ids(sections["users"], sections["guest"])
         cluster = self.check_cluster_network()
@@ -333,6 +343,8 @@ class _Checker:
             for name, (low, high) in FAIR_SHARE_WEIGHTS.items():
                 self.whole("fair_share", name, minimum=low, maximum=high)
         self.check_storage(sections["storage"], nfs)
+        self.check_glusterfs(sections["storage"], gluster)
+        self.check_quota(quota)
         self.check_docker(sections["docker"])
         self.check_job_network(sections["job_network"], cluster)
         self.check_images()
@@ -630,6 +642,91 @@ class _Checker:
             if where is not None and _inside(job_root, where):
                 self.problem(f"mpi:job_root {job_root} lies inside {key} {where}: per-job "
                              "secrets must stay on node-local disk")
+
+    def check_glusterfs(self, storage, gluster):
+        if storage is None or gluster is None:
+            return
+        server = gluster.get("server", _MISSING)
+        if storage.get("type") == "glusterfs" and server in ("", None):
+            self.problem("mpi:storage:glusterfs:server must name the GlusterFS server when "
+                         "mpi:storage:type is glusterfs")
+        elif server not in ("", None, _MISSING) and not _is_host(server):
+            self.problem(f"mpi:storage:glusterfs:server {_shown(server)} is not a host name "
+                         "or IPv4 address")
+        self.text("storage", "glusterfs", "volume", pattern=_GLUSTER_VOLUME_RE,
+                  what="a GlusterFS volume name (letters, digits, '-', '_')")
+        brick = self.path("storage", "glusterfs", "brick")
+        path = storage.get("path")
+        if brick is not None and storage.get("type") == "glusterfs" and \
+                isinstance(path, str) and path.strip("/") and _inside(brick, path):
+            self.problem(f"mpi:storage:glusterfs:brick {brick} lies inside mpi:storage:path: "
+                         "the brick is the server's own directory, never the mount")
+        clients = self.listing("storage", "glusterfs", "clients",
+                               what="host addresses, names or GlusterFS patterns")
+        if clients and not all(isinstance(c, str) and _GLUSTER_CLIENT_RE.match(c)
+                               for c in clients):
+            self.problem("mpi:storage:glusterfs:clients must list addresses, host names or "
+                         f"GlusterFS patterns (10.0.0.*), got {_shown(clients)}")
+        elif storage.get("type") == "glusterfs" and clients == []:
+            self.check_glusterfs_clients_derived()
+        options = gluster.get("options", _MISSING)
+        if options is not _MISSING and options is not None and not (
+                isinstance(options, dict) and all(
+                    isinstance(k, str) and _GLUSTER_OPTION_RE.match(k)
+                    and isinstance(v, (str, int)) and not isinstance(v, bool)
+                    for k, v in options.items())):
+            self.problem("mpi:storage:glusterfs:options must map GlusterFS volume options "
+                         f"to values ({{performance.cache-size: 256MB}}), got {_shown(options)}")
+        mount_options = gluster.get("mount_options", _MISSING)
+        if mount_options is not _MISSING and (
+                not isinstance(mount_options, list)
+                or not all(isinstance(o, str) and _MOUNT_OPTION_RE.match(o)
+                           for o in mount_options)):
+            self.problem("mpi:storage:glusterfs:mount_options must be a list of mount "
+                         f"options (one per item, no commas), got {_shown(mount_options)}")
+
+    def check_glusterfs_clients_derived(self):
+        """Without clients listed, auth.allow lists every host address of the cluster
+        network (GlusterFS matches no CIDR): too many is a problem to name now."""
+        try:
+            networks = host_networks(self.get("cluster_network"),
+                                     self.get("job_network", "addresses"))
+        except (TypeError, ValueError):
+            return  # named by the network checks
+        count = sum(max(ipaddress.ip_network(n).num_addresses - 2, 1) for n in networks)
+        if count > MAX_CLIENT_ADDRESSES:
+            self.problem(f"mpi:storage:glusterfs:clients must list the nodes' and the hub's "
+                         f"addresses: the hosts' part of mpi:cluster_network has {count} "
+                         f"addresses, more than the {MAX_CLIENT_ADDRESSES} GlusterFS's "
+                         "auth.allow gets when it is empty")
+
+    def check_quota(self, quota):
+        if quota is None:
+            return
+        for name in ("size_mb", "files"):
+            self.whole("storage", "quota", name, minimum=0, note=" (0: no limit)")
+        users = self.get("storage", "quota", "users")
+        if users is _MISSING:
+            return
+        if users is None:
+            self.put(("storage", "quota", "users"), {})
+            return
+        if not isinstance(users, dict):
+            self.problem("mpi:storage:quota:users must map user names to their limits, got "
+                         f"{_shown(users)}")
+            return
+        for user, limits in users.items():
+            where = f"mpi:storage:quota:users:{user}"
+            if not isinstance(user, str) or not USER_RE.match(user):
+                self.problem(f"mpi:storage:quota:users has {_shown(user)}, not a user name")
+            elif not isinstance(limits, dict) or not limits or \
+                    not set(limits) <= {"size_mb", "files"}:
+                self.problem(f"{where} must set size_mb, files or both, got {_shown(limits)}")
+            else:
+                for name, value in limits.items():
+                    if not _is_int(value) or value < 0:
+                        self.problem(f"{where}:{name} must be a whole number of at least 0 "
+                                     f"(0: no limit), got {_shown(value)}")
 
     def check_docker(self, docker):
         if docker is None:

@@ -6,9 +6,11 @@ engine are managed as services, as on real hosts. Layout on this machine:
 - network ``dmpi-cluster`` (10.251.1.0/24): the cluster network. master .2, nodes .11...
 - network ``dmpi-site`` (10.251.2.0/24): the site LAN the nodes also sit on; a host here
   that is not on the cluster network must not reach sshd or MPI ports.
-- volume ``dmpi-shared``: the shared data area, mounted at the same path on every node.
-  The kernel here has no NFS, so the platform (a Docker volume) shares it; pillar says
-  ``storage.type: preshared``, which is also how a site with a cluster file system runs.
+- storage host ``dmpi-storage`` (minion ``storage``, 10.251.1.6, role
+  mpi-glusterfs-server): a GlusterFS server (the kernel here has no NFS) whose brick is
+  the volume ``dmpi-storage-brick``; highstate makes the volume, and every node and the
+  hub mount it at /srv/dockermpi through FUSE (pillar ``storage.type: glusterfs``), with
+  each user's directory under a quota.
 - volume ``dmpi-<node>-docker``: each node engine's /var/lib/docker (overlay2 needs it).
 - hub host ``dmpi-hub`` (minion ``hub``, 10.251.1.5, role mpi-hub): JupyterHub, spawning
   each user's notebook on its own engine (volume ``dmpi-hub-docker``); its proxy's port
@@ -40,6 +42,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+import xml.etree.ElementTree as ElementTree
 
 import docker
 import docker.errors
@@ -62,8 +65,12 @@ REGISTRY = f"{MASTER_ADDR}:5000"  # read-only: what nodes pull from
 REGISTRY_PUSH_PORT = 5001  # the same storage, writable from this machine alone
 MINION_REPAIR_AFTER = 45  # seconds; minions answer within 20 s of a (re)start here
 REGISTRY_HOST_PORT = int(os.environ.get("DMPI_REGISTRY_PORT", "15000"))
-SHARED_VOLUME = "dmpi-shared"
 SHARED_PATH = "/srv/dockermpi"
+STORAGE = "dmpi-storage"
+STORAGE_ADDR = "10.251.1.6"
+STORAGE_ROLE_GRAINS = {"roles": ["mpi-glusterfs-server"]}
+#: Where the storage host keeps the volume's brick (pillar mpi:storage:glusterfs:brick).
+STORAGE_BRICK = "/export/dockermpi-brick"
 NODE_ROLE_GRAINS = {"roles": ["mpi-node"]}
 MASTER_ROLE_GRAINS = {"roles": ["mpi-master"]}
 HUB = "dmpi-hub"
@@ -97,6 +104,8 @@ SYSTEMD_HOST_OPTIONS = {
     "tmpfs": {"/run": "", "/run/lock": "", "/tmp": ""},
     "cgroupns": "host",
     "environment": {"container": "docker"},
+    # The GlusterFS client mounts the shared storage through FUSE.
+    "devices": ["/dev/fuse:/dev/fuse:rwm"],
 }
 
 
@@ -245,11 +254,12 @@ class TestCluster:
 
     @property
     def minions(self):
-        """Every minion id: the master host's own, the hub's, then the nodes'."""
-        return ["master", "hub", *self.nodes]
+        """Every minion id: the master host's own, the storage host's, the hub's, then
+        the nodes'."""
+        return ["master", "storage", "hub", *self.nodes]
 
     def container(self, host):
-        """The container of ``master``, ``hub`` or a node's minion id."""
+        """The container of ``master``, ``storage``, ``hub`` or a node's minion id."""
         name = MASTER if host == "master" else f"dmpi-{host}"
         return self.docker.containers.get(name)
 
@@ -352,6 +362,22 @@ for port in map(int, sys.argv[2:]):
             yield address
         finally:
             self.exec(host, kill, check=False)
+
+    def glusterfs_ports(self):
+        """The TCP ports the storage host serves GlusterFS on: glusterd's and each brick's
+        (from ``gluster volume status``), proven open from node1's host."""
+        _, xml = self.exec("storage", ["gluster", "volume", "status", "all", "--xml"],
+                           stdout_only=True)
+        bricks = [int(port.text) for port in ElementTree.fromstring(xml).iter("port")
+                  if port.text and port.text.isdigit() and int(port.text) > 0]
+        ports = sorted({24007, *bricks})
+        for port in ports:
+            code, _ = self.exec("node1", ["timeout", "5", "bash", "-c",
+                                          f"</dev/tcp/{STORAGE_ADDR}/{port}"], check=False)
+            if code != 0:
+                raise ClusterError(f"GlusterFS port {port} of the storage host is not open "
+                                   "from node1's host")
+        return ports
 
     def salt(self, argv, check=True, stdout_only=False):
         """Run a salt CLI (``salt``, ``salt-run``, ``salt-key``) on the master."""
@@ -917,7 +943,6 @@ for port in map(int, sys.argv[2:]):
         """The hub host: a minion with role mpi-hub, its own engine, the shared storage,
         the wheelhouse (pip has no index here) and the proxy's port on 127.0.0.1."""
         mounts = {
-            SHARED_VOLUME: {"bind": SHARED_PATH, "mode": "rw"},
             "dmpi-hub-docker": {"bind": "/var/lib/docker", "mode": "rw"},
             "dmpi-hub-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
             str(WHEELHOUSE): {"bind": str(WHEELHOUSE), "mode": "ro"},
@@ -933,10 +958,24 @@ for port in map(int, sys.argv[2:]):
                           yaml.safe_dump(minion).encode())
             self.exec("hub", ["systemctl", "enable", "--now", "salt-minion"])
 
+    def up_storage(self, image):
+        """The storage host: a minion with role mpi-glusterfs-server; highstate installs
+        GlusterFS and makes the volume on the brick."""
+        mounts = {
+            "dmpi-storage-brick": {"bind": STORAGE_BRICK, "mode": "rw"},
+            "dmpi-storage-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
+        }
+        _, created = self.start_host(STORAGE, "storage", image, STORAGE_ADDR, mounts)
+        self.wait_for_systemd("storage")
+        if created:
+            minion = {"id": "storage", "master": MASTER_ADDR, "grains": STORAGE_ROLE_GRAINS}
+            self.put_file("storage", "/etc/salt/minion.d/cluster.conf",
+                          yaml.safe_dump(minion).encode())
+            self.exec("storage", ["systemctl", "enable", "--now", "salt-minion"])
+
     def up_node(self, index, image):
         name = node_name(index)
         mounts = {
-            SHARED_VOLUME: {"bind": SHARED_PATH, "mode": "rw"},
             f"dmpi-{name}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
             f"dmpi-{name}-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
         }
@@ -1089,10 +1128,11 @@ for port in map(int, sys.argv[2:]):
         raise ClusterError(f"the master does not serve the job controller: {problem}")
 
     def highstate(self, test=False):
-        """Apply highstate to the master host's minion, then to the hub and every node;
-        returns {minion: {id: result}}; raises on failure."""
+        """Apply highstate to the master host's and the storage host's minions (the
+        volume exists before anyone mounts it), then to the hub and every node; returns
+        {minion: {id: result}}; raises on failure."""
         started = self.started("master", "salt-master")
-        results = self._highstate(["master"], test)
+        results = self._highstate(["master", "storage"], test)
         restarting = any("mpi-api-master-restart" in key and value.get("changes")
                          for key, value in results["master"].items())
         if restarting and not test:
@@ -1171,6 +1211,8 @@ for port in map(int, sys.argv[2:]):
             self.ensure_volume(volume)  # labelled, so `down` removes every one
         step("starting master host (salt-master, registry)")
         self.up_master(host_image)
+        step("starting the storage host")
+        self.up_storage(host_image)
         step("starting the hub host")
         self.up_hub(host_image)
         for index in range(1, self.node_count + 1):
@@ -1214,7 +1256,7 @@ for port in map(int, sys.argv[2:]):
 
     def is_up(self):
         running = {c.name for c in self.containers() if c.status == "running"}
-        return {MASTER, HUB, *(f"dmpi-{n}" for n in self.nodes)} <= running
+        return {MASTER, STORAGE, HUB, *(f"dmpi-{n}" for n in self.nodes)} <= running
 
     def status(self):
         """Containers, addresses, whether each minion answers and its engine runs."""
@@ -1253,8 +1295,8 @@ for port in map(int, sys.argv[2:]):
 
     def volume_names(self):
         """Every named volume of the cluster's hosts."""
-        names = [SHARED_VOLUME, "dmpi-registry", "dmpi-master-pki", "dmpi-master-cache",
-                 "dmpi-hub-docker", "dmpi-hub-pki"]
+        names = ["dmpi-registry", "dmpi-master-pki", "dmpi-master-cache",
+                 "dmpi-storage-brick", "dmpi-storage-pki", "dmpi-hub-docker", "dmpi-hub-pki"]
         for node in self.nodes:
             names += [f"dmpi-{node}-docker", f"dmpi-{node}-pki"]
         return names

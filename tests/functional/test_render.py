@@ -217,6 +217,58 @@ def test_nfs_server_states_come_before_client_mount(nfs_high):
     assert order["mpi-storage-nfs-client-mount-mounted"] == "dockermpi.storage.nfs-client"
 
 
+GLUSTERFS_PILLAR = {
+    "cluster_network": CLUSTER_NETWORK,
+    "job_network": {"addresses": JOB_ADDRESSES},
+    "storage": {"type": "glusterfs", "path": "/srv/shared",
+                "glusterfs": {"server": "172.30.0.6",
+                              "clients": ["172.30.0.5", "172.30.0.11", "node-*.site"]},
+                "quota": {"size_mb": 2048, "users": {"filler": {"files": 10}}}},
+}
+
+
+@pytest.fixture(scope="module")
+def glusterfs_high(tmp_path_factory):
+    cfg = _minion(tmp_path_factory.mktemp("glusterfs"), ["mpi-node", "mpi-glusterfs-server"],
+                  GLUSTERFS_PILLAR)
+    return _highstate(cfg)
+
+
+def test_glusterfs_volume_is_served_to_the_hosts_only_and_quotas_come_from_pillar(
+        glusterfs_high):
+    volume = _args(glusterfs_high, "mpi-storage-glusterfs-server-volume-present",
+                   "mpi_storage.volume_present")
+    assert volume["name"] == "dockermpi"
+    assert volume["bricks"] == ["172.30.0.6:/export/dockermpi-brick"]
+    assert volume["clients"] == ["172.30.0.5", "172.30.0.11", "node-*.site"]
+    quotas = _args(glusterfs_high, "mpi-storage-glusterfs-server-user-quotas",
+                   "mpi_storage.user_quotas")
+    assert (quotas["name"], quotas["mount"]) == ("dockermpi", "/srv/shared")
+    assert quotas["limits"] == {"size_mb": 2048, "files": 1000000,
+                                "users": {"filler": {"files": 10}}}
+
+
+def test_glusterfs_server_mounts_its_volume_before_the_node_and_lays_out_users(
+        glusterfs_high):
+    for state in ("mpi-storage-glusterfs-server-volume-mounted",
+                  "mpi-storage-glusterfs-client-mount-mounted"):
+        mount = _args(glusterfs_high, state, "mount.mounted")
+        assert (mount["name"], mount["device"], mount["fstype"]) == (
+            "/srv/shared", "172.30.0.6:/dockermpi", "glusterfs")
+        assert mount["opts"] == ["defaults", "_netdev"]
+    users = _args(glusterfs_high, "mpi-storage-glusterfs-server-users-directory",
+                  "file.directory")
+    assert (users["name"], users["user"], users["mode"]) == ("/srv/shared/users", "mpiguest",
+                                                              "0711")
+    health = _args(glusterfs_high, "mpi-storage-glusterfs-server-health-directory",
+                   "file.directory")
+    assert (health["name"], health["user"], health["mode"]) == (
+        "/srv/shared/.dockermpi-health", "root", "0700")
+    order = {sid: body["__sls__"] for sid, body in glusterfs_high.items()}
+    assert order["mpi-storage-glusterfs-server-volume-present"] == \
+        "dockermpi.storage.glusterfs-server"
+
+
 def test_preshared_checks_path_without_creating_it(preshared_high):
     exists = _args(preshared_high, "mpi-storage-preshared-path-exists", "file.exists")
     assert exists["name"] == "/data/cluster"
@@ -500,7 +552,7 @@ def test_unknown_storage_type_fails_the_check(tmp_path):
     code, ret = _dry_run(_minion(tmp_path, ["mpi-node"], pillar))
     assert code != 0
     _assert_only_the_check_failed(
-        ret, "mpi:storage:type must be one of nfs, preshared, got 'ceph'"
+        ret, "mpi:storage:type must be one of nfs, glusterfs, preshared, got 'ceph'"
     )
 
 

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from tests.cluster.testcluster import (API_PUBLIC_URL, FILES, HUB_ADDR, MASTER_ADDR,
-                                       api_process, hub_admin_token)
+                                       STORAGE_ADDR, api_process, hub_admin_token)
 import dmpi.settings
 
 pytestmark = pytest.mark.cluster
@@ -587,6 +587,14 @@ def test_a_notebook_reaches_no_port_of_a_storage_server_over_tcp_or_udp(cluster,
             "python3", "-c", cluster.STORAGE_PROBE, address, *map(str, cluster.STORAGE_PORTS)])
     assert code == 0, output
     assert cluster.storage_unanswered(output) == list(cluster.STORAGE_PORTS), output
+
+
+def test_a_notebook_reaches_no_port_of_the_glusterfs_server(cluster, notebooks):
+    ports = cluster.glusterfs_ports()
+    code, output = cluster.notebook_exec(ANN, [
+        "python3", "-c", cluster.STORAGE_PROBE, STORAGE_ADDR, *map(str, ports)])
+    assert code == 0, output
+    assert cluster.storage_unanswered(output) == ports, output
 
 
 # ------------------------------------------------------------- who runs what, where

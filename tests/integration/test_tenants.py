@@ -14,11 +14,12 @@ import pytest
 import yaml
 from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD
 from dmpi.node.netns import TRACKED_FLOWS
-from tests.cluster.testcluster import HUB_ADDR, MASTER_ADDR, node_address
+from tests.cluster.testcluster import HUB_ADDR, MASTER_ADDR, STORAGE_ADDR, node_address
 
 pytestmark = pytest.mark.cluster
 
 ATTACKER, VICTIM = "mallory", "victim"
+QUOTA_USER = "filler"  # pillar/testcluster.sls gives them a small quota
 STORAGE = "/srv/dockermpi/users"
 SECRET = f"{STORAGE}/{VICTIM}/secret.txt"
 SECRET_TEXT = "victim's data, not to be touched\n"
@@ -350,6 +351,19 @@ def test_a_job_reaches_no_port_of_a_storage_server_over_tcp_or_udp(cluster, vict
                                    for port in cluster.STORAGE_PORTS for _ in range(2)), lines
 
 
+def test_a_job_reaches_no_port_of_the_glusterfs_server(cluster, victim):
+    # GlusterFS trusts the uid a client sends, as NFS sec=sys does: the storage host's
+    # glusterd and brick ports, open to the hosts, are refused to a job.
+    ports = cluster.glusterfs_ports()
+    code, job = launch(cluster, ATTACKER, ["python3", "-c", cluster.STORAGE_PROBE,
+                                           STORAGE_ADDR, *map(str, ports)],
+                       np=2, nodes="node1,node2", slots_per_node=1)
+    assert code == 0, job
+    lines = cluster.read_shared(job["output"]["stdout"]).splitlines()
+    assert sorted(lines) == sorted(f"{port} ECONNREFUSED EPERM"
+                                   for port in ports for _ in range(2)), lines
+
+
 def _job_reaches_no_host(cluster, services):
     for address, port in services:
         deadline = time.monotonic() + 30  # a listener just started may not be up yet
@@ -644,6 +658,54 @@ def test_a_job_that_fills_its_tmp_fails_saying_where_room_ran_out(cluster, victi
                                   "full (mpi:limits:tmp_size_mb)"), job["reason"]
     assert wait_for(cluster, b_job, ("running",))["state"] == "running"
     run(cluster, "mpi.cancel", job_id=b_job)
+
+
+def test_a_user_who_fills_their_quota_fails_only_their_own_job(cluster, victim):
+    # "filler" (pillar: 48 MB and 2000 files) fills their directory on the shared storage
+    # from both nodes while B's job waits on the same nodes; then B's job writes and
+    # succeeds, and mpi.usage shows filler at the limit.
+    cluster.account(QUOTA_USER)
+    go = f"{STORAGE}/{VICTIM}/go"
+    cluster.as_user(VICTIM, ["rm", "-f", go])
+    b_job = submit(cluster, VICTIM, shell(
+        "while [ ! -e /data/go ]; do sleep 0.2; done; "
+        "head -c 16777216 /dev/zero > $DMPI_JOB_DIR/written-$OMPI_COMM_WORLD_RANK && "
+        "echo wrote"),
+        np=2, nodes="node1,node2", slots_per_node=1)
+    wait_for(cluster, b_job, ("running",))
+    fill = ("import os, sys\n"
+            "rank = os.environ.get('OMPI_COMM_WORLD_RANK', '0')\n"
+            "try:\n"
+            "    with open(f'/data/fill-{rank}', 'wb') as f:\n"
+            "        while True:\n"
+            "            f.write(b'x' * (1 << 20)); f.flush()\n"
+            "except OSError as exc:\n"
+            "    print('bytes:', exc.strerror, flush=True)\n"
+            "os.makedirs(f'/data/files-{rank}', exist_ok=True)\n"
+            "for n in range(100000):\n"
+            "    open(f'/data/files-{rank}/{n}', 'w').close()\n")
+    try:
+        code, job = launch(cluster, QUOTA_USER, ["python3", "-c", fill], np=2,
+                           nodes="node1,node2", slots_per_node=1, walltime="5m")
+        assert code == 1 and job["state"] == "failed", job
+        assert "it reported 'Disk quota exceeded'" in job["reason"], job["reason"]
+        out = cluster.read_shared(job["output"]["stdout"])
+        assert out.count("bytes: Disk quota exceeded") == 2, out
+        _, usage = run(cluster, "mpi.usage", user=QUOTA_USER)
+        mine = usage["storage"][QUOTA_USER]
+        assert mine["bytes_limit"] == 48 << 20 and mine["files_limit"] == 2000, mine
+        assert mine["bytes_used"] >= 40 << 20 and mine["files_used"] >= 1900, mine
+        assert set(usage["storage"]) == {QUOTA_USER}
+        # B, on the same nodes, writes 16 MiB on each and succeeds.
+        cluster.as_user(VICTIM, ["touch", go])
+        done = wait_for(cluster, b_job, FINAL, timeout=120)
+        assert done["state"] == "succeeded", done
+        assert cluster.read_shared(done["output"]["stdout"]).split() == ["wrote", "wrote"]
+    finally:
+        cluster.as_user(VICTIM, ["rm", "-f", go])
+        cluster.as_user(QUOTA_USER, ["sh", "-c", "rm -rf /srv/dockermpi/users/filler/fill-* "
+                                     "/srv/dockermpi/users/filler/files-*"])
+        run(cluster, "mpi.cancel", job_id=b_job)
 
 
 def test_a_job_cannot_change_the_nodes_remote_start_agent(cluster, victim):

@@ -31,12 +31,17 @@ from dmpi.contract import DRAINS_TAG, NODE_ROLE, job_tag
 from dmpi.errors import ClusterError, ConfigError, RequestError, StoreError
 from dmpi.jobs import rules
 from dmpi.jobs import store as job_store
+from dmpi.storage import quota
 
 NODE_TARGET = f"G@roles:{NODE_ROLE}"
 DEFAULTS_FILE = "dockermpi/defaults.yaml"
 # Seconds a rendering of the settings is used again while none of its sources changed:
 # a bound on what no file here shows (a pillar that reads something else as it renders).
 SETTINGS_REUSE = 60
+# Seconds the storage's quota figures are shown again before it is asked anew: users
+# polling mpi.usage must not each cost the storage server a quota scan.
+STORAGE_USAGE_REUSE = 10
+GLUSTERFS_SERVER_ROLE = "mpi-glusterfs-server"
 
 
 class Site:
@@ -47,6 +52,8 @@ class Site:
         self.opts = opts
         self._thread = threading.local()  # each thread's LocalClient
         self._settings = {}  # minion -> (sources, when rendered, settings)
+        self._storage_usage = {}  # volume -> (when read, by user)
+        self._storage_usage_lock = threading.Lock()
 
     # ------------------------------------------------------------ store and bus
 
@@ -190,6 +197,46 @@ class Site:
             raise ClusterError("no MPI node is reporting; cannot reach shared storage")
         return alive[0], storage["path"]
 
+    def storage_server(self, config):
+        """The minion serving the GlusterFS volume (role mpi-glusterfs-server), which
+        sets and reads users' quotas; None for a storage type without them."""
+        if config["storage"]["type"] != "glusterfs":
+            return None
+        found = self.targeted(f"G@roles:{GLUSTERFS_SERVER_ROLE}")
+        if not found:
+            raise ClusterError(f"no minion has the role {GLUSTERFS_SERVER_ROLE}")
+        return found[0]
+
+    def set_user_quota(self, config, user):
+        """Put ``users/<user>`` under its quota (``mpi:storage:quota``) where the storage
+        enforces quotas; nothing elsewhere."""
+        server = self.storage_server(config)
+        if server is None:
+            return
+        size_mb, files = quota.limits(config["storage"]["quota"], user)
+        self.call([server], "mpi_storage.set_quota", timeout=60,
+                  volume=config["storage"]["glusterfs"]["volume"],
+                  path=quota.user_path(user), size_mb=size_mb, files=files)
+
+    def storage_usage(self, config):
+        """``{user: {"bytes_used", "bytes_limit", "files_used", "files_limit"}}`` of
+        every user directory under a quota, as the storage counts it; None for a storage
+        type without quotas. Read again at most every :data:`STORAGE_USAGE_REUSE` s."""
+        server = self.storage_server(config)
+        if server is None:
+            return None
+        volume = config["storage"]["glusterfs"]["volume"]
+        with self._storage_usage_lock:
+            kept = self._storage_usage.get(volume)
+            if kept and time.monotonic() - kept[0] < STORAGE_USAGE_REUSE:
+                return kept[1]
+        found = self.call([server], "mpi_storage.quota_usage", timeout=30,
+                          volume=volume)[server]
+        by_user = quota.by_user(found)
+        with self._storage_usage_lock:
+            self._storage_usage[volume] = (time.monotonic(), by_user)
+        return by_user
+
     def user_uid(self, config, user, check_dir=False, identity=None):
         """The user's own uid (allocated on first use from ``mpi:users``, bound to the
         hub ``identity`` when one calls), with their directory owned by it (made once,
@@ -205,6 +252,8 @@ class Site:
             minion, path = self.storage_owner(config)
             self.call([minion], "mpi_job.ensure_user_dir", timeout=15, storage_path=path,
                       user=user, uid=uid, gid=uid)
+            # Before the directory counts as ready: no job writes into it unlimited.
+            self.set_user_quota(config, user)
             store.set_user_dir_ready(user)
         return uid
 

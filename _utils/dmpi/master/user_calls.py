@@ -241,7 +241,24 @@ def usage(site, caller, user=None, since=None, until=None):
     active = store.jobs(["queued"] + list(ACTIVE), user=user)
     found = accounting.usage(rows, active)
     found["fair_share"] = fair_share_now(store, time.time(), user)
+    storage = storage_now(site, user)
+    if storage is not None:
+        found["storage"] = storage
     return found
+
+
+def storage_now(site, user=None):
+    """Each user's directory against its quota now (``bytes_used``, ``bytes_limit``,
+    ``files_used``, ``files_limit``; a limit of 0: none), or only ``user``'s; None when
+    the storage type has no quotas, ``{"error": why}`` when the storage does not
+    answer (the rest of the usage is still shown)."""
+    try:
+        found = site.storage_usage(site.settings())
+    except ClusterError as exc:
+        return {"error": f"the storage's quota figures are not available: {exc}"}
+    if found is None:
+        return None
+    return found if user is None else {u: v for u, v in found.items() if u == user}
 
 
 def fair_share_now(store, now, user=None):

@@ -1,9 +1,10 @@
 {%- set tplroot = tpldir.split('/')[0] %}
 {%- from tplroot ~ "/map.jinja" import mpi with context %}
 {#- Every node sees the shared data path; how depends on mpi:storage:type.
-    The NFS server itself is a role of its own (top.sls). Any other type is
+    The NFS and GlusterFS servers are roles of their own (top.sls). Any other type is
     reported by the settings check (.config), and nothing is applied. #}
-{%- set kinds = {"nfs": ".nfs-client", "preshared": ".preshared"} %}
+{%- set kinds = {"nfs": ".nfs-client", "glusterfs": ".glusterfs-client",
+                "preshared": ".preshared"} %}
 {%- set kind = kinds.get(mpi.storage.type | string) %}
 
 include:

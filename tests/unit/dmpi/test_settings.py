@@ -316,7 +316,7 @@ CASES = [
     ({"limits": {"cpus_per_slot": math.inf}},
      "mpi:limits:cpus_per_slot must be a number above 0 (CPUs per rank), got inf"),
     # storage and job_root
-    ({"storage": {"type": "ceph"}}, "mpi:storage:type must be one of nfs, preshared, got 'ceph'"),
+    ({"storage": {"type": "ceph"}}, "mpi:storage:type must be one of nfs, glusterfs, preshared, got 'ceph'"),
     ({"storage": {"path": "srv/dockermpi"}},
      "mpi:storage:path must be an absolute path, got 'srv/dockermpi'"),
     ({"storage": {"path": "/srv/../etc"}}, "mpi:storage:path '/srv/../etc' must not contain '..'"),
@@ -577,6 +577,55 @@ def test_preshared_storage_needs_no_nfs_server():
     assert config["storage"]["type"] == "preshared"
     # job_root under the NFS export is fine when nothing is exported
     assert _problems(storage={"type": "preshared"}, job_root="/export/dockermpi/jobs") == []
+
+
+def test_glusterfs_storage_needs_its_server_and_takes_quotas():
+    gluster = {"type": "glusterfs", "glusterfs": {"server": "10.251.1.6"},
+               "quota": {"size_mb": 2048, "users": {"filler": {"size_mb": 48}}}}
+    config = settings.validate(_site(storage=gluster))
+    assert config["storage"]["glusterfs"]["volume"] == "dockermpi"
+    assert config["storage"]["quota"] == {"size_mb": 2048, "files": 1000000,
+                                          "users": {"filler": {"size_mb": 48}}}
+    assert _problems(storage={"type": "glusterfs"}) == [
+        "mpi:storage:glusterfs:server must name the GlusterFS server when "
+        "mpi:storage:type is glusterfs"]
+
+
+@pytest.mark.parametrize("storage, problem", [
+    ({"glusterfs": {"server": "bad host!"}},
+     "mpi:storage:glusterfs:server 'bad host!' is not a host name or IPv4 address"),
+    ({"glusterfs": {"volume": "../x"}},
+     "mpi:storage:glusterfs:volume '../x' is not a GlusterFS volume name"),
+    ({"glusterfs": {"brick": "/srv/dockermpi/brick"}},
+     "mpi:storage:glusterfs:brick /srv/dockermpi/brick lies inside mpi:storage:path"),
+    ({"glusterfs": {"clients": ["10.0.0.1, 10.0.0.2"]}},
+     "mpi:storage:glusterfs:clients must list addresses, host names or GlusterFS patterns"),
+    ({"glusterfs": {"options": {"auth.allow": True}}},
+     "mpi:storage:glusterfs:options must map GlusterFS volume options to values"),
+    ({"glusterfs": {"mount_options": "defaults"}},
+     "mpi:storage:glusterfs:mount_options must be a list of mount options"),
+    ({"glusterfs": {"port": 1}}, "mpi:storage:glusterfs:port"),
+    ({"glusterfs": {"clients": []}},
+     "mpi:storage:glusterfs:clients must list the nodes' and the hub's addresses: the "
+     "hosts' part of mpi:cluster_network has 16116 addresses"),
+    ({"quota": {"size_mb": -1}},
+     "mpi:storage:quota:size_mb must be a whole number of at least 0 (0: no limit), got -1"),
+    ({"quota": {"files": "many"}}, "mpi:storage:quota:files must be a whole number"),
+    ({"quota": {"users": ["alice"]}}, "mpi:storage:quota:users must map user names"),
+    ({"quota": {"users": {"../root": {"size_mb": 1}}}},
+     "mpi:storage:quota:users has '../root', not a user name"),
+    ({"quota": {"users": {"alice": {"bytes": 1}}}},
+     "mpi:storage:quota:users:alice must set size_mb, files or both"),
+    ({"quota": {"users": {"alice": {"files": -5}}}},
+     "mpi:storage:quota:users:alice:files must be a whole number of at least 0"),
+])
+def test_glusterfs_and_quota_settings_name_the_bad_key(storage, problem):
+    storage = dict(storage, type="glusterfs")
+    storage.setdefault("glusterfs", {}).setdefault("server", "10.251.1.6")
+    wide = {"cluster_network": "10.251.0.0/18",
+            "job_network": {"addresses": "10.251.63.0/24"}} if "clients" in problem else {}
+    found = _problems(storage=storage, **wide)
+    assert len(found) == 1 and found[0].startswith(problem), found
 
 
 # ------------------------------------------------- the execution and state modules

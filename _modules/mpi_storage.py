@@ -1,0 +1,152 @@
+"""
+DockerMPI's shared storage on the host that serves it: the Salt face of
+:mod:`dmpi.storage`. For ``mpi:storage:type`` glusterfs, run on the GlusterFS server
+(role ``mpi-glusterfs-server``): the volume made and set as DockerMPI needs it, and
+each user directory's quota of bytes and files set and read. Errors become Salt's: a
+bad argument ``SaltInvocationError``, anything gluster refuses
+``CommandExecutionError``.
+
+:depends: gluster (Debian package glusterfs-server) for everything but
+    :func:`user_limits`
+"""
+
+import functools
+import os
+
+import dmpi.settings
+from dmpi.errors import DockerMPIError, RequestError
+from dmpi.storage import glusterfs, quota
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+__virtualname__ = "mpi_storage"
+
+
+def __virtual__():
+    return __virtualname__
+
+
+def _salt_errors(function):
+    """The library's errors as Salt's, one place for every function of this module."""
+
+    @functools.wraps(function)
+    def translated(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except RequestError as exc:
+            raise SaltInvocationError(str(exc)) from exc
+        except DockerMPIError as exc:
+            raise CommandExecutionError(str(exc)) from exc
+
+    return translated
+
+
+@_salt_errors
+def volume(name):
+    """
+    The GlusterFS volume's facts: ``{"name", "started", "bricks", "options"}``, or None
+    when it does not exist.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt storage mpi_storage.volume dockermpi
+    """
+    return glusterfs.volume(name)
+
+
+@_salt_errors
+def ensure_volume(name, bricks, clients, options=None, test=False):
+    """
+    Make the GlusterFS volume ``name`` over ``bricks`` as DockerMPI needs it (quotas
+    enforced at once, privileged client ports only, ``auth.allow`` = ``clients``, the
+    site's ``options`` over those) and start it. Returns the changes made, or with
+    ``test`` those it would make; ``[]`` when nothing differs.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt storage mpi_storage.ensure_volume dockermpi '[10.251.1.6:/export/dockermpi-brick]' '[10.251.1.6, 10.251.1.11]' test=True
+    """
+    return glusterfs.ensure_volume(name, list(bricks), options, list(clients), test=test)
+
+
+@_salt_errors
+def clients(cluster_network, job_addresses, listed=None):
+    """
+    The addresses the volume's ``auth.allow`` lists: ``listed`` (pillar
+    ``mpi:storage:glusterfs:clients``) when given, else every address of the cluster
+    network but the job address pool (GlusterFS matches no CIDR).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt storage mpi_storage.clients 10.251.1.0/24 10.251.1.128/25
+    """
+    networks = dmpi.settings.host_networks(cluster_network, job_addresses)
+    return glusterfs.client_addresses(networks, listed or ())
+
+
+@_salt_errors
+def set_quota(volume, path, size_mb, files, test=False):
+    """
+    Limit ``path`` inside the volume (``/users/alice``, which must exist) to ``size_mb``
+    MiB and ``files`` files and directories (0: no limit). Returns the changes made, or
+    with ``test`` those it would make; ``[]`` when nothing differs.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt storage mpi_storage.set_quota dockermpi /users/alice 102400 1000000
+    """
+    return glusterfs.set_quota(volume, path, size_mb, files, test=test)
+
+
+@_salt_errors
+def quota_usage(volume):
+    """
+    Every path of the volume under a limit: ``{path: {"bytes_used", "bytes_limit",
+    "files_used", "files_limit"}}`` (a limit of 0: none; a use of None: not counted
+    without that limit).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt storage mpi_storage.quota_usage dockermpi
+    """
+    return glusterfs.quota_usage(volume)
+
+
+@_salt_errors
+def set_user_quotas(volume, mount, limits, test=False):
+    """
+    Put every user directory of the volume (``users/<name>`` under ``mount``, where this
+    host mounts it) under its quota from ``limits`` (pillar ``mpi:storage:quota``:
+    ``size_mb``, ``files``, ``users``). Returns ``{user: changes}`` of the users whose
+    limits changed (or would, with ``test``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt storage mpi_storage.set_user_quotas dockermpi /srv/dockermpi '{size_mb: 102400, files: 1000000}'
+    """
+    users_dir = os.path.join(mount, "users")
+    try:
+        names = sorted(os.listdir(users_dir))
+    except FileNotFoundError:
+        return {}
+    changed = {}
+    for name in names:
+        if not quota.USER_RE.fullmatch(name) or not os.path.isdir(
+                os.path.join(users_dir, name)) or os.path.islink(os.path.join(users_dir, name)):
+            continue
+        size_mb, files = quota.limits(limits, name)
+        changes = glusterfs.set_quota(volume, quota.user_path(name), size_mb, files, test=test)
+        if changes:
+            changed[name] = changes
+    return changed
