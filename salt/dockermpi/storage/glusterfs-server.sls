@@ -62,6 +62,17 @@ mpi-storage-glusterfs-server-volume-mounted:
     - require:
       - mpi_storage: mpi-storage-glusterfs-server-volume-present
 
+{#- The volume's root takes its brick's mode: open it to every uid for traversal, as
+    the NFS export's is. #}
+mpi-storage-glusterfs-server-volume-root:
+  file.directory:
+    - name: {{ mpi.storage.path | json }}
+    - user: root
+    - group: root
+    - mode: '0755'
+    - require:
+      - mount: mpi-storage-glusterfs-server-volume-mounted
+
 mpi-storage-glusterfs-server-users-directory:
   file.directory:
     - name: {{ (mpi.storage.path ~ "/users") | json }}
@@ -69,7 +80,7 @@ mpi-storage-glusterfs-server-users-directory:
     - group: {{ mpi.guest.group | json }}
     - mode: '0711'
     - require:
-      - mount: mpi-storage-glusterfs-server-volume-mounted
+      - file: mpi-storage-glusterfs-server-volume-root
       - user: mpi-guest-user-user-present
 
 {#- Where each node's health check writes and removes its probe file (mpi_job.health),
