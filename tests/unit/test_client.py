@@ -218,6 +218,27 @@ def test_history_table_has_one_row_per_ended_job():
     assert lines[1].endswith("all 6 ranks exited 0")
 
 
+def test_usage_shows_jobs_standing_and_the_directory_against_its_quota():
+    usage = {"users": {"alice": {"jobs": {"total": 3, "succeeded": 2, "running": 1},
+                                 "core_hours": 1.5}},
+             "fair_share": {"alice": {"decayed_core_hours": 1.2, "fairshare": 0.7}},
+             "storage": {"alice": {"bytes_used": 50 << 20, "bytes_limit": 48 << 20,
+                                   "files_used": 2001, "files_limit": 2000}}}
+    lines = render.usage_text(usage).splitlines()
+    assert lines[1].split() == ["alice", "3", "1", "0", "1.50", "1.2", "0.7"]
+    assert lines[3].split() == ["USER", "USED", "LIMIT", "FILES", "FILE", "LIMIT"]
+    assert lines[4].split() == ["alice", "50M", "48M", "2001", "2000"]
+    usage["storage"] = {"alice": {"bytes_used": 1536, "bytes_limit": 0, "files_used": None,
+                                  "files_limit": 0}}
+    assert render.usage_text(usage).splitlines()[4].split() == ["alice", "1.5K", "none",
+                                                                "-", "none"]
+    usage["storage"] = {"error": "the storage's quota figures are not available: x"}
+    assert render.usage_text(usage).endswith(
+        "storage: the storage's quota figures are not available: x")
+    del usage["storage"]
+    assert len(render.usage_text(usage).splitlines()) == 2
+
+
 def test_empty_tables_are_just_headers():
     assert render.queue_text([]).split() == ["JOBID", "NAME", "USER", "STATE", "NP",
                                              "PRIORITY", "TIME", "NODELIST(REASON)"]

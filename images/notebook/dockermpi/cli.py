@@ -11,7 +11,7 @@ import sys
 
 from dockermpi.client import FINAL_STATES, Client, DockerMPIError, JobError
 from dockermpi.render import (history_text, images_text, outcome_line, queue_text,
-                              record_text, whoami_text)
+                              record_text, usage_text, whoami_text)
 
 INTERRUPTED = 130  # what a shell reports for a program ended by Ctrl-C
 
@@ -136,6 +136,12 @@ def build_parser():
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep printing new output until the job ends")
 
+    usage = commands.add_parser(
+        "usage", parents=[output],
+        help="your jobs and core-hours, fair-share standing and storage quota")
+    usage.add_argument("--since", type=epoch_time, metavar="DATE")
+    usage.add_argument("--until", type=epoch_time, metavar="DATE")
+
     commands.add_parser("whoami", parents=[output], help="who the cluster takes you for")
     commands.add_parser("images", parents=[output],
                         help="the approved images and the MPI each holds")
@@ -230,6 +236,8 @@ def run_command(client, args):
              history_text)
     elif action == "logs":
         return show_logs(client, args)
+    elif action == "usage":
+        show(args, client.usage(since=args.since, until=args.until), usage_text)
     elif action == "whoami":
         show(args, client.whoami(), whoami_text)
     elif action == "images":

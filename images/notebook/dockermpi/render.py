@@ -131,6 +131,46 @@ def history_text(rows):
                   "EXPLANATION"], lines)
 
 
+def size_text(count):
+    """Bytes as ``df -h`` shows them (1024-based): ``512B``, ``1.5K``, ``48M``, ``2.0G``."""
+    if count is None:
+        return "-"
+    size = float(count)
+    for unit in ("B", "K", "M", "G", "T"):
+        if size < 1024 or unit == "T":
+            break
+        size /= 1024
+    if unit == "B":
+        return f"{int(size)}B"
+    return f"{size:.1f}{unit}" if size < 10 else f"{size:.0f}{unit}"
+
+
+def usage_text(usage):
+    """Your usage like ``sreport`` and ``sshare`` (jobs, core-hours, fair-share
+    standing), and your directory against its quota like ``quota -s``."""
+    lines = []
+    for user, entry in sorted((usage.get("users") or {}).items()):
+        jobs = entry.get("jobs") or {}
+        standing = (usage.get("fair_share") or {}).get(user) or {}
+        lines.append([user, jobs.get("total", 0), jobs.get("running", 0),
+                      jobs.get("queued", 0), f"{entry.get('core_hours', 0):.2f}",
+                      standing.get("decayed_core_hours"), standing.get("fairshare")])
+    text = table(["USER", "JOBS", "RUNNING", "QUEUED", "CORE-H", "RECENT CORE-H",
+                  "FAIRSHARE"], lines)
+    storage = usage.get("storage")
+    if storage is None:
+        return text
+    if "error" in storage:
+        return f"{text}\nstorage: {storage['error']}"
+    rows = []
+    for user, figures in sorted(storage.items()):
+        rows.append([user, size_text(figures.get("bytes_used")),
+                     size_text(figures.get("bytes_limit")) if figures.get("bytes_limit")
+                     else "none", figures.get("files_used"),
+                     figures.get("files_limit") or "none"])
+    return text + "\n\n" + table(["USER", "USED", "LIMIT", "FILES", "FILE LIMIT"], rows)
+
+
 def whoami_text(identity):
     """Who the master takes you for, and where your files are."""
     return (f"user {identity.get('user')} (account {identity.get('account')}, "

@@ -151,6 +151,76 @@ def test_usage_shows_each_users_fair_share_standing_a_hub_user_only_their_own(si
     assert "fair_share" not in user_calls.usage(site, ALICE, until=time.time())
 
 
+GLUSTER_CONFIG = dmpi.settings.validate(dmpi.settings.merge(CONFIG, {"storage": {
+    "type": "glusterfs", "glusterfs": {"server": "10.251.1.6"},
+    "quota": {"size_mb": 100, "files": 1000, "users": {"bob": {"size_mb": 5}}}}}))
+QUOTA_FIGURES = {
+    "/users/alice": {"bytes_used": 10, "bytes_limit": 100 << 20, "files_used": 3,
+                     "files_limit": 1000},
+    "/users/bob": {"bytes_used": 5 << 20, "bytes_limit": 5 << 20, "files_used": 9,
+                   "files_limit": 1000},
+    "/scratch": {"bytes_used": 1, "bytes_limit": 2, "files_used": None, "files_limit": 0},
+}
+
+
+class GlusterSite(LocalSite):
+    """A site on GlusterFS whose storage server answers ``answer`` (or fails)."""
+
+    answer = QUOTA_FIGURES
+
+    def settings(self, fresh=False):
+        return GLUSTER_CONFIG
+
+    def targeted(self, target):
+        return ["storage"] if target == "G@roles:mpi-glusterfs-server" else []
+
+    def call(self, minions, fun, timeout, **kwargs):
+        self.node_calls.append((minions, fun, kwargs))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return {minions[0]: self.answer if fun == "mpi_storage.quota_usage" else []}
+
+
+def test_usage_shows_each_users_quota_a_hub_user_only_their_own(tmp_path):
+    site = GlusterSite(tmp_path)
+    site.store().set_meta("engine", {"pid_alive": time.time()})
+    assert user_calls.usage(site, user_calls.ADMIN)["storage"] == {
+        "alice": QUOTA_FIGURES["/users/alice"], "bob": QUOTA_FIGURES["/users/bob"]}
+    assert user_calls.usage(site, ALICE)["storage"] == {"alice": QUOTA_FIGURES["/users/alice"]}
+    assert user_calls.usage(site, BOB)["storage"] == {"bob": QUOTA_FIGURES["/users/bob"]}
+    # the storage server is asked at most every few seconds, whoever polls
+    assert [fun for _, fun, _ in site.node_calls] == ["mpi_storage.quota_usage"]
+    assert site.node_calls[0][2] == {"volume": "dockermpi"}
+
+
+def test_usage_says_when_the_storage_does_not_answer_and_shows_the_rest(tmp_path):
+    site = GlusterSite(tmp_path)
+    site.store().set_meta("engine", {"pid_alive": time.time()})
+    site.answer = ClusterError("storage: did not answer")
+    found = user_calls.usage(site, ALICE)
+    assert found["storage"] == {"error": "the storage's quota figures are not available: "
+                                         "storage: did not answer"}
+    assert "fair_share" in found and "users" in found
+
+
+def test_usage_on_a_storage_without_quotas_has_no_storage_part(site):
+    assert "storage" not in user_calls.usage(site, user_calls.ADMIN)
+
+
+def test_a_new_users_directory_gets_its_quota_before_it_counts_as_ready(tmp_path):
+    site = GlusterSite(tmp_path)
+    site.alive = lambda now=None: {"node1"}
+    Site.user_uid(site, GLUSTER_CONFIG, "bob")
+    assert [(minions, fun) for minions, fun, _ in site.node_calls] == [
+        (["node1"], "mpi_job.ensure_user_dir"), (["storage"], "mpi_storage.set_quota")]
+    assert site.node_calls[1][2] == {"volume": "dockermpi", "path": "/users/bob",
+                                     "size_mb": 5, "files": 1000}
+    assert site.store().users()["bob"]["dir_ready"]
+    site.node_calls.clear()
+    Site.user_uid(site, GLUSTER_CONFIG, "bob")  # made once
+    assert site.node_calls == []
+
+
 @pytest.mark.parametrize("call", [
     lambda site: user_calls.list_jobs(site, ALICE, user="bob"),
     lambda site: user_calls.history(site, ALICE, user="bob"),
