@@ -32,6 +32,7 @@ import io
 import json
 import os
 import pathlib
+import posixpath
 import shutil
 import socket
 import ssl
@@ -962,7 +963,8 @@ for port in map(int, sys.argv[2:]):
         """The storage host: a minion with role mpi-glusterfs-server; highstate installs
         GlusterFS and makes the volume on the brick."""
         mounts = {
-            "dmpi-storage-brick": {"bind": STORAGE_BRICK, "mode": "rw"},
+            # The brick's own disk; gluster wants the brick a directory inside it.
+            "dmpi-storage-brick": {"bind": posixpath.dirname(STORAGE_BRICK), "mode": "rw"},
             "dmpi-storage-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
         }
         _, created = self.start_host(STORAGE, "storage", image, STORAGE_ADDR, mounts)

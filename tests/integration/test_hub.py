@@ -589,6 +589,18 @@ def test_a_notebook_reaches_no_port_of_a_storage_server_over_tcp_or_udp(cluster,
     assert cluster.storage_unanswered(output) == list(cluster.STORAGE_PORTS), output
 
 
+def test_a_notebook_user_sees_their_own_quota_only(cluster, notebooks):
+    anns, bobs = account(cluster, ANN)["account"], account(cluster, BOB)["account"]
+    status, answer = api(cluster, ANN, "GET", "/usage")
+    assert status == 200, answer
+    assert set(answer["storage"]) == {anns}, answer
+    mine = answer["storage"][anns]
+    assert mine["bytes_limit"] == 2048 << 20 and mine["files_limit"] == 100000, mine
+    assert bobs not in json.dumps(answer)
+    code, shown = mpi_json(cluster, BOB, "usage")
+    assert code == 0 and set(shown["storage"]) == {bobs}, shown
+
+
 def test_a_notebook_reaches_no_port_of_the_glusterfs_server(cluster, notebooks):
     ports = cluster.glusterfs_ports()
     code, output = cluster.notebook_exec(ANN, [
