@@ -3,8 +3,10 @@ of a few pages, or of a few inodes, filled by a user's files. Needs root to moun
 runs as root)."""
 
 import os
+import pathlib
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 from dmpi.jobs import rules
@@ -69,3 +71,28 @@ def test_a_read_only_file_system_still_takes_the_node_out(small_fs):
               "agent": "ok"}
     assert rules.node_problem({"health": report}) == \
         "unhealthy: storage not writable: Read-only file system"
+
+
+def test_the_room_left_in_a_users_directory_is_read_as_the_user(monkeypatch):
+    # What a failed job's evidence asks (dmpi.node.evidence._directory_full), as the
+    # user's uid: a directory whose file system is full has no room left. (A base an
+    # unprivileged child can reach: tmp_path's parents are private to root.)
+    from dmpi.node import userdirs, userfs  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(userfs, "CHILD_PYTHON", "/usr/bin/python3")
+    base = tempfile.mkdtemp(prefix="mpi-room-")
+    os.chmod(base, 0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0755", "tmpfs", base],
+                   check=True)
+    try:
+        mallory = os.path.join(base, "users", "mallory")
+        os.makedirs(mallory)
+        os.chmod(os.path.join(base, "users"), 0o711)
+        os.chown(mallory, 100123, 100123)
+        before = userdirs.room(base, "mallory", 100123, 100123)
+        assert before["bytes_total"] == 512 * 1024 and before["bytes_free"] > 256 * 1024
+        _fill(pathlib.Path(mallory))
+        assert userdirs.room(base, "mallory", 100123, 100123)["bytes_free"] < 64 * 1024
+    finally:
+        subprocess.run(["umount", base], check=True)
+        os.rmdir(base)

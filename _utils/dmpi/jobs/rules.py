@@ -58,12 +58,16 @@ def timeouts():
 
 def outcome(code, failure, program):
     """(state, reason) from the launcher's exit code and the failing rank, if known; a
-    failure that wrote one of the out-of-space errors says where room ran out."""
+    failure that wrote one of the out-of-space errors says where room ran out, and one
+    whose user's directory was left full (perhaps too full to say so) says that."""
     state, reason = _outcome(code, failure, program)
     space = (failure or {}).get("space") if state == "failed" else None
     if isinstance(space, str) and space:
         reason += (f"; it reported {space[:40]!r}: the user's directory (/data) is full or "
                    "over its quota, or /tmp is full (mpi:limits:tmp_size_mb)")
+    elif state == "failed" and (failure or {}).get("directory_full"):
+        reason += ("; the user's directory (/data) has no room left: its quota is used up "
+                   "(mpi usage shows it) or the shared storage is full")
     return state, reason
 
 

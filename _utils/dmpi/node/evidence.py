@@ -38,6 +38,8 @@ _ENGINE_OUTAGE = {"since": None}
 # job id -> (launcher exit code, failure): a job's stderr is read once after its end.
 _FAILURES = {}
 _FAILURES_KEPT = 1000
+#: Bytes left in a failed job's user directory below which it counts as full.
+ROOM_LEFT = 64 * 1024
 
 
 def _secret_text(secret_dir, name):
@@ -207,6 +209,10 @@ def _failed_rank(storage_path, job_root, job_id, job):
         except (DockerMPIError, ValueError, TypeError) as exc:
             log.debug("job %s: cannot read stdout: %s", job_id, exc)
     failure = _failure_in(text, job["launcher_exit_code"])
+    # A job that filled its user's directory may have had no room left to say so.
+    if job["launcher_exit_code"] != 0 and not (failure or {}).get("space") and \
+            _directory_full(storage_path, job):
+        failure = dict(failure or {}, directory_full=True)
     if isinstance(failure, dict) and "host" in failure:
         hostfile = _secret_text(os.path.join(job_root, job_id), "hostfile") or ""
         failure = dmpi.launch.flavours.failed_rank_at(failure, hostfile)
@@ -214,6 +220,17 @@ def _failed_rank(storage_path, job_root, job_id, job):
         _FAILURES.clear()
     _FAILURES[job_id] = (job["launcher_exit_code"], failure)
     return failure
+
+
+def _directory_full(storage_path, job):
+    """Whether the job's user's directory has less than :data:`ROOM_LEFT` bytes left
+    (its quota used up, or the file system full); False when that cannot be read."""
+    try:
+        found = userdirs.room(storage_path, job["user"], int(job["uid"]), int(job["gid"]))
+    except (DockerMPIError, ValueError, TypeError) as exc:
+        log.debug("job %s: cannot read the room left: %s", job.get("user"), exc)
+        return False
+    return found["bytes_free"] < ROOM_LEFT
 
 
 def _job_text(storage_path, job, job_id, name, max_bytes=userdirs.TAIL_BYTES, offset=None):

@@ -177,6 +177,12 @@ def write_status(job_id, storage_path, user, uid, gid, status):
     return True
 
 
+def room(storage_path, user, uid, gid):
+    """Free and total bytes where the user's directory is (its quota's, where the
+    storage answers per directory), read as the user's uid."""
+    return userfs("room", uid, gid, root=users_root(storage_path), parts=[user])
+
+
 def read_tail(storage_path, user, uid, gid, job_id, stream, tail_bytes, offset=None):
     """Bytes of a job's output file, read as the job's uid."""
     return userfs("read_tail", uid, gid, root=users_root(storage_path),

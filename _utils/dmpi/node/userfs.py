@@ -54,6 +54,7 @@ __all__ = [
     "makedirs",
     "write_file",
     "read_tail",
+    "room",
     "ensure_owned_dir",
     "chown_tree",
     "run_confined",
@@ -66,7 +67,7 @@ MAX_TAIL_BYTES = 16 * 1024 * 1024
 #: Deepest tree :func:`chown_tree` walks; it holds one descriptor per level.
 MAX_TREE_DEPTH = 256
 #: Operations :func:`run_confined` accepts; the others need root.
-CONFINED_OPS = frozenset({"makedirs", "write_file", "read_tail", "prune_job_dirs"})
+CONFINED_OPS = frozenset({"makedirs", "write_file", "read_tail", "room", "prune_job_dirs"})
 #: Interpreter of the confined child; the target uid must be able to execute it.
 CHILD_PYTHON = sys.executable
 
@@ -321,6 +322,19 @@ def write_file(root, parts, name, data, mode=0o644):
             if not renamed:
                 with contextlib.suppress(OSError):
                     os.unlink(temp, dir_fd=dir_fd)
+
+
+def room(root, parts):
+    """``{"bytes_free", "bytes_total"}`` of the file system (or the quota: GlusterFS with
+    ``quota-deem-statfs`` answers a directory's own) holding ``root/parts...``, as its
+    owner may write; nothing is followed or created."""
+    with _directory(root, parts) as (fd, shown):
+        try:
+            found = os.fstatvfs(fd)
+        except OSError as exc:
+            raise _error(shown, exc) from None
+    return {"bytes_free": found.f_bavail * found.f_frsize,
+            "bytes_total": found.f_blocks * found.f_frsize}
 
 
 def read_tail(root, parts, name, max_bytes, offset=None):
@@ -636,7 +650,7 @@ def _listing(dir_fd, shown):
 
 
 _OPS = {"makedirs": makedirs, "write_file": write_file, "read_tail": read_tail,
-        "prune_job_dirs": prune_job_dirs}
+        "room": room, "prune_job_dirs": prune_job_dirs}
 _ERROR_KINDS = {"UserPathError": UserPathError, "ValueError": ValueError, "TypeError": TypeError}
 
 

@@ -87,6 +87,18 @@ def test_a_job_that_ran_out_of_room_is_told_where(code, failure, start):
         "over its quota, or /tmp is full (mpi:limits:tmp_size_mb)")
 
 
+def test_a_job_that_left_its_users_directory_full_is_told_so_without_having_said_it():
+    # Its output could not be written: the directory was full.
+    assert rules.outcome(1, {"directory_full": True}, ["python3"]) == (
+        "failed", "mpirun exited with code 1; the user's directory (/data) has no room "
+        "left: its quota is used up (mpi usage shows it) or the shared storage is full")
+    # What the job said comes first.
+    _, reason = rules.outcome(1, {"space": "Disk quota exceeded", "directory_full": True},
+                              ["python3"])
+    assert "it reported 'Disk quota exceeded'" in reason and "no room left" not in reason
+    assert rules.outcome(0, {"directory_full": True}, ["sh"]) == ("succeeded", None)
+
+
 def test_a_job_that_succeeded_is_not_told_it_ran_out_of_room():
     assert rules.outcome(0, {"space": "No space left on device"}, ["sh"]) == ("succeeded", None)
 
