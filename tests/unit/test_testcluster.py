@@ -84,6 +84,7 @@ def test_minions_silent_behind_a_broken_master_get_it_restarted_once(silent_mast
 
 def test_minions_still_silent_after_the_restart_fail_naming_them(silent_master):
     master = silent_master(answers_after_restart=10**6)
-    with pytest.raises(ClusterError, match=r"minions not answering: \['master', 'hub', 'node1'\]"):
+    with pytest.raises(ClusterError,
+                       match=r"minions not answering: \['master', 'storage', 'hub', 'node1'\]"):
         master.cluster.wait_for_minions(timeout=120)
     assert master.restarts == 1
