@@ -612,23 +612,12 @@ class _Checker:
         path = self.path("storage", "path")
         export = None
         if nfs is not None:
-            server = nfs.get("server", _MISSING)
-            if kind == "nfs" and server in ("", None):
-                self.problem("mpi:storage:nfs:server must name the NFS server when "
-                             "mpi:storage:type is nfs")
-            elif server not in ("", None, _MISSING) and not _is_host(server):
-                self.problem(f"mpi:storage:nfs:server {_shown(server)} is not a host name "
-                             "or IPv4 address")
+            self.storage_server(kind, "nfs", "NFS")
             export = self.path("storage", "nfs", "export")
             self.choice(NFS_SECURITY, "storage", "nfs", "security")
             options = nfs.get("mount_options", _MISSING)
-            if options is not _MISSING and (
-                    not isinstance(options, list)
-                    or not all(isinstance(o, str) and _MOUNT_OPTION_RE.match(o)
-                               for o in options)):
-                self.problem("mpi:storage:nfs:mount_options must be a list of mount "
-                             f"options (one per item, no commas), got {_shown(options)}")
-            elif options is not _MISSING and any(o.startswith("sec=") for o in options):
+            if self.mount_options("nfs") and options is not _MISSING and \
+                    any(o.startswith("sec=") for o in options):
                 self.problem("mpi:storage:nfs:mount_options must not hold sec=: "
                              "mpi:storage:nfs:security sets it for the export and the "
                              "mounts alike")
@@ -646,13 +635,7 @@ class _Checker:
     def check_glusterfs(self, storage, gluster):
         if storage is None or gluster is None:
             return
-        server = gluster.get("server", _MISSING)
-        if storage.get("type") == "glusterfs" and server in ("", None):
-            self.problem("mpi:storage:glusterfs:server must name the GlusterFS server when "
-                         "mpi:storage:type is glusterfs")
-        elif server not in ("", None, _MISSING) and not _is_host(server):
-            self.problem(f"mpi:storage:glusterfs:server {_shown(server)} is not a host name "
-                         "or IPv4 address")
+        self.storage_server(storage.get("type"), "glusterfs", "GlusterFS")
         self.text("storage", "glusterfs", "volume", pattern=_GLUSTER_VOLUME_RE,
                   what="a GlusterFS volume name (letters, digits, '-', '_')")
         brick = self.path("storage", "glusterfs", "brick")
@@ -677,13 +660,29 @@ class _Checker:
                     for k, v in options.items())):
             self.problem("mpi:storage:glusterfs:options must map GlusterFS volume options "
                          f"to values ({{performance.cache-size: 256MB}}), got {_shown(options)}")
-        mount_options = gluster.get("mount_options", _MISSING)
-        if mount_options is not _MISSING and (
-                not isinstance(mount_options, list)
-                or not all(isinstance(o, str) and _MOUNT_OPTION_RE.match(o)
-                           for o in mount_options)):
-            self.problem("mpi:storage:glusterfs:mount_options must be a list of mount "
-                         f"options (one per item, no commas), got {_shown(mount_options)}")
+        self.mount_options("glusterfs")
+
+    def storage_server(self, kind, part, shown):
+        """``mpi:storage:<part>:server``: required when the storage type is ``part``, a
+        host name or IPv4 address when given."""
+        server = self.get("storage", part, "server")
+        if kind == part and server in ("", None):
+            self.problem(f"mpi:storage:{part}:server must name the {shown} server when "
+                         f"mpi:storage:type is {part}")
+        elif server not in ("", None, _MISSING) and not _is_host(server):
+            self.problem(f"mpi:storage:{part}:server {_shown(server)} is not a host name "
+                         "or IPv4 address")
+
+    def mount_options(self, part):
+        """Whether ``mpi:storage:<part>:mount_options`` is missing or a list of mount
+        options (one per item, no commas); says why not."""
+        options = self.get("storage", part, "mount_options")
+        if options is _MISSING or (isinstance(options, list) and all(
+                isinstance(o, str) and _MOUNT_OPTION_RE.match(o) for o in options)):
+            return True
+        self.problem(f"mpi:storage:{part}:mount_options must be a list of mount "
+                     f"options (one per item, no commas), got {_shown(options)}")
+        return False
 
     def check_glusterfs_clients_derived(self):
         """Without clients listed, auth.allow lists every host address of the cluster
