@@ -126,8 +126,9 @@ def set_user_quotas(volume, mount, limits, test=False):
     """
     Put every user directory of the volume (``users/<name>`` under ``mount``, where this
     host mounts it) under its quota from ``limits`` (pillar ``mpi:storage:quota``:
-    ``size_mb``, ``files``, ``users``). Returns ``{user: changes}`` of the users whose
-    limits changed (or would, with ``test``).
+    ``size_mb``, ``files``, ``users``), and ``users/`` as a whole under the volume's
+    size less ``reserve_percent``. Returns ``{user: changes}`` of the users whose limits
+    changed (or would, with ``test``; ``users/`` for the whole).
 
     CLI Example:
 
@@ -141,6 +142,10 @@ def set_user_quotas(volume, mount, limits, test=False):
     except FileNotFoundError:
         return {}
     changed = {}
+    shared = glusterfs.set_users_share(volume, mount, int(limits.get("reserve_percent", 0)),
+                                       test=test)
+    if shared:
+        changed["users/"] = shared
     for name in names:
         if not quota.USER_RE.fullmatch(name) or not os.path.isdir(
                 os.path.join(users_dir, name)) or os.path.islink(os.path.join(users_dir, name)):

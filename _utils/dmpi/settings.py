@@ -127,7 +127,7 @@ _KEYS = {
                "cpus_per_slot", "tmp_size_mb"),
     "storage": ("type", "path", "nfs", "glusterfs", "quota"),
     "storage:glusterfs": ("server", "volume", "brick", "clients", "options", "mount_options"),
-    "storage:quota": ("size_mb", "files", "users"),
+    "storage:quota": ("size_mb", "files", "users", "reserve_percent"),
     "storage:nfs": ("server", "export", "mount_options", "security"),
     "retention": ("job_records_days", "job_dirs_days"),
     "fair_share": FAIR_SHARE_DURATIONS + tuple(FAIR_SHARE_WEIGHTS),
@@ -704,6 +704,8 @@ class _Checker:
             return
         for name in ("size_mb", "files"):
             self.whole("storage", "quota", name, minimum=0, note=" (0: no limit)")
+        self.whole("storage", "quota", "reserve_percent", minimum=0, maximum=99,
+                   note=" (percent of the volume; 0: none)")
         users = self.get("storage", "quota", "users")
         if users is _MISSING:
             return

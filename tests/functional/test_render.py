@@ -245,7 +245,7 @@ def test_glusterfs_volume_is_served_to_the_hosts_only_and_quotas_come_from_pilla
                    "mpi_storage.user_quotas")
     assert (quotas["name"], quotas["mount"]) == ("dockermpi", "/srv/shared")
     assert quotas["limits"] == {"size_mb": 2048, "files": 1000000,
-                                "users": {"filler": {"files": 10}}}
+                                "users": {"filler": {"files": 10}}, "reserve_percent": 5}
 
 
 def test_glusterfs_server_mounts_its_volume_before_the_node_and_lays_out_users(

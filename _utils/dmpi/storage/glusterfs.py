@@ -290,3 +290,21 @@ def set_quota(name, path, size_mb, files, test=False):
             else:
                 gluster("volume", "quota", name, "remove-objects", path)
     return changes
+
+
+def set_users_share(name, mount, reserve_percent, test=False):
+    """
+    Limit ``/users`` as a whole to the volume's size (as this host's mount at ``mount``
+    counts it) less ``reserve_percent``, so users together never fill what the nodes'
+    health probe and DockerMPI's own files need (0: no such limit). Returns the
+    changes made (or, with ``test``, those it would make).
+    """
+    if isinstance(reserve_percent, bool) or not isinstance(reserve_percent, int) or \
+            not 0 <= reserve_percent < 100:
+        raise RequestError(f"reserve_percent must be a whole number from 0 to 99, got "
+                           f"{reserve_percent!r}")
+    if not reserve_percent:
+        return set_quota(name, "/users", 0, 0, test=test)
+    found = os.statvfs(mount)
+    size_mb = (found.f_blocks * found.f_frsize >> 20) * (100 - reserve_percent) // 100
+    return set_quota(name, "/users", max(size_mb, 1), 0, test=test)

@@ -32,6 +32,6 @@ def by_user(found):
     users = {}
     for path, figures in found.items():
         parent, name = posixpath.split(posixpath.normpath(path))
-        if parent == USERS_DIR and USER_RE.fullmatch(name):
+        if parent == USERS_DIR and USER_RE.fullmatch(name):  # not /users as a whole
             users[name] = figures
     return dict(sorted(users.items()))

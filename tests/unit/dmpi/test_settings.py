@@ -585,7 +585,8 @@ def test_glusterfs_storage_needs_its_server_and_takes_quotas():
     config = settings.validate(_site(storage=gluster))
     assert config["storage"]["glusterfs"]["volume"] == "dockermpi"
     assert config["storage"]["quota"] == {"size_mb": 2048, "files": 1000000,
-                                          "users": {"filler": {"size_mb": 48}}}
+                                          "users": {"filler": {"size_mb": 48}},
+                                          "reserve_percent": 5}
     assert _problems(storage={"type": "glusterfs"}) == [
         "mpi:storage:glusterfs:server must name the GlusterFS server when "
         "mpi:storage:type is glusterfs"]
@@ -612,6 +613,8 @@ def test_glusterfs_storage_needs_its_server_and_takes_quotas():
      "mpi:storage:quota:size_mb must be a whole number of at least 0 (0: no limit), got -1"),
     ({"quota": {"files": "many"}}, "mpi:storage:quota:files must be a whole number"),
     ({"quota": {"users": ["alice"]}}, "mpi:storage:quota:users must map user names"),
+    ({"quota": {"reserve_percent": 100}},
+     "mpi:storage:quota:reserve_percent must be a whole number from 0 to 99"),
     ({"quota": {"users": {"../root": {"size_mb": 1}}}},
      "mpi:storage:quota:users has '../root', not a user name"),
     ({"quota": {"users": {"alice": {"bytes": 1}}}},

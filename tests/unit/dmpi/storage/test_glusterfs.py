@@ -71,6 +71,8 @@ def test_auth_allow_lists_every_host_address_never_the_job_pool():
     (lambda: glusterfs.ensure_volume("vol", ["host:relative"], clients=["10.0.0.5"]),
      "brick 'host:relative'"),
     (lambda: glusterfs.quota_usage("-x"), "volume name '-x'"),
+    (lambda: glusterfs.set_users_share("vol", "/srv", 100), "reserve_percent must be a whole"),
+    (lambda: glusterfs.set_users_share("vol", "/srv", True), "reserve_percent must be a whole"),
 ])
 def test_bad_arguments_are_refused_before_gluster_runs(call, message, monkeypatch):
     monkeypatch.setattr(glusterfs, "GLUSTER", "/nonexistent/gluster")
