@@ -142,8 +142,9 @@ def set_user_quotas(volume, mount, limits, test=False):
     except FileNotFoundError:
         return {}
     changed = {}
+    found = glusterfs.quota_usage(volume)  # read once for every directory
     shared = glusterfs.set_users_share(volume, mount, int(limits.get("reserve_percent", 0)),
-                                       test=test)
+                                       test=test, found=found)
     if shared:
         changed["users/"] = shared
     for name in names:
@@ -151,7 +152,8 @@ def set_user_quotas(volume, mount, limits, test=False):
                 os.path.join(users_dir, name)) or os.path.islink(os.path.join(users_dir, name)):
             continue
         size_mb, files = quota.limits(limits, name)
-        changes = glusterfs.set_quota(volume, quota.user_path(name), size_mb, files, test=test)
+        changes = glusterfs.set_quota(volume, quota.user_path(name), size_mb, files,
+                                      test=test, found=found)
         if changes:
             changed[name] = changes
     return changed

@@ -262,16 +262,20 @@ def quota_usage(name):
     return parse_quota(_quota_list(name, "list"), _quota_list(name, "list-objects"))
 
 
-def set_quota(name, path, size_mb, files, test=False):
+def set_quota(name, path, size_mb, files, test=False, found=None):
     """
     Limit ``path`` (inside the volume, e.g. ``/users/alice``, which must exist) to
     ``size_mb`` MiB and ``files`` files and directories; 0 removes that limit. Returns the
     changes made (or, with ``test``, those it would make), ``[]`` when all was so.
+    ``found``: the volume's :func:`quota_usage` when the caller read it already (one read
+    for many paths).
     """
     _check(VOLUME_RE, name, "volume name")
     _check(PATH_RE, path, "path")
     size_mb, files = _whole(size_mb, "size_mb"), _whole(files, "files")
-    have = quota_usage(name).get(path, {"bytes_limit": 0, "files_limit": 0})
+    if found is None:
+        found = quota_usage(name)
+    have = found.get(path, {"bytes_limit": 0, "files_limit": 0})
     changes = []
     size = size_mb << 20
     if have["bytes_limit"] != size:
@@ -292,19 +296,20 @@ def set_quota(name, path, size_mb, files, test=False):
     return changes
 
 
-def set_users_share(name, mount, reserve_percent, test=False):
+def set_users_share(name, mount, reserve_percent, test=False, found=None):
     """
     Limit ``/users`` as a whole to the volume's size (as this host's mount at ``mount``
     counts it) less ``reserve_percent``, so users together never fill what the nodes'
     health probe and DockerMPI's own files need (0: no such limit). Returns the
-    changes made (or, with ``test``, those it would make).
+    changes made (or, with ``test``, those it would make); ``found`` as for
+    :func:`set_quota`.
     """
     if isinstance(reserve_percent, bool) or not isinstance(reserve_percent, int) or \
             not 0 <= reserve_percent < 100:
         raise RequestError(f"reserve_percent must be a whole number from 0 to 99, got "
                            f"{reserve_percent!r}")
     if not reserve_percent:
-        return set_quota(name, "/users", 0, 0, test=test)
-    found = os.statvfs(mount)
-    size_mb = (found.f_blocks * found.f_frsize >> 20) * (100 - reserve_percent) // 100
-    return set_quota(name, "/users", max(size_mb, 1), 0, test=test)
+        return set_quota(name, "/users", 0, 0, test=test, found=found)
+    volume_fs = os.statvfs(mount)
+    size_mb = (volume_fs.f_blocks * volume_fs.f_frsize >> 20) * (100 - reserve_percent) // 100
+    return set_quota(name, "/users", max(size_mb, 1), 0, test=test, found=found)
