@@ -14,8 +14,7 @@ import shlex
 
 import pytest
 
-from tests.conftest import followed_guide, guide_hosts
-from tests.guide.guide import ADDRESSES, blocks, site_value_names, site_values
+from tests.guide.guide import ADDRESSES, GuideHosts, blocks, site_value_names, site_values
 
 IN_CI = os.environ.get("CI") == "true"
 HELLO_RE = re.compile(r"Hello, World! I am process (\d) of 4 on (node\d)\.")
@@ -40,13 +39,14 @@ def test_a_command_block_without_a_mark_is_refused():
 
 @pytest.fixture(scope="module")
 def followed():
-    """The guide's hosts after every block ran: (hosts, {line: (block, {host: output})}),
-    followed from the session's start (tests/conftest.py)."""
+    """The guide's hosts after every block ran: (hosts, {line: (block, {host: output})})."""
+    hosts = GuideHosts(log=lambda message: print(f"[guide] {message}", flush=True))
+    hosts.down()  # what a failed earlier run left (labelled: only the guide's own hosts)
+    hosts.up()
     try:
-        yield followed_guide()
+        yield hosts, {block.line: (block, outputs) for block, outputs in hosts.run()}
     finally:
-        hosts = guide_hosts()
-        if hosts is not None and os.environ.get("DMPI_GUIDE_KEEP") != "1":
+        if os.environ.get("DMPI_GUIDE_KEEP") != "1":
             hosts.down()
 
 
