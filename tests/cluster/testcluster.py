@@ -110,6 +110,23 @@ SYSTEMD_HOST_OPTIONS = {
 }
 
 
+#: A highstate of argv[1] (minion ids, comma-separated; argv[2] "True": test=True) from
+#: the master, its returns as JSON. Through LocalClient, not the salt CLI, to give
+#: minions a minute to answer whether they still run it: the test master's
+#: gather_job_timeout (2 s, for quick answers about dead nodes) drops a minion that is
+#: slow to answer on a loaded machine, and its highstate with it.
+_HIGHSTATE_CALL = """
+import json, sys, salt.client
+minions = sys.argv[1].split(",")
+kwarg = {"test": True} if sys.argv[2] == "True" else {}
+client = salt.client.LocalClient()
+try:
+    found = client.cmd(minions, "state.apply", kwarg=kwarg, tgt_type="list", timeout=600,
+                       gather_job_timeout=60)
+finally:
+    client.destroy()
+print(json.dumps(found))
+"""
 #: The hub API as the cluster reaches it (pillar/testcluster.sls mpi:hub:hub_api_url).
 HUB_API_URL = f"http://{HUB_ADDR}:8081/hub/api"
 #: One hub API call, run by python3 on the hub host: argv method, url, token, JSON body;
@@ -1172,11 +1189,11 @@ for port in map(int, sys.argv[2:]):
         return found.strip()
 
     def _highstate(self, minions, test=False):
-        argv = ["salt", "-L", ",".join(minions), "state.apply", "--timeout=600"]
-        if test:
-            argv.append("test=True")
         started = time.monotonic()
-        code, results = self.salt_json(argv)
+        _, output = self.exec("master", ["/opt/saltstack/salt/bin/python3", "-c",
+                                         _HIGHSTATE_CALL, ",".join(minions), str(test)],
+                              stdout_only=True)
+        results = json.loads(output)
         failed = {}
         for node in minions:
             states = results.get(node)
