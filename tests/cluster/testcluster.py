@@ -111,21 +111,33 @@ SYSTEMD_HOST_OPTIONS = {
 
 
 #: A highstate of argv[1] (minion ids, comma-separated; argv[2] "True": test=True) from
-#: the master, its returns as JSON. Through LocalClient, not the salt CLI, to give
-#: minions a minute to answer whether they still run it: the test master's
-#: gather_job_timeout (2 s, for quick answers about dead nodes) drops a minion that is
-#: slow to answer on a loaded machine, and its highstate with it.
+#: the master, its returns as JSON. A minion whose return the client missed (on a loaded
+#: machine a minion can be too slow to say it still runs the job, and the client gives
+#: up on it) is looked up in the master's job cache until it is there, for up to the
+#: highstate's own 600 s.
 _HIGHSTATE_CALL = """
-import json, sys, salt.client
+import json, sys, time, salt.client
 minions = sys.argv[1].split(",")
 kwarg = {"test": True} if sys.argv[2] == "True" else {}
 client = salt.client.LocalClient()
 try:
-    found = client.cmd(minions, "state.apply", kwarg=kwarg, tgt_type="list", timeout=600,
-                       gather_job_timeout=60)
+    deadline = time.monotonic() + 600
+    job = client.run_job(minions, "state.apply", kwarg=kwarg, tgt_type="list", timeout=600,
+                         listen=True)
+    returned = {}
+    for answer in client.get_cli_event_returns(job["jid"], job["minions"], 600, minions,
+                                               "list", gather_job_timeout=60):
+        for minion, data in (answer or {}).items():
+            if isinstance(data, dict) and "ret" in data:
+                returned[minion] = data["ret"]
+    while set(minions) - set(returned) and time.monotonic() < deadline:
+        time.sleep(2)
+        for minion, data in client.get_cache_returns(job["jid"]).items():
+            if minion in minions and data.get("ret") is not None:
+                returned[minion] = data["ret"]
 finally:
     client.destroy()
-print(json.dumps(found))
+print(json.dumps({m: returned.get(m, "no return in 600 s") for m in minions}))
 """
 #: The hub API as the cluster reaches it (pillar/testcluster.sls mpi:hub:hub_api_url).
 HUB_API_URL = f"http://{HUB_ADDR}:8081/hub/api"

@@ -30,12 +30,13 @@ mpi-storage-glusterfs-server-service-running:
     - require:
       - pkg: mpi-storage-glusterfs-server-package-installed
 
+{#- The brick's root is the volume's: the same mode as the volume root below. #}
 mpi-storage-glusterfs-server-brick-directory:
   file.directory:
     - name: {{ gluster.brick | json }}
     - user: root
     - group: root
-    - mode: '0700'
+    - mode: '0755'
     - makedirs: True
     - require:
       - sls: {{ tplroot }}.config
