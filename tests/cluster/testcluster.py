@@ -1159,11 +1159,11 @@ for port in map(int, sys.argv[2:]):
         raise ClusterError(f"the master does not serve the job controller: {problem}")
 
     def highstate(self, test=False):
-        """Apply highstate to the master host's and the storage host's minions (the
+        """Apply highstate to the master host's minion, then the storage host's (the
         volume exists before anyone mounts it), then to the hub and every node; returns
         {minion: {id: result}}; raises on failure."""
         started = self.started("master", "salt-master")
-        results = self._highstate(["master", "storage"], test)
+        results = self._highstate(["master"], test)
         restarting = any("mpi-api-master-restart" in key and value.get("changes")
                          for key, value in results["master"].items())
         if restarting and not test:
@@ -1175,6 +1175,8 @@ for port in map(int, sys.argv[2:]):
                     raise ClusterError("salt-master did not restart after its API changed")
                 time.sleep(0.5)
             self.wait_for_minions()
+        # After the master's restart: a return that reaches a restarting master is lost.
+        results.update(self._highstate(["storage"], test))
         minions_started = {node: self.started(node, "salt-minion") for node in self.nodes}
         results.update(self._highstate(["hub", *self.nodes], test))
         if not test:
