@@ -6,16 +6,14 @@ each user directory's quota of bytes and files set and read. Errors become Salt'
 bad argument ``SaltInvocationError``, anything gluster refuses
 ``CommandExecutionError``.
 
-:depends: gluster (Debian package glusterfs-server) for everything but
-    :func:`user_limits`
+:depends: gluster (Debian package glusterfs-server) for everything but :func:`clients`
 """
 
 import functools
-import os
 
 import dmpi.settings
 from dmpi.errors import DockerMPIError, RequestError
-from dmpi.storage import glusterfs, quota
+from dmpi.storage import glusterfs
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 __virtualname__ = "mpi_storage"
@@ -136,24 +134,4 @@ def set_user_quotas(volume, mount, limits, test=False):
 
         salt storage mpi_storage.set_user_quotas dockermpi /srv/dockermpi '{size_mb: 102400, files: 1000000}'
     """
-    users_dir = os.path.join(mount, "users")
-    try:
-        names = sorted(os.listdir(users_dir))
-    except FileNotFoundError:
-        return {}
-    changed = {}
-    found = glusterfs.quota_usage(volume)  # read once for every directory
-    shared = glusterfs.set_users_share(volume, mount, int(limits.get("reserve_percent", 0)),
-                                       test=test, found=found)
-    if shared:
-        changed["users/"] = shared
-    for name in names:
-        if not quota.USER_RE.fullmatch(name) or not os.path.isdir(
-                os.path.join(users_dir, name)) or os.path.islink(os.path.join(users_dir, name)):
-            continue
-        size_mb, files = quota.limits(limits, name)
-        changes = glusterfs.set_quota(volume, quota.user_path(name), size_mb, files,
-                                      test=test, found=found)
-        if changes:
-            changed[name] = changes
-    return changed
+    return glusterfs.set_user_quotas(volume, mount, limits, test=test)

@@ -25,6 +25,8 @@ import subprocess
 import xml.etree.ElementTree as ElementTree
 
 from dmpi.errors import DockerMPIError, RequestError
+from dmpi.node import userdirs
+from dmpi.storage import quota
 
 GLUSTER = "gluster"
 TIMEOUT = 120  # seconds one gluster command may take (a quota list walks the limits)
@@ -313,3 +315,29 @@ def set_users_share(name, mount, reserve_percent, test=False, found=None):
     volume_fs = os.statvfs(mount)
     size_mb = (volume_fs.f_blocks * volume_fs.f_frsize >> 20) * (100 - reserve_percent) // 100
     return set_quota(name, "/users", max(size_mb, 1), 0, test=test, found=found)
+
+
+def set_user_quotas(name, mount, limits, test=False):
+    """
+    Put every user directory of the volume (``users/<user>`` under ``mount``, where this
+    host mounts it; :func:`dmpi.node.userdirs.user_dirs`) under its quota from
+    ``limits`` (pillar ``mpi:storage:quota``), and ``users/`` as a whole under the
+    volume's size less ``reserve_percent`` (:func:`set_users_share`), reading the
+    volume's limits once. Returns ``{user: changes}`` of the users whose limits changed
+    (or would, with ``test``; ``users/`` for the whole), ``{}`` before ``users/`` exists.
+    """
+    if not os.path.isdir(os.path.join(mount, "users")):
+        return {}
+    found = quota_usage(name)
+    changed = {}
+    shared = set_users_share(name, mount, int(limits.get("reserve_percent", 0)),
+                             test=test, found=found)
+    if shared:
+        changed["users/"] = shared
+    for user in sorted(userdirs.user_dirs(mount)):
+        size_mb, files = quota.limits(limits, user)
+        changes = set_quota(name, quota.user_path(user), size_mb, files, test=test,
+                            found=found)
+        if changes:
+            changed[user] = changes
+    return changed
