@@ -74,8 +74,8 @@ def ensure_volume(name, bricks, clients, options=None, test=False):
 def clients(cluster_network, job_addresses, listed=None):
     """
     The addresses the volume's ``auth.allow`` lists: ``listed`` (pillar
-    ``mpi:storage:glusterfs:clients``) when given, else every address of the cluster
-    network but the job address pool (GlusterFS matches no CIDR).
+    ``mpi:storage:glusterfs:clients``) when given, else patterns matching every address
+    of the cluster network but the job address pool (``10.0.3.*`` for a whole /24).
 
     CLI Example:
 

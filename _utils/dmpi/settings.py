@@ -31,7 +31,7 @@ from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
 from dmpi.errors import ConfigError, RequestError
 from dmpi.jobs.request import parse_duration
 from dmpi.launch.probe import FLAVOUR_NAMES
-from dmpi.storage.glusterfs import MAX_CLIENT_ADDRESSES
+from dmpi.storage.glusterfs import MAX_OPTION_CHARS, address_patterns
 
 __all__ = [
     "endpoint",
@@ -650,6 +650,11 @@ class _Checker:
                                for c in clients):
             self.problem("mpi:storage:glusterfs:clients must list addresses, host names or "
                          f"GlusterFS patterns (10.0.0.*), got {_shown(clients)}")
+        elif clients and len(",".join(clients)) > MAX_OPTION_CHARS:
+            self.problem(f"mpi:storage:glusterfs:clients takes {len(','.join(clients))} "
+                         f"characters in auth.allow, more than the {MAX_OPTION_CHARS} "
+                         "glusterd saves safely: give patterns (10.0.0.*) for whole "
+                         "networks of hosts")
         elif storage.get("type") == "glusterfs" and clients == []:
             self.check_glusterfs_clients_derived()
         options = gluster.get("options", _MISSING)
@@ -685,19 +690,18 @@ class _Checker:
         return False
 
     def check_glusterfs_clients_derived(self):
-        """Without clients listed, auth.allow lists every host address of the cluster
-        network (GlusterFS matches no CIDR): too many is a problem to name now."""
+        """Without clients listed, auth.allow gets patterns of the hosts' part of the
+        cluster network (:func:`dmpi.storage.glusterfs.address_patterns`): too many of
+        them is a problem to name now."""
         try:
             networks = host_networks(self.get("cluster_network"),
                                      self.get("job_network", "addresses"))
         except (TypeError, ValueError):
             return  # named by the network checks
-        count = sum(max(ipaddress.ip_network(n).num_addresses - 2, 1) for n in networks)
-        if count > MAX_CLIENT_ADDRESSES:
-            self.problem(f"mpi:storage:glusterfs:clients must list the nodes' and the hub's "
-                         f"addresses: the hosts' part of mpi:cluster_network has {count} "
-                         f"addresses, more than the {MAX_CLIENT_ADDRESSES} GlusterFS's "
-                         "auth.allow gets when it is empty")
+        try:
+            address_patterns(networks)
+        except RequestError as exc:
+            self.problem(f"mpi:storage:glusterfs:clients must be given: {exc}")
 
     def check_quota(self, quota):
         if quota is None:

@@ -17,11 +17,14 @@ Options are set before the volume starts: a started volume whose clients' bindin
 changes drops its mounted clients.
 """
 
+import contextlib
+import fcntl
 import ipaddress
 import os
 import re
 import socket
 import subprocess
+import time
 import xml.etree.ElementTree as ElementTree
 
 from dmpi.errors import DockerMPIError, RequestError
@@ -30,6 +33,10 @@ from dmpi.storage import quota
 
 GLUSTER = "gluster"
 TIMEOUT = 120  # seconds one gluster command may take (a quota list walks the limits)
+LOCK_PATH = "/run/dockermpi-gluster.lock"
+LOCK_WAIT = 600  # seconds to wait for this host's other gluster commands
+BUSY_WAIT = 60  # seconds to retry while glusterd runs another transaction
+BUSY_RE = re.compile(r"Another transaction is in progress|Locking failed on")
 VOLUME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 BRICK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}:/[A-Za-z0-9._/-]{1,1023}\Z")
 # What a path inside the volume may hold: names DockerMPI makes (users/<name>).
@@ -41,8 +48,8 @@ REQUIRED_OPTIONS = {
     "server.allow-insecure": "off",
     "client.bind-insecure": "off",
 }
-#: The most addresses auth.allow gets from the cluster network (a /22 of hosts).
-MAX_CLIENT_ADDRESSES = 1024
+#: The longest option value set: glusterd 10.3 crashed saving one of about 4 KB.
+MAX_OPTION_CHARS = 3000
 #: Options gluster takes only once quota is enabled.
 QUOTA_OPTIONS = ("features.hard-timeout", "features.soft-timeout",
                  "features.quota-deem-statfs")
@@ -64,11 +71,29 @@ def _whole(value, what):
     return value
 
 
-def gluster(*args, check=True):
-    """Run ``gluster --mode=script <args> --xml``; the parsed ``cliOutput``. A failed
-    operation (``opRet`` not 0) raises :class:`GlusterError` with gluster's message,
-    unless ``check`` is False."""
-    argv = [GLUSTER, "--mode=script", *args, "--xml"]
+@contextlib.contextmanager
+def _one_at_a_time():
+    """Hold this host's gluster lock: glusterd refuses a second command while one runs
+    ("Another transaction is in progress"), as when new users' first jobs set their
+    quotas at once. Waits at most :data:`LOCK_WAIT` seconds."""
+    with open(LOCK_PATH, "a", encoding="utf-8") as lock:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise GlusterError(f"another gluster command held {LOCK_PATH} for "
+                                       f"{LOCK_WAIT} s") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _run(argv):
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT,
                               check=False)
@@ -77,10 +102,26 @@ def gluster(*args, check=True):
     except subprocess.TimeoutExpired:
         raise GlusterError(f"{' '.join(argv)} did not answer in {TIMEOUT} s") from None
     try:
-        root = ElementTree.fromstring(done.stdout)
+        return ElementTree.fromstring(done.stdout)
     except ElementTree.ParseError:
         raise GlusterError(f"{' '.join(argv)} exited {done.returncode}: "
                            f"{(done.stdout + done.stderr).strip()[:500]}") from None
+
+
+def gluster(*args, check=True):
+    """Run ``gluster --mode=script <args> --xml``, one command at a time on this host;
+    the parsed ``cliOutput``. While glusterd says another transaction (a peer's, or a
+    command from outside DockerMPI) is in progress, the command is run again, for at
+    most :data:`BUSY_WAIT` seconds. A failed operation (``opRet`` not 0) raises
+    :class:`GlusterError` with gluster's message, unless ``check`` is False."""
+    argv = [GLUSTER, "--mode=script", *args, "--xml"]
+    deadline = time.monotonic() + BUSY_WAIT
+    with _one_at_a_time():
+        root = _run(argv)
+        while root.findtext("opRet", "-1") != "0" and time.monotonic() < deadline and \
+                BUSY_RE.search(root.findtext("opErrstr") or ""):
+            time.sleep(0.5)
+            root = _run(argv)
     if check and root.findtext("opRet", "-1") != "0":
         raise GlusterError(f"gluster {' '.join(args)}: "
                            f"{root.findtext('opErrstr') or 'failed'}")
@@ -114,26 +155,47 @@ def volume(name):
     return parse_volume(root)
 
 
-def client_addresses(host_networks, listed=(), most=MAX_CLIENT_ADDRESSES):
+def address_patterns(networks):
+    """
+    The ``auth.allow`` patterns matching exactly the addresses of ``networks`` (IPv4
+    CIDRs): ``a.b.*`` for a network on an octet boundary, its /8, /16 or /24 pieces as
+    such patterns otherwise, and each address of a piece smaller than a /24. GlusterFS
+    is not given the CIDRs themselves: its brick matched only some of them (a /25 let
+    in an address outside it) while its ``*`` patterns always matched.
+
+    Their comma-joined length stays within :data:`MAX_OPTION_CHARS` (glusterd crashed
+    saving a longer option value), else :class:`RequestError`.
+    """
+    patterns = []
+    for network in networks:
+        network = ipaddress.IPv4Network(network)
+        boundary = next((bits for bits in (8, 16, 24) if bits >= network.prefixlen), None)
+        if boundary is None:
+            patterns += [str(address) for address in network]
+        else:
+            pieces = [network] if network.prefixlen == boundary else \
+                network.subnets(new_prefix=boundary)
+            patterns += [".".join(str(piece.network_address).split(".")[: boundary // 8])
+                         + ".*" for piece in pieces]
+        if len(",".join(patterns)) > MAX_OPTION_CHARS:
+            raise RequestError(
+                f"the hosts' part of the cluster network ({', '.join(map(str, networks))}) "
+                f"needs more than {MAX_OPTION_CHARS} characters of GlusterFS auth.allow "
+                "patterns: list the nodes' and the hub's addresses or patterns in "
+                "mpi:storage:glusterfs:clients")
+    return patterns
+
+
+def client_addresses(host_networks, listed=()):
     """
     What ``auth.allow`` lists: ``listed`` when the site gives it (addresses, host names or
-    GlusterFS wildcards), else every address of ``host_networks`` (the hosts' part of
-    the cluster network, :func:`dmpi.settings.host_networks`): GlusterFS matches no CIDR,
-    and never the job address pool. More than ``most`` addresses raise: list the hosts.
+    GlusterFS wildcards), else :func:`address_patterns` of ``host_networks`` (the hosts'
+    part of the cluster network, :func:`dmpi.settings.host_networks`): never the job
+    address pool.
     """
     if listed:
         return [str(entry) for entry in listed]
-    found = []
-    for network in host_networks:
-        network = ipaddress.ip_network(network)
-        hosts = list(network.hosts()) if network.num_addresses > 2 else list(network)
-        found += [str(address) for address in hosts[: most + 1 - len(found)]]
-        if len(found) > most:
-            raise RequestError(
-                f"the hosts' part of the cluster network has more than {most} addresses, "
-                "too many for GlusterFS's auth.allow: list the nodes' and the hub's "
-                "addresses in mpi:storage:glusterfs:clients")
-    return found
+    return address_patterns(host_networks)
 
 
 def wanted_options(options, clients):
@@ -146,6 +208,10 @@ def wanted_options(options, clients):
         if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9.-]{1,80}", key):
             raise RequestError(f"volume option {key!r} is not valid")
         wanted[key] = str(value)
+    for key, value in wanted.items():
+        if len(value) > MAX_OPTION_CHARS:
+            raise RequestError(f"volume option {key} has {len(value)} characters, more "
+                               f"than the {MAX_OPTION_CHARS} glusterd saves safely")
     return wanted
 
 

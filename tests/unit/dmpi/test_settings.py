@@ -607,8 +607,11 @@ def test_glusterfs_storage_needs_its_server_and_takes_quotas():
      "mpi:storage:glusterfs:mount_options must be a list of mount options"),
     ({"glusterfs": {"port": 1}}, "mpi:storage:glusterfs:port"),
     ({"glusterfs": {"clients": []}},
-     "mpi:storage:glusterfs:clients must list the nodes' and the hub's addresses: the "
-     "hosts' part of mpi:cluster_network has 16116 addresses"),
+     "mpi:storage:glusterfs:clients must be given: the hosts' part of the cluster network "
+     "(10.251.0.0/17, "),
+    ({"glusterfs": {"clients": [f"10.9.{n // 256}.{n % 256}" for n in range(300)]}},
+     "mpi:storage:glusterfs:clients takes 3135 characters in auth.allow, more than the "
+     "3000"),
     ({"quota": {"size_mb": -1}},
      "mpi:storage:quota:size_mb must be a whole number of at least 0 (0: no limit), got -1"),
     ({"quota": {"files": "many"}}, "mpi:storage:quota:files must be a whole number"),
@@ -625,8 +628,8 @@ def test_glusterfs_storage_needs_its_server_and_takes_quotas():
 def test_glusterfs_and_quota_settings_name_the_bad_key(storage, problem):
     storage = dict(storage, type="glusterfs")
     storage.setdefault("glusterfs", {}).setdefault("server", "10.251.1.6")
-    wide = {"cluster_network": "10.251.0.0/18",
-            "job_network": {"addresses": "10.251.63.0/24"}} if "clients" in problem else {}
+    wide = {"cluster_network": "10.251.0.0/16",
+            "job_network": {"addresses": "10.251.255.128/25"}} if "clients" in problem else {}
     found = _problems(storage=storage, **wide)
     assert len(found) == 1 and found[0].startswith(problem), found
 

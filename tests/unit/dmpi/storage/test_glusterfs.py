@@ -51,14 +51,25 @@ def test_every_required_option_is_wanted_and_the_site_adds_its_own():
         glusterfs.wanted_options({"x y": 1}, ["10.0.0.5"])
 
 
-def test_auth_allow_lists_every_host_address_never_the_job_pool():
+def test_auth_allow_matches_every_host_address_never_the_job_pool():
     networks = dmpi.settings.host_networks("10.251.1.0/24", "10.251.1.128/25")
-    found = glusterfs.client_addresses(networks)
-    assert found == [f"10.251.1.{n}" for n in range(1, 127)]
+    assert glusterfs.client_addresses(networks) == [f"10.251.1.{n}" for n in range(128)]
     assert glusterfs.client_addresses(networks, ["10.0.0.*"]) == ["10.0.0.*"]
-    wide = dmpi.settings.host_networks("10.0.0.0/16", "10.0.255.0/24")
+    # whole octets as patterns: a /16 without its last /24 is 255 of them
+    networks = dmpi.settings.host_networks("10.0.0.0/16", "10.0.255.0/24")
+    found = glusterfs.address_patterns(networks)
+    assert found == [f"10.0.{n}.*" for n in range(255)]
+    assert glusterfs.address_patterns(["10.0.0.0/8", "172.16.0.0/12"]) == \
+        ["10.*"] + [f"172.{n}.*" for n in range(16, 32)]
+    # a /16 without a /25: 255 patterns and 128 addresses, past what glusterd saves
+    wide = dmpi.settings.host_networks("10.0.0.0/16", "10.0.255.128/25")
     with pytest.raises(RequestError, match="list the nodes' and the hub's addresses"):
-        glusterfs.client_addresses(wide)
+        glusterfs.address_patterns(wide)
+
+
+def test_no_option_value_longer_than_glusterd_saves():
+    with pytest.raises(RequestError, match="volume option auth.allow has 3135 characters"):
+        glusterfs.wanted_options(None, [f"10.9.{n // 256}.{n % 256}" for n in range(300)])
 
 
 @pytest.mark.parametrize("call, message", [
@@ -78,3 +89,64 @@ def test_bad_arguments_are_refused_before_gluster_runs(call, message, monkeypatc
     monkeypatch.setattr(glusterfs, "GLUSTER", "/nonexistent/gluster")
     with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(".", r"\.")):
         call()
+
+
+FAKE_GLUSTER = """#!/bin/sh
+# A gluster that says another transaction is in progress while $STATE/busy holds a
+# count above 0, and notes when each command starts and ends.
+echo "start $$" >> "$STATE/log"
+busy=$(cat "$STATE/busy" 2>/dev/null || echo 0)
+sleep 0.2
+echo "end $$" >> "$STATE/log"
+if [ "$busy" -gt 0 ]; then
+    echo $((busy - 1)) > "$STATE/busy"
+    echo '<cliOutput><opRet>-1</opRet><opErrno>30800</opErrno><opErrstr>Another \
+transaction is in progress for dockermpi. Please try again after some time.</opErrstr>\
+</cliOutput>'
+else
+    echo '<cliOutput><opRet>0</opRet><opErrno>0</opErrno><opErrstr/></cliOutput>'
+fi
+"""
+
+
+@pytest.fixture
+def fake_gluster(tmp_path, monkeypatch):
+    program = tmp_path / "gluster"
+    program.write_text(FAKE_GLUSTER)
+    program.chmod(0o755)
+    monkeypatch.setattr(glusterfs, "GLUSTER", str(program))
+    monkeypatch.setattr(glusterfs, "LOCK_PATH", str(tmp_path / "lock"))
+    monkeypatch.setenv("STATE", str(tmp_path))
+    return tmp_path
+
+
+def test_a_command_glusterd_finds_busy_runs_again_until_it_is_taken(fake_gluster):
+    (fake_gluster / "busy").write_text("2")
+    glusterfs.gluster("volume", "quota", "dockermpi", "limit-usage", "/users/a", "1048576")
+    assert (fake_gluster / "log").read_text().count("start") == 3
+
+
+def test_busy_past_the_wait_is_an_error_naming_glusters_message(fake_gluster, monkeypatch):
+    monkeypatch.setattr(glusterfs, "BUSY_WAIT", 0.3)
+    (fake_gluster / "busy").write_text("100")
+    with pytest.raises(glusterfs.GlusterError, match="Another transaction is in progress"):
+        glusterfs.gluster("volume", "quota", "dockermpi", "enable")
+
+
+def test_commands_from_several_processes_never_overlap(fake_gluster):
+    # As the Salt minion runs each call in a process of its own.
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=glusterfs.gluster, args=("volume", "info"))
+               for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [worker.exitcode for worker in workers] == [0] * 4
+    lines = (fake_gluster / "log").read_text().split("\n")[:-1]
+    assert len(lines) == 8
+    # each start is followed by the end of the same command
+    assert all(lines[i].split()[1] == lines[i + 1].split()[1] and
+               lines[i].startswith("start") and lines[i + 1].startswith("end")
+               for i in range(0, 8, 2)), lines
