@@ -7,8 +7,10 @@ B is untouched, that A's job ends with a clear reason, that the node keeps repor
 and (fixture) that nothing of any job is left on any node.
 """
 
+import concurrent.futures
 import json
 import time
+import uuid
 
 import pytest
 import yaml
@@ -720,6 +722,23 @@ def test_a_user_who_fills_their_quota_fails_only_their_own_job(cluster, victim):
         cluster.as_user(QUOTA_USER, ["sh", "-c", "rm -rf /srv/dockermpi/users/filler/fill-* "
                                      "/srv/dockermpi/users/filler/files-*"])
         run(cluster, "mpi.cancel", job_id=b_job)
+
+
+def test_new_users_submitting_at_once_each_get_their_directory_under_its_quota(cluster,
+                                                                               victim):
+    # Each first submit makes the user's directory and sets its quota on the storage
+    # host; glusterd takes one such command at a time, and none may fail for another.
+    users = [f"newcomer-{uuid.uuid4().hex[:8]}" for _ in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(len(users)) as pool:
+        jobs = list(pool.map(lambda user: submit(cluster, user, ["true"]), users))
+    for job_id in jobs:
+        assert wait_for(cluster, job_id, FINAL, timeout=300)["state"] == "succeeded"
+    _, config = run(cluster, "mpi.settings")
+    default = config["storage"]["quota"]
+    for user in users:
+        _, usage = run(cluster, "mpi.usage", user=user)
+        assert usage["storage"][user]["bytes_limit"] == default["size_mb"] << 20, usage
+        assert usage["storage"][user]["files_limit"] == default["files"], usage
 
 
 def test_a_job_cannot_change_the_nodes_remote_start_agent(cluster, victim):
