@@ -65,6 +65,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from dmpi.jobs import store as job_store  # noqa: E402
+import figures as figures_kept  # noqa: E402
 from dmpi_bench import fmt, log, table  # noqa: E402
 
 SCOPE = "access:services!service=dockermpi"
@@ -432,15 +433,15 @@ async def main(args):
                          fmt(figures["p99"], 1), len(figures["errors"])])
             key = name.split(" ")[0] + ("_" + name.split(" ")[1] if name.startswith("serial")
                                         else f"_{concurrency}")
-            print(f"api_cpu_{key}_cpu_ms_per_call {figures['cpu_ms']:.3f}")
-            print(f"api_cpu_{key}_p95_ms {figures['p95']:.1f}")
+            figures_kept.record(f"api_cpu_{key}_cpu_ms_per_call", figures["cpu_ms"], 3)
+            figures_kept.record(f"api_cpu_{key}_p95_ms", figures["p95"], 1)
         direct = {}
         for fun in ("status", "list"):
             direct[fun] = api.ask(f"direct {fun} {args.direct}")
             if isinstance(direct[fun], str):
                 failed.append(direct[fun])
             else:
-                print(f"api_cpu_call_{fun}_cpu_ms_per_call {direct[fun]:.3f}")
+                figures_kept.record(f"api_cpu_call_{fun}_cpu_ms_per_call", direct[fun], 3)
         if args.profile:
             concurrency = max(args.concurrency)
             log(f"flat out x{concurrency} under cProfile for {args.seconds:g} s")
@@ -469,6 +470,7 @@ async def main(args):
         pstats.Stats(args.profile).sort_stats("tottime").print_stats(args.top)
     for problem in failed[:20]:
         print("error:", problem)
+    figures_kept.save(__file__, sys.argv[1:], args.short)
     return 1 if failed else 0
 
 

@@ -41,6 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import tornado.httpclient  # noqa: E402  (a dependency of Salt, in .venv)
 
+from bench import figures  # noqa: E402
 from bench.dmpi_bench import MASTER, fmt, log, run, table  # noqa: E402
 from tests.cluster.testcluster import (API_NOTEBOOK_URL, API_PUBLIC_URL,  # noqa: E402
                                        HUB_ADDR, HUB_API_URL, TestCluster, api_process,
@@ -296,9 +297,13 @@ async def main(args):
                          fmt(found["p95"], 1), fmt(found["p99"], 1), len(found["errors"]),
                          fmt(found["cpu"]), fmt(found["own"]), fmt(found["idle"]), fmt(found["loaded"]),
                          fmt(found["loaded"] / found["idle"]), found["outputs"]])
-            print(f"api_load_{count}_users_calls_per_s {found['calls_per_s']:.1f}")
-            print(f"api_load_{count}_users_p95_ms {found['p95']:.1f}")
-            print(f"api_load_{count}_users_launch_ratio {found['loaded'] / found['idle']:.2f}")
+            fifty = count == 50
+            figures.record(f"api_load_{count}_users_calls_per_s", found["calls_per_s"], 1,
+                           aim="at least 200" if fifty else "")
+            figures.record(f"api_load_{count}_users_p95_ms", found["p95"], 1,
+                           aim="under 100" if fifty else "")
+            figures.record(f"api_load_{count}_users_launch_ratio",
+                           found["loaded"] / found["idle"], 2, aim="at most 1.25" if fifty else "")
     finally:
         for name in names:
             await hub.remove(name)
@@ -306,6 +311,7 @@ async def main(args):
                  "load generator cores", "launch idle s", "launch loaded s", "ratio", "output events"], rows))
     for problem in failed[:20]:
         print("error:", problem)
+    figures.save(__file__, sys.argv[1:], args.short)
     return 1 if failed else 0
 
 

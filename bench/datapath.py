@@ -62,6 +62,7 @@ import dmpi.launch.files  # noqa: E402
 import dmpi.launch.openmpi  # noqa: E402
 import dmpi.launch.ssh  # noqa: E402  (pure Python; key generation needs cryptography)
 from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD  # noqa: E402
+import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
     FINAL, BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
     trap_sigterm, verdict, check_common_args, parse_args,
@@ -385,6 +386,13 @@ def main(argv=None):
             bw = [median([s["bandwidth_MBps"] for s in samples[k]]) for k in ("dockermpi", "host")]
             print(f"dockermpi / host: latency x{lat[0] / lat[1]:.2f}, "
                   f"bandwidth x{bw[0] / bw[1]:.2f}")
+            figures.record("datapath_dockermpi_latency_us", lat[0], 1)
+            figures.record("datapath_host_latency_us", lat[1], 1)
+            figures.record("datapath_dockermpi_bandwidth_mb_per_s", bw[0], 0)
+            figures.record("datapath_host_bandwidth_mb_per_s", bw[1], 0)
+            figures.record("datapath_latency_ratio", lat[0] / lat[1], 2, aim="at most 1.15")
+            figures.record("datapath_bandwidth_ratio", bw[0] / bw[1], 2, aim="at least 0.9")
+    figures.save(__file__, sys.argv[1:] if argv is None else argv, args.short)
     return verdict("datapath", failure, problems)
 
 

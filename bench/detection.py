@@ -55,8 +55,9 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
-    FINAL, BenchError, Jobs, Terminated, engine_jobs, fmt, log, median, run, secret_dirs, table,
+    FINAL, BenchError, Jobs, Terminated, engine_jobs, log, median, run, secret_dirs, table,
     trap_sigterm, verdict, check_common_args, parse_args,
 )
 
@@ -260,9 +261,12 @@ def main(argv=None):
         print(table(header, body))
         print()
         for row in body:
-            print(f"detection_{row[0]}_failed_median_s {fmt(row[2])}")
-            print(f"detection_{row[0]}_failed_max_s {fmt(row[3])}")
+            if row[2] is not None:
+                figures.record(f"detection_{row[0]}_failed_median_s", row[2], 2,
+                               aim="at most 2")
+                figures.record(f"detection_{row[0]}_failed_max_s", row[3], 2, aim="at most 3")
     problems = [p for r in results for p in problems_of(r, None if args.short else BOUND)]
+    figures.save(__file__, sys.argv[1:] if argv is None else argv, args.short)
     return verdict("detection", failure, problems)
 
 

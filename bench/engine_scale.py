@@ -49,6 +49,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from dmpi.jobs import store as job_store  # noqa: E402
 from dmpi.master import controller  # noqa: E402
+import figures  # noqa: E402
 from dmpi_bench import log, median, parse_args, table  # noqa: E402
 
 NODE_SLOTS = 8
@@ -250,11 +251,15 @@ def main():
         tmp.cleanup()
         rows.append([count, f"{100 * idle:.1f} %", f"{1000 * median(passes):.0f}",
                      f"{100 * busy:.1f} %", queued_left])
-        print(f"engine_idle_cpu_{count}_nodes {100 * idle:.2f} %")
-        print(f"engine_pass_{count}_nodes_ms {1000 * median(passes):.0f}")
-        print(f"engine_busy_cpu_{count}_nodes {100 * busy:.2f} %")
+        thousand = count == 1000
+        figures.record(f"engine_idle_cpu_{count}_nodes", 100 * idle, 2, "%",
+                       aim="under 5 %" if thousand else "")
+        figures.record(f"engine_pass_{count}_nodes_ms", 1000 * median(passes), 0,
+                       aim="under 200" if thousand else "")
+        figures.record(f"engine_busy_cpu_{count}_nodes", 100 * busy, 2, "%")
     print()
     print(table(["nodes", "idle CPU", "pass ms", "busy CPU", "still queued"], rows))
+    figures.save(__file__, sys.argv[1:], args.short)
 
 
 if __name__ == "__main__":

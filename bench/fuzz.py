@@ -73,6 +73,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from dmpi.contract import DATA_MOUNT, JOBS_SUBDIR  # noqa: E402
 from dmpi.jobs import request as mpi_request  # noqa: E402  (pure Python, no Salt needed)
 from dmpi.jobs import sched as mpi_sched  # noqa: E402
+import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
     FINAL, MASTER, MASTER_PYTHON, NODES, SLOTS_PER_NODE, BenchError, Jobs, Terminated, log, median, node_exec,
     node_jobs, run, table, trap_sigterm, verdict, check_common_args, parse_args,
@@ -692,6 +693,7 @@ def main(argv=None):
     except BenchError as exc:
         failure = (failure or "") + f"\ncleanup: {exc}"
 
+    args.argv = sys.argv[1:] if argv is None else argv
     return report(args, cases, results, left, failure, elapsed)
 
 
@@ -759,6 +761,8 @@ def report(args, cases, results, left, failure, elapsed):
         header.append("not sent")
         row.append(counts["not sent"])
     print(table(header, [row]))
+    figures.record("fuzz_bad_cases", counts["bad"], 0, aim="0")
+    figures.record("fuzz_left_behind", left_count, 0, aim="0")
     print()
     print(table(["hostile argument", "cases", "rejected clearly", "bad"],
                 [[arg, *per_arg[arg]] for arg in ARGS if arg in per_arg]))
@@ -782,6 +786,7 @@ def report(args, cases, results, left, failure, elapsed):
         problems.append(f"{counts['not sent']} cases were never sent")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    figures.save(__file__, args.argv, args.short)
     return verdict("fuzz", failure, problems)
 
 

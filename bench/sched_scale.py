@@ -49,6 +49,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
+import figures  # noqa: E402
 from dmpi_bench import log, median, parse_args, table  # noqa: E402
 from dmpi.jobs import fairshare  # noqa: E402
 
@@ -201,6 +202,10 @@ def main(argv=None):
           f"jobs, nodes of {NODE_SLOTS} slots, seed {args.seed}, {args.repeat} passes each (ms)")
     print(table(["figure", "nodes", "candidates", "running", "queued", "median ms", "min ms", "start",
                  "resources", "reserved", "user limit", "decisions"], rows))
+    for row in rows:
+        figures.record(row[0], row[5], 0,
+                       aim="under 200" if row[1] == 1000 and row[2] != "shared" else "")
+    figures.save(__file__, sys.argv[1:] if argv is None else argv, args.short)
     return 0
 
 

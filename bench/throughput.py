@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
     FINAL, NODES, SLOTS_PER_NODE, BenchError, Jobs, RunnerSession, Terminated, log, median,
     salt_run, table, trap_sigterm, verdict, check_common_args, parse_args,
@@ -177,7 +178,9 @@ def main(argv=None):
                               if r.get("started") and r.get("ended")]),
                       ", ".join(f"{k}={len(v)}" for k, v in sorted(by_state.items()))]]))
         if span > 0:
-            print(f"\nthroughput_np{np}_jobs_per_min {60 * len(recs) / span:.1f}")
+            print()
+            figures.record(f"throughput_np{np}_jobs_per_min", 60 * len(recs) / span, 1,
+                           aim="60")
         for state, rs in sorted(by_state.items()):
             if state != "succeeded":
                 for r in rs:
@@ -192,6 +195,7 @@ def main(argv=None):
         for node, (peak, holders) in peaks.items():
             if peak > SLOTS_PER_NODE:
                 problems.append(f"{node}: {peak} ranks at once ({holders})")
+    figures.save(__file__, sys.argv[1:] if argv is None else argv, args.short)
     return verdict("throughput", failure, problems)
 
 
