@@ -3,7 +3,9 @@
 A session that needs a fresh cluster starts building it as soon as its tests are
 collected, in a child process logging to ``CLUSTER_BUILD_LOG``; the unit, functional and
 Vagrant tests (before the integration tests in ``testpaths``) run meanwhile and the
-first integration test waits for it.
+first integration test waits for it. Once it is built, the install guide (tests/guide)
+is followed on hosts of its own in the background, at a low CPU weight, while the
+integration tests run; its tests, last in ``testpaths``, wait for it.
 """
 
 import os
@@ -74,6 +76,10 @@ def pytest_collection_finish(session):
     # be named "cluster" must not tear the cluster down.
     if any(item.get_closest_marker("cluster") for item in session.items):
         _start_cluster_build(session.config)
+        if "thread" in _build and any("followed" in getattr(item, "fixturenames", ())
+                                      for item in session.items):
+            from tests.guide.guide import FOLLOWER
+            FOLLOWER.start(after=_build["thread"])
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import docker
@@ -48,6 +49,10 @@ SHARED_PATH = "/srv/dockermpi"
 WHERE = {"every host": ["master", "hub", *NODES], "master": ["master"], "hub": ["hub"],
          "each node": NODES, "notebook": ["notebook"]}
 BLOCK_TIMEOUT = 1200  # seconds; the slowest block here (image builds) takes about 4 minutes
+#: The bare hosts' CPU weight (the test cluster's hosts have Docker's default, 1024):
+#: followed while the integration tests run, the guide takes only what they leave idle.
+CPU_SHARES = 128
+GUIDE_LOG = pathlib.Path(tempfile.gettempdir()) / "dmpi-guide.log"
 
 
 class GuideError(Exception):
@@ -169,7 +174,7 @@ class GuideHosts:
                 # The site's DNS: the hub's name (users' servers and the API's origin
                 # are names under it; the guide's checks use the hub's own).
                 extra_hosts={HUB_DOMAIN: ADDRESSES["hub"]},
-                **SYSTEMD_HOST_OPTIONS)
+                cpu_shares=CPU_SHARES, **SYSTEMD_HOST_OPTIONS)
             network.disconnect(container)
             network.connect(container, ipv4_address=address)
             container.start()
@@ -266,6 +271,54 @@ class GuideHosts:
             done.append((block, self.run_block(block, values)))
             self.log(f"  done in {time.monotonic() - started:.0f} s")
         return done
+
+
+class Follower:
+    """The guide followed once: the bare hosts brought up and every block run, in a thread
+    of its own (so a test session can follow it while other tests run), logging to
+    ``GUIDE_LOG``. ``result()`` waits for it, starting it first if nobody did."""
+
+    def __init__(self):
+        self.thread = None
+        self.hosts = None
+        self.ran = None
+        self.error = None
+
+    def start(self, after=None):
+        """Follow the guide once ``after`` (a thread, or None) has ended."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._follow, args=(after,),
+                                           name="install-guide", daemon=True)
+            self.thread.start()
+
+    def _follow(self, after):
+        if after is not None:
+            after.join()
+        with open(GUIDE_LOG, "w", encoding="utf-8") as log:
+            def say(message):
+                log.write(f"[guide {time.strftime('%H:%M:%S')}] {message}\n")
+                log.flush()
+
+            try:
+                self.hosts = GuideHosts(log=say)
+                self.hosts.down()  # what a failed earlier run left (only the guide's own)
+                self.hosts.up()
+                self.ran = self.hosts.run()
+            except Exception as exc:  # pylint: disable=broad-except
+                say(f"failed: {type(exc).__name__}: {exc}")
+                self.error = exc
+
+    def result(self):
+        """(hosts, [(block, {host: output})]) once the guide was followed to its end."""
+        self.start()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.hosts, self.ran
+
+
+#: This process's one following of the guide (tests/conftest.py may start it early).
+FOLLOWER = Follower()
 
 
 def main(argv=None):

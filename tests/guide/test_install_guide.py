@@ -14,7 +14,8 @@ import shlex
 
 import pytest
 
-from tests.guide.guide import ADDRESSES, GuideHosts, blocks, site_value_names, site_values
+from tests.guide.guide import (ADDRESSES, FOLLOWER, GUIDE_LOG, blocks, site_value_names,
+                               site_values)
 
 IN_CI = os.environ.get("CI") == "true"
 HELLO_RE = re.compile(r"Hello, World! I am process (\d) of 4 on (node\d)\.")
@@ -39,15 +40,17 @@ def test_a_command_block_without_a_mark_is_refused():
 
 @pytest.fixture(scope="module")
 def followed():
-    """The guide's hosts after every block ran: (hosts, {line: (block, {host: output})})."""
-    hosts = GuideHosts(log=lambda message: print(f"[guide] {message}", flush=True))
-    hosts.down()  # what a failed earlier run left (labelled: only the guide's own hosts)
-    hosts.up()
+    """The guide's hosts after every block ran: (hosts, {line: (block, {host: output})}).
+    Followed in the background while the integration tests run when tests/conftest.py
+    started it, else here."""
     try:
-        yield hosts, {block.line: (block, outputs) for block, outputs in hosts.run()}
+        hosts, ran = FOLLOWER.result()
+        yield hosts, {block.line: (block, outputs) for block, outputs in ran}
     finally:
-        if os.environ.get("DMPI_GUIDE_KEEP") != "1":
-            hosts.down()
+        if GUIDE_LOG.exists():
+            print(GUIDE_LOG.read_text(encoding="utf-8", errors="replace"))
+        if FOLLOWER.hosts is not None and os.environ.get("DMPI_GUIDE_KEEP") != "1":
+            FOLLOWER.hosts.down()
 
 
 def _outputs(ran, where, containing):
