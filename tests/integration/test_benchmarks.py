@@ -56,6 +56,14 @@ def test_fuzz_short_mode_runs_and_prints_its_figures(cluster):
 
 
 @pytest.mark.cluster
+def test_job_cost_short_mode_runs_and_prints_its_figures(cluster):
+    output = _bench(["bench/job_cost.py", "--short"])
+    for figure in ("job_cost_dockermpi_core_s", "job_cost_minimal_core_s", "job_cost_ratio"):
+        assert figure in output, output
+    assert "part (core-s; wall in s)" in output, output
+
+
+@pytest.mark.cluster
 def test_launch_overhead_short_mode_runs_and_prints_its_figures(cluster):
     output = _bench(["bench/launch_overhead.py", "--short"])
     for figure in ("launch_overhead_salt_run_3_nodes_s", "launch_overhead_api_3_nodes_s",
