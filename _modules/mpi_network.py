@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import re
 
+import dmpi.pingpong
 from dmpi.errors import NodeError
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -451,3 +452,87 @@ def absent(name):
     with _docker_errors(f"remove Docker network {name}"):
         network.remove()
     return {"removed": current}
+
+
+# ------------------------------------------------------------ the self-test's host side
+
+_PINGPONG_MAX_BYTES = 64 << 20
+_PINGPONG_MAX_ITERS = 1_000_000
+
+
+def _pingpong_args(address, port, timeout, **counts):
+    try:
+        ipaddress.IPv4Address(address)
+    except (ipaddress.AddressValueError, ValueError):
+        raise SaltInvocationError(f"address must be an IPv4 address, not {address!r}") from None
+    limits = {"port": (1, 65535), "timeout": (1, 600), "size": (1, _PINGPONG_MAX_BYTES),
+              "max_bytes": (1, _PINGPONG_MAX_BYTES), "lat_iters": (1, _PINGPONG_MAX_ITERS),
+              "bw_iters": (1, _PINGPONG_MAX_ITERS)}
+    checked = {}
+    for name, value in dict(counts, port=port, timeout=timeout).items():
+        low, high = limits[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise SaltInvocationError(f"{name} must be a whole number from {low} to {high}, "
+                                      f"not {value!r}")
+        checked[name] = value
+    return checked
+
+
+def pingpong_echo(address, port, max_bytes, timeout=60):
+    """
+    Listen on this host's ``address:port`` and echo the messages of one connection of
+    the network self-test's TCP ping-pong (:mod:`dmpi.pingpong`) until it closes: the
+    host side of ``salt-run mpi.selftest``. Returns how many messages it echoed.
+
+    address
+        This host's address on the cluster network.
+    port
+        A port the node firewall accepts from the cluster network (the self-test uses
+        the top of ``mpi:ports:btl``).
+    max_bytes
+        The longest message accepted.
+    timeout
+        Seconds to wait for the connection, and for each message.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node2 mpi_network.pingpong_echo 10.251.1.12 20999 4194304
+    """
+    args = _pingpong_args(address, port, timeout, max_bytes=max_bytes)
+    try:
+        listener = dmpi.pingpong.listen(address, args["port"], args["timeout"])
+        with listener:
+            return dmpi.pingpong.echo(listener, args["max_bytes"], args["timeout"])
+    except (OSError, ValueError) as exc:
+        raise CommandExecutionError(f"ping-pong echo on {address}:{port}: {exc}") from exc
+
+
+def pingpong(address, port, size, lat_iters, bw_iters, connect_timeout=30):
+    """
+    Time the network self-test's TCP ping-pong (:mod:`dmpi.pingpong`) from this host to
+    the echo at ``address:port`` (``mpi_network.pingpong_echo`` on the other host):
+    ``{latency_us, bandwidth_mb_per_s}``.
+
+    size
+        Bytes of the bandwidth messages.
+    lat_iters, bw_iters
+        Round trips of 1 byte and of ``size`` bytes (after a tenth as many for warm-up).
+    connect_timeout
+        Seconds to keep trying to connect while the echo starts.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node1 mpi_network.pingpong 10.251.1.12 20999 4194304 2000 20
+    """
+    args = _pingpong_args(address, port, connect_timeout, size=size, lat_iters=lat_iters,
+                          bw_iters=bw_iters)
+    try:
+        with dmpi.pingpong.connect(address, args["port"], args["timeout"]) as sock:
+            return dmpi.pingpong.measure(sock, args["size"], args["lat_iters"],
+                                         args["bw_iters"])
+    except OSError as exc:
+        raise CommandExecutionError(f"ping-pong to {address}:{port}: {exc}") from exc

@@ -27,7 +27,7 @@ import signal
 
 from dmpi.errors import DockerMPIError, RequestError
 from dmpi.jobs import mpijob as mpi_operator
-from dmpi.master import admin_calls, user_calls
+from dmpi.master import admin_calls, selftest as network_selftest, user_calls
 from dmpi.master.site import Site
 
 __virtualname__ = "mpi"
@@ -413,6 +413,45 @@ def nodes():
         salt-run mpi.nodes
     """
     return _answer(admin_calls.nodes, _site())
+
+
+def selftest(nodes=None, size=None, lat_iters=None, bw_iters=None):
+    """
+    Test the network between every pair of MPI nodes, and within each node: a
+    ping-pong through job namespaces (a real job of the self-test's user on the image
+    ``mpi:selftest:image``: MPI and TCP between its two ranks) beside a TCP ping-pong
+    between the nodes' hosts, one pair at a time. Flags a pair whose job failed, whose
+    job TCP bandwidth is below ``mpi:selftest:min_bandwidth_mb_per_s`` or far below the
+    median of its kind (``mpi:selftest:far_below`` times it), or below
+    ``mpi:selftest:min_ratio`` times the hosts'. The last result shows in ``mpi.nodes``.
+    Other jobs keep running meanwhile; the self-test's jobs queue like any job, so run it
+    on an idle cluster for figures that mean something.
+
+    nodes
+        Which nodes (a list or comma-separated ids); default every MPI node reporting.
+    size
+        Bandwidth message bytes (default ``mpi:selftest:size``, 4 MiB).
+    lat_iters, bw_iters
+        Round trips of 1 byte and of ``size`` bytes (defaults 2000 and 20).
+
+    Returns ``passed``, ``matrix`` (a line per pair: job MPI and TCP latency in us and
+    bandwidth in MB/s, host TCP, their bandwidth ratio, the result) and ``pairs`` with
+    every figure; ``salt-run`` exits with 1 when a pair is flagged.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run mpi.selftest
+        salt-run mpi.selftest nodes=node1,node2 size=1048576
+    """
+    report = _answer(network_selftest.run, _site(), _admin(), nodes=nodes, size=size,
+                     lat_iters=lat_iters, bw_iters=bw_iters)
+    if "error" in report:
+        return report
+    if not report["passed"]:
+        __context__["retcode"] = 1
+    return dict(report, matrix=network_selftest.matrix(report).splitlines())
 
 
 def drain(node, reason=None):

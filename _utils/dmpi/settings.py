@@ -99,6 +99,12 @@ QUEUE_ORDERS = ("fair", "fifo")
 FAIR_SHARE_DURATIONS = ("half_life", "max_age")
 FAIR_SHARE_WEIGHTS = {"weight_fairshare": (0, 1_000_000), "weight_age": (0, 1_000_000)}
 
+#: The network self-test's settings (``mpi:selftest``, ``dmpi.master.selftest``): whole
+#: numbers with their bounds, and thresholds (0 or more; 0 turns that check off).
+SELFTEST_COUNTS = {"size": (1, 64 << 20), "lat_iters": (1, 1_000_000),
+                   "bw_iters": (1, 1_000_000)}
+SELFTEST_THRESHOLDS = ("min_bandwidth_mb_per_s", "far_below", "min_ratio")
+
 #: Per-user limits of the user API (``mpi:api:limits``).
 API_LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes",
               "wait_seconds")
@@ -115,7 +121,7 @@ _PEM_KINDS = {"cert": ("CERTIFICATE",), "ca": ("CERTIFICATE",),
 #: defaults.yaml are read by ``dmpi.jobs.request`` when a site sets them).
 _KEYS = {
     "": ("users", "guest", "cluster_network", "ports", "slots_per_node", "placement",
-         "queue_order", "fair_share", "limits",
+         "queue_order", "fair_share", "selftest", "limits",
          "retention", "storage", "docker", "job_network", "images", "image_facts", "job_root",
          "firewall", "hub", "api", "engine"),
     "users": ("uid_min", "uid_max"),
@@ -131,6 +137,7 @@ _KEYS = {
     "storage:nfs": ("server", "export", "mount_options", "security"),
     "retention": ("job_records_days", "job_dirs_days"),
     "fair_share": FAIR_SHARE_DURATIONS + tuple(FAIR_SHARE_WEIGHTS),
+    "selftest": ("user", "image", *SELFTEST_COUNTS, *SELFTEST_THRESHOLDS),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries",
                "registry_credentials"),
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
@@ -310,7 +317,7 @@ class _Checker:
         self.out = copy.deepcopy(self.config)
         sections = {}
         for section in ("users", "guest", "ports", "limits", "retention", "fair_share",
-                        "storage", "docker", "job_network", "firewall"):
+                        "selftest", "storage", "docker", "job_network", "firewall"):
             sections[section] = self.mapping(section)
         self.keys("", self.out)
         for section, value in sections.items():
@@ -342,6 +349,7 @@ class _Checker:
                 self.duration("fair_share", name)
             for name, (low, high) in FAIR_SHARE_WEIGHTS.items():
                 self.whole("fair_share", name, minimum=low, maximum=high)
+        self.check_selftest(sections["selftest"])
         self.check_storage(sections["storage"], nfs)
         self.check_glusterfs(sections["storage"], gluster)
         self.check_quota(quota)
@@ -414,6 +422,18 @@ class _Checker:
         if not _is_int(value) or (minimum is not None and value < minimum) or (
                 maximum is not None and value > maximum):
             self.problem(f"{_key(*path)} must be a whole number{bounds}{note}, "
+                         f"got {_shown(value)}")
+            return None
+        return value
+
+    def number(self, *path, minimum=0):
+        """A finite number at ``path`` of at least ``minimum``, or None after a problem."""
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value < minimum:
+            self.problem(f"{_key(*path)} must be a number of at least {minimum}, "
                          f"got {_shown(value)}")
             return None
         return value
@@ -604,6 +624,17 @@ class _Checker:
                              f"rank), got {_shown(value)}")
             else:
                 self.put(("limits", "cpus_per_slot"), float(value))
+
+    def check_selftest(self, selftest):
+        if selftest is None:
+            return
+        self.text("selftest", "user", pattern=USER_RE, what="a DockerMPI user name")
+        self.text("selftest", "image", pattern=IMAGE_NAME_RE,
+                  what="an image short name (a key of mpi:images)")
+        for name, (low, high) in SELFTEST_COUNTS.items():
+            self.whole("selftest", name, minimum=low, maximum=high)
+        for name in SELFTEST_THRESHOLDS:
+            self.number("selftest", name)
 
     def check_storage(self, storage, nfs):
         if storage is None:

@@ -212,3 +212,64 @@ def test_a_node_whose_storage_is_not_writable_is_not_scheduled(cluster):
     # Healthy again within the node's next health look: both start, node3 included.
     assert wait_for(cluster, pinned, ("succeeded",), 60)["placement"] == {"node3": 1}
     assert "node3" in wait_for(cluster, spread, ("succeeded",), 60)["placement"]
+
+
+# ------------------------------------------------------------------ network self-test
+
+#: A hostile user's job: connects to the self-test's port on every node's host (and
+#: the master's) for as long as it runs, and counts what it reached. argv: the port,
+#: seconds, then the addresses.
+PROBE_HOSTS = r"""
+import socket, sys, time
+port, seconds, addresses = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+reached, tries = [], 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for address in addresses:
+        tries += 1
+        try:
+            socket.create_connection((address, port), timeout=0.3).close()
+            reached.append(address)
+        except OSError:
+            pass
+    time.sleep(0.05)
+print("PROBED", tries, "REACHED", sorted(set(reached)))
+"""
+
+
+def test_the_network_self_test_measures_every_pair_and_a_users_job_cannot_reach_it(cluster):
+    from tests.cluster.testcluster import MASTER_ADDR, node_address
+
+    port = 20999  # the top of mpi:ports:btl, where the self-test's ping-pongs meet
+    hosts = [node_address(i) for i in range(1, len(cluster.nodes) + 1)] + [MASTER_ADDR]
+    # While the self-test runs, a user's job on node3 keeps knocking on that port of
+    # every host: from a job's namespace no host port is reachable, so it neither
+    # meets an echo nor spoils a figure (node3's own pair waits for its slots).
+    hostile = submit(cluster, np=1, nodes="node3", user="maint-knocker", walltime="2m",
+                     cmd=["python3", "-c", PROBE_HOSTS, str(port), "12", *hosts])
+    wait_for(cluster, hostile, ("running",), 60)
+    code, report = run(cluster, "mpi.selftest", lat_iters=200, bw_iters=4, size=1 << 20)
+    print("\n".join(report.get("matrix", [])) or report)
+    assert "error" not in report, report
+    assert code == (0 if report["passed"] else 1), (code, report["passed"])
+    nodes = sorted(cluster.nodes)
+    expected = [[n, n] for n in nodes] + [[a, b] for i, a in enumerate(nodes)
+                                         for b in nodes[i + 1:]]
+    assert [p["pair"] for p in report["pairs"]] == expected
+    for pair in report["pairs"]:
+        # Figures for every pair; a flag under load (far below the median) is allowed,
+        # a failed job or a host side that did not answer is not.
+        assert pair["job"] and pair["host"], pair
+        for figures in (pair["job"]["mpi"], pair["job"]["tcp"], pair["host"]):
+            assert figures["latency_us"] > 0 and figures["bandwidth_mb_per_s"] > 0, pair
+        assert not [p for p in pair["problems"] if "median" not in p], pair
+    shown = run(cluster, "mpi.nodes")[1]
+    for node in nodes:
+        assert shown[node]["selftest"]["at"] == report["started"], shown[node]
+    # Its jobs ran as the self-test's own user and are gone.
+    listed = run(cluster, "mpi.list", user="dockermpi-selftest")[1]
+    mine = [j for j in listed if j["job_id"] in {p["job_id"] for p in report["pairs"]}]
+    assert len(mine) == len(expected) and {j["state"] for j in mine} == {"succeeded"}, listed
+    knocked = wait_for(cluster, hostile, ("succeeded",), 60)
+    out = cluster.read_shared(knocked["output"]["stdout"])
+    assert "REACHED []" in out and "PROBED 0" not in out, out

@@ -19,6 +19,7 @@ from dmpi.contract import ACTIVE
 from dmpi.errors import ClusterError, RequestError, StoreError
 from dmpi.jobs import request as job_request
 from dmpi.jobs import rules
+from dmpi.master import selftest
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def nodes(site):
     drains = store.drains()
     silent = store.get_meta("silent_nodes", {})
     jobs = store.jobs(ACTIVE)
+    tested = selftest.last(store)
     result = {}
     for node in sorted(set(site.mpi_nodes()) | set(seen)):
         info = seen.get(node)
@@ -64,6 +66,7 @@ def nodes(site):
             "eligible": problem is None,
             "not_eligible_because": problem,
             "silent": silent.get(node),
+            "selftest": selftest.node_summary(tested, node),
         }
     return result
 

@@ -151,7 +151,7 @@ CASES = [
     # structure
     ({"slot_per_node": 4},
      "mpi:slot_per_node is not a DockerMPI setting (the keys of mpi are: users, guest, "
-     "cluster_network, ports, slots_per_node, placement, queue_order, fair_share, limits, retention, storage, "
+     "cluster_network, ports, slots_per_node, placement, queue_order, fair_share, selftest, limits, retention, storage, "
      "docker, job_network, images, image_facts, job_root, firewall, hub, api, engine)"),
     ({"placement": "random"}, "mpi:placement must be one of pack, spread, got 'random'"),
     ({"placement": ["spread"]}, "mpi:placement must be one of pack, spread, got ['spread']"),
