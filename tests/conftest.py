@@ -1,11 +1,12 @@
 """Shared fixtures: the real test cluster (tests/cluster), brought up once per session.
 
 A session that needs a fresh cluster starts building it as soon as its tests are
-collected, in a child process logging to ``CLUSTER_BUILD_LOG``; the unit, functional and
-Vagrant tests (before the integration tests in ``testpaths``) run meanwhile and the
-first integration test waits for it. Once it is built, the install guide (tests/guide)
-is followed on hosts of its own in the background, at a low CPU weight, while the
-integration tests run; its tests, last in ``testpaths``, wait for it.
+collected, in a child process logging to ``CLUSTER_BUILD_LOG``; the unit and functional
+tests (before the integration tests in ``testpaths``) run meanwhile and the first
+integration test waits for it. Once it is built, the Vagrant cycle
+(tests/vagrant) and then the install guide (tests/guide, its hosts at a low CPU weight)
+run in the background while the integration tests run; their tests, after those in
+``testpaths``, wait for them (tests/background.py).
 """
 
 import os
@@ -76,10 +77,26 @@ def pytest_collection_finish(session):
     # be named "cluster" must not tear the cluster down.
     if any(item.get_closest_marker("cluster") for item in session.items):
         _start_cluster_build(session.config)
-        if "thread" in _build and any("followed" in getattr(item, "fixturenames", ())
-                                      for item in session.items):
-            from tests.guide.guide import FOLLOWER
-            FOLLOWER.start(after=_build["thread"])
+        if "thread" in _build:
+            _start_beside_integration_tests(session.items)
+
+
+def _start_beside_integration_tests(items):
+    """The Vagrant cycle, then the install guide, in the background once the cluster is
+    built, when this session runs their tests (after the integration tests in
+    ``testpaths``): one at a time, so the integration tests share the machine with one."""
+    names = {item.name for item in items}
+    wanted = []
+    if "test_vagrant_up_runs_a_job_over_every_node_and_destroy_leaves_nothing" in names:
+        from tests.vagrant.test_vagrant import VAGRANT_CYCLE
+        wanted.append(VAGRANT_CYCLE)
+    if any("followed" in getattr(item, "fixturenames", ()) for item in items):
+        from tests.guide.guide import FOLLOWER
+        wanted.append(FOLLOWER)
+    after = _build["thread"]
+    for part in wanted:
+        part.start(after=after)
+        after = part.thread
 
 
 @pytest.fixture(scope="session")

@@ -24,13 +24,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import docker
 import docker.errors
 
 from tests import docblocks
+from tests.background import Background
 from tests.cluster.testcluster import (CACHE, REPO, SYSTEMD_HOST_OPTIONS, WHEELHOUSE,
                                        TestCluster, wait_for_systemd)
 
@@ -273,27 +273,17 @@ class GuideHosts:
         return done
 
 
-class Follower:
-    """The guide followed once: the bare hosts brought up and every block run, in a thread
-    of its own (so a test session can follow it while other tests run), logging to
-    ``GUIDE_LOG``. ``result()`` waits for it, starting it first if nobody did."""
+class Follower(Background):
+    """The guide followed once: the bare hosts brought up and every block run, logging
+    to ``GUIDE_LOG``; ``result()`` is ``(hosts, [(block, {host: output})])``."""
+
+    name = "install-guide"
 
     def __init__(self):
-        self.thread = None
+        super().__init__()
         self.hosts = None
-        self.ran = None
-        self.error = None
 
-    def start(self, after=None):
-        """Follow the guide once ``after`` (a thread, or None) has ended."""
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._follow, args=(after,),
-                                           name="install-guide", daemon=True)
-            self.thread.start()
-
-    def _follow(self, after):
-        if after is not None:
-            after.join()
+    def run(self):
         with open(GUIDE_LOG, "w", encoding="utf-8") as log:
             def say(message):
                 log.write(f"[guide {time.strftime('%H:%M:%S')}] {message}\n")
@@ -303,18 +293,10 @@ class Follower:
                 self.hosts = GuideHosts(log=say)
                 self.hosts.down()  # what a failed earlier run left (only the guide's own)
                 self.hosts.up()
-                self.ran = self.hosts.run()
-            except Exception as exc:  # pylint: disable=broad-except
+                return self.hosts, self.hosts.run()
+            except Exception as exc:
                 say(f"failed: {type(exc).__name__}: {exc}")
-                self.error = exc
-
-    def result(self):
-        """(hosts, [(block, {host: output})]) once the guide was followed to its end."""
-        self.start()
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.hosts, self.ran
+                raise
 
 
 #: This process's one following of the guide (tests/conftest.py may start it early).
