@@ -227,7 +227,7 @@ def main(argv=None):
     jobs = Jobs(args.user)
     session = None
     samples = {"dockermpi": [], "minimal": []}
-    failure, problems = None, []
+    failure, problems, notes = None, [], []
     try:
         stale = datapath.remove_host_side()
         if stale:
@@ -279,10 +279,21 @@ def main(argv=None):
         cost = {side: median([n["cluster"] for n in net[side]]) for side in net}
         figures.record("job_cost_dockermpi_core_s", cost["dockermpi"], 2, "core-s")
         figures.record("job_cost_minimal_core_s", cost["minimal"], 2, "core-s")
-        if cost["minimal"] > 0:
+        if min(cost.values()) > 0:
             figures.record("job_cost_ratio", cost["dockermpi"] / cost["minimal"], 2,
                            aim="at most 1.3")
-    figures.save(__file__, sys.argv[1:] if argv is None else argv, args.short)
+        else:
+            # Something beside the benchmark used the machine unevenly (CI runs other
+            # tests beside the short mode): no ratio is measured.
+            print("job_cost_ratio nan", flush=True)
+            busy = (f"once the idle use was taken out, a side measured {min(cost.values()):.2f} "
+                    "core-s: the machine was busy beside the benchmark; run it alone")
+            (notes if args.short else problems).append(busy)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    # A run that went wrong keeps no figure.
+    figures.save(__file__, sys.argv[1:] if argv is None else argv,
+                 args.short or failure is not None or bool(problems))
     return verdict("job_cost", failure, problems)
 
 
