@@ -25,6 +25,7 @@ import re
 
 import dmpi.pingpong
 from dmpi.errors import NodeError
+from dmpi.settings import SELFTEST_COUNTS
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
@@ -456,18 +457,14 @@ def absent(name):
 
 # ------------------------------------------------------------ the self-test's host side
 
-_PINGPONG_MAX_BYTES = 64 << 20
-_PINGPONG_MAX_ITERS = 1_000_000
-
-
 def _pingpong_args(address, port, timeout, **counts):
     try:
         ipaddress.IPv4Address(address)
     except (ipaddress.AddressValueError, ValueError):
         raise SaltInvocationError(f"address must be an IPv4 address, not {address!r}") from None
-    limits = {"port": (1, 65535), "timeout": (1, 600), "size": (1, _PINGPONG_MAX_BYTES),
-              "max_bytes": (1, _PINGPONG_MAX_BYTES), "lat_iters": (1, _PINGPONG_MAX_ITERS),
-              "bw_iters": (1, _PINGPONG_MAX_ITERS)}
+    # The self-test's own bounds (mpi:selftest), so a value pillar allows is never refused.
+    limits = dict(SELFTEST_COUNTS, port=(1, 65535), timeout=(1, 600),
+                  max_bytes=SELFTEST_COUNTS["size"])
     checked = {}
     for name, value in dict(counts, port=port, timeout=timeout).items():
         low, high = limits[name]

@@ -159,7 +159,7 @@ def parse_output(text):
 
 
 def flag(results, opts):
-    """Set ``problems`` on each pair's result (a list, empty when it passed)."""
+    """Add to each pair's ``problems`` (a list, made when missing) what flags it."""
     medians = {}
     for within in (True, False):
         found = [r["job"]["tcp"]["bandwidth_mb_per_s"] for r in results
@@ -240,8 +240,8 @@ def _host_pair(site, opts, port, addresses, a, b):
 
 
 def run(site, caller, nodes=None, size=None, lat_iters=None, bw_iters=None):
-    """Test every pair of ``nodes`` (default: every MPI node that takes jobs now); the
-    result, also kept for :func:`last`."""
+    """Test every pair of ``nodes`` (default: every MPI node reporting now); the result,
+    also kept for :func:`last`."""
     all_nodes = site.mpi_nodes_required()
     config = site.node_settings(all_nodes[0])
     opts = options(config, size=size, lat_iters=lat_iters, bw_iters=bw_iters)
@@ -265,15 +265,13 @@ def run(site, caller, nodes=None, size=None, lat_iters=None, bw_iters=None):
         result = {"pair": [a, b]}
         result["job_id"], result["job"], job_error = _job_pair(site, caller, opts, port, a, b)
         result["host"], host_error = _host_pair(site, opts, port, addresses, a, b)
-        result["errors"] = [e for e in (job_error, host_error) if e]
+        result["problems"] = [e for e in (job_error, host_error) if e]
         if result["job"] and result["host"]:
             result["ratio"] = round(result["job"]["tcp"]["bandwidth_mb_per_s"]
                                     / result["host"]["bandwidth_mb_per_s"], 3)
         results.append(result)
     flag(results, opts)
     for result in results:
-        result["problems"] = result["errors"] + result["problems"]
-        del result["errors"]
         result["passed"] = not result["problems"]
     report = {
         "started": started, "seconds": round(time.time() - started, 1),
