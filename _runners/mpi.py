@@ -449,9 +449,10 @@ def selftest(nodes=None, size=None, lat_iters=None, bw_iters=None):
                      lat_iters=lat_iters, bw_iters=bw_iters)
     if "error" in report:
         return report
-    if not report["passed"]:
-        __context__["retcode"] = 1
-    return dict(report, matrix=network_selftest.matrix(report).splitlines())
+    # salt-run takes its exit code from the answer's retcode; __context__ marks the job
+    retcode = 0 if report["passed"] else 1
+    __context__["retcode"] = retcode
+    return dict(report, matrix=network_selftest.matrix(report).splitlines(), retcode=retcode)
 
 
 def drain(node, reason=None):

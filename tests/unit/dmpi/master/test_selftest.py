@@ -251,3 +251,16 @@ def test_the_minions_echo_and_ping_pong_meet():
     thread.join(10)
     assert set(found) == {"latency_us", "bandwidth_mb_per_s"}
     assert answered["echoed"] == (2 + 20) + (2 + 3)
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_salt_run_exits_1_exactly_when_a_pair_is_flagged(tmp_path, monkeypatch, passed):
+    # salt-run reads its exit code from the answer's retcode, not from __context__
+    runner = load_extension("_runners/mpi.py", "mpi_runner_selftest")
+    monkeypatch.setattr(runner, "_SITE", [RecordingSite(tmp_path)])
+    monkeypatch.setattr(runner, "__context__", {}, raising=False)
+    monkeypatch.setattr(runner, "__user__", "root", raising=False)
+    monkeypatch.setattr(selftest, "run", lambda site, caller, **kw: dict(_report(), passed=passed))
+    answer = runner.selftest()
+    assert answer["retcode"] == runner.__context__["retcode"] == (0 if passed else 1)
+    assert answer["passed"] is passed and answer["matrix"][0].startswith("pair")
