@@ -9,7 +9,10 @@ dockermpi
     rank 0 in the job's launcher container on node1, rank 1 in its worker on node2, each
     in the job's own network namespace with an address on the Docker macvlan network
     (``job_addresses``), behind the job's own iptables. Figures come from the job's
-    stdout. Each repeat is a new job.
+    stdout. Each repeat is a new job, waited for with one ``mpi.wait`` that blocks in
+    the master, then until its clean-up is done: nothing of this script runs beside the
+    ping-pong (a salt-run polling ``mpi.status`` twice a second took enough of this
+    2-core machine to halve the job's bandwidth).
 host
     host networking as DockerMPI used before: one container of the same approved image
     (pillar ``mpi:images:mpi``) on each of node1 and node2, started by this script with
@@ -64,7 +67,7 @@ import dmpi.launch.ssh  # noqa: E402  (pure Python; key generation needs cryptog
 from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD  # noqa: E402
 import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
-    FINAL, BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
+    BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
     trap_sigterm, verdict, check_common_args, parse_args,
 )
 
@@ -146,7 +149,7 @@ def parse(stdout, where):
 def dockermpi_once(jobs, args):
     job_id = jobs.submit(2, program(args), nodes=",".join(PAIR), slots_per_node=1,
                          walltime=f"{T_JOB}s")
-    job = jobs.wait_state(job_id, FINAL, T_JOB + 60, poll=0.5)
+    job = jobs.wait_closed(job_id, T_JOB + 60)
     if job["state"] != "succeeded":
         raise BenchError(f"job {job_id} ended {job['state']}: {job.get('reason')}")
     if job.get("placement") != {n: 1 for n in PAIR}:

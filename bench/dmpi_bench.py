@@ -266,6 +266,29 @@ class Jobs:
             time.sleep(poll)
 
     @staticmethod
+    def wait_end(job_id, timeout):
+        """The job's record once its state is final, or as it is after ``timeout``
+        seconds: one ``mpi.wait`` blocking in the master. Polling ``mpi.status`` instead
+        would start a salt-run every moment, CPU taken from the job being timed."""
+        code, job = salt_run("mpi.wait", job_id, f"timeout={timeout}", timeout=timeout + T_SALT)
+        if not isinstance(job, dict) or "state" not in job:
+            raise BenchError(f"mpi.wait {job_id} (exit {code}): {json.dumps(job)[:1500]}")
+        return job
+
+    def wait_closed(self, job_id, timeout):
+        """The job's record once it has ended and its clean-up is done (``closed``), so
+        that the clean-up takes nothing from the next measurement."""
+        deadline = time.monotonic() + timeout
+        job = self.wait_end(job_id, timeout)
+        while job["state"] in FINAL and not job.get("closed") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = self.status(job_id)
+        if not job.get("closed"):
+            raise BenchError(f"job {job_id} is {job['state']}, not closed, after {timeout}s "
+                             f"(waiting_for {job.get('waiting_for')})")
+        return job
+
+    @staticmethod
     def cancel(job_id):
         code, job = salt_run("mpi.cancel", job_id)
         return job
