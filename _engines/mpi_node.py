@@ -7,7 +7,9 @@ started, died or went away, it builds :func:`mpi_job.report <_modules.mpi_job.re
 (Docker engine health, each job's containers, launcher exit code and failed rank,
 limits hit, whether this node reaches the job's other containers) and adds, per job,
 ``unreachable_peers``: the peers that failed the last ``failures`` probes in a row (one
-failed probe is not yet a partition). Then it fires, to the master:
+failed probe is not yet a partition; a peer that failed one is probed again at once,
+not an ``interval`` later, so a partition is told in about a second). Then it fires, to
+the master:
 
 - ``mpi/node/<id>/report`` with the report when its content changed, and every
   ``refresh`` seconds in any case (so a restarted master has it soon);
@@ -150,6 +152,11 @@ class Reporter:
         report["digest"] = fingerprint(report)
         return report
 
+    def suspects(self):
+        """Whether a peer failed its last probes but not yet ``failures`` of them: the
+        next look should come at once to settle it."""
+        return any(0 < count < self.conf["failures"] for count in self.failures.values())
+
     def _add_health(self, report):
         """Health is looked at every ``health`` seconds or when the images changed; the
         last look travels with every report (its content, without a time, so an
@@ -235,6 +242,8 @@ def start(**config):
             event = reporter.next_event()
             if event:
                 __salt__["event.send"](prefix + event[0], event[1])
+            if reporter.suspects():
+                wake.set()  # the probes themselves pace it: a lost peer takes probe_timeout
         except Exception:  # pylint: disable=broad-except
             log.exception("mpi_node: cannot send to the master")
             time.sleep(conf["interval"])

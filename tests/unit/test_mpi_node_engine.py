@@ -196,6 +196,18 @@ def test_a_peer_not_probed_loses_its_count(report_fn, clock):
     assert seen == [{JOB: []}, {JOB: []}, {JOB: []}]
 
 
+def test_a_peer_that_failed_a_probe_is_a_suspect_until_settled(report_fn, clock):
+    # A suspect makes the engine look again at once instead of an interval later.
+    reporter = _reporter(report_fn, clock)
+    suspects = []
+    for peers in ({PEER: True}, {PEER: False}, {PEER: False}, {PEER: False}, {PEER: True},
+                  {PEER: False}, {}):
+        report_fn.return_value = _report({JOB: peers})
+        reporter.evidence()
+        suspects.append(reporter.suspects())
+    assert suspects == [False, True, False, False, False, True, False]
+
+
 def test_failures_is_configurable(report_fn, clock):
     seen = _unreachable([_report({JOB: {PEER: False}})] * 3, report_fn, clock, failures=3)
     assert seen == [{JOB: []}, {JOB: []}, {JOB: [PEER]}]
