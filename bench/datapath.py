@@ -50,6 +50,7 @@ and at the start when an interrupted run left them). Run holding the cluster loc
 
 import argparse
 import base64
+import inspect
 import json
 import pathlib
 import io
@@ -64,6 +65,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import dmpi.launch.files  # noqa: E402
 import dmpi.launch.openmpi  # noqa: E402
 import dmpi.launch.ssh  # noqa: E402  (pure Python; key generation needs cryptography)
+import dmpi.pingpong  # noqa: E402
 from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD  # noqa: E402
 import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
@@ -86,40 +88,20 @@ T_MPIRUN = 180                 # one plain mpirun
 T_SSHD = 30                    # the host-network sshd answering
 SHORT = {"repeat": 1, "lat_iters": 100, "bw_iters": 2}  # what --short (CI) sets
 
-# Rank 0 <-> rank 1; rank 0 prints one JSON line. Arguments: latency round trips,
-# bandwidth round trips, bandwidth message bytes.
-PINGPONG = r'''
+# Rank 0 <-> rank 1 (dmpi.pingpong.mpi_pingpong, whose module travels with it, as in
+# the self-test); rank 0 prints one JSON line. Arguments: latency round trips, bandwidth
+# round trips, bandwidth message bytes.
+PINGPONG = inspect.getsource(dmpi.pingpong) + r'''
 import json, sys
 from mpi4py import MPI
 lat_iters, bw_iters, size = (int(a) for a in sys.argv[1:4])
 comm = MPI.COMM_WORLD
-rank = comm.Get_rank()
 if comm.Get_size() != 2:
     comm.Abort(2)
-
-
-def pingpong(nbytes, iters, warmup):
-    buf = bytearray(nbytes)
-    for i in range(warmup + iters):
-        if i == warmup:
-            comm.Barrier()
-            start = MPI.Wtime()
-        if rank == 0:
-            comm.Send([buf, MPI.BYTE], dest=1, tag=7)
-            comm.Recv([buf, MPI.BYTE], source=1, tag=7)
-        else:
-            comm.Recv([buf, MPI.BYTE], source=0, tag=7)
-            comm.Send([buf, MPI.BYTE], dest=0, tag=7)
-    return MPI.Wtime() - start
-
-
-latency = pingpong(1, lat_iters, max(10, lat_iters // 10))
-bandwidth = pingpong(size, bw_iters, max(2, bw_iters // 10))
+figures = mpi_pingpong(comm, MPI, size, lat_iters, bw_iters)
 hosts = comm.gather(MPI.Get_processor_name(), root=0)
-if rank == 0:
-    print(json.dumps({"latency_us": latency / lat_iters / 2 * 1e6,
-                      "bandwidth_MBps": 2 * bw_iters * size / bandwidth / 1e6,
-                      "hosts": hosts}), flush=True)
+if comm.Get_rank() == 0:
+    print(json.dumps(dict(figures, hosts=hosts)), flush=True)
 '''
 
 
@@ -158,7 +140,7 @@ def dockermpi_once(jobs, args):
     stdout = node_exec(PAIR[0], ["cat", job["output"]["stdout"]]).stdout
     result = parse(stdout, f"job {job_id}")
     log(f"dockermpi {job_id} ({job.get('job_addresses')}): {result['latency_us']:.1f} us, "
-        f"{result['bandwidth_MBps']:.0f} MB/s")
+        f"{result['bandwidth_mb_per_s']:.0f} MB/s")
     return result
 
 
@@ -306,7 +288,7 @@ class HostNetwork:
             raise BenchError(f"plain mpirun exited {result.returncode}:\n"
                              f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
         found = parse(result.stdout, "plain mpirun")
-        log(f"host: {found['latency_us']:.1f} us, {found['bandwidth_MBps']:.0f} MB/s")
+        log(f"host: {found['latency_us']:.1f} us, {found['bandwidth_mb_per_s']:.0f} MB/s")
         return found
 
 
@@ -379,14 +361,14 @@ def main(argv=None):
                            ("host", host_what)):
             found = samples[side]
             rows.append([what, len(found), median([s["latency_us"] for s in found]),
-                         median([s["bandwidth_MBps"] for s in found]),
+                         median([s["bandwidth_mb_per_s"] for s in found]),
                          " ".join(f"{s['latency_us']:.1f}" for s in found),
-                         " ".join(f"{s['bandwidth_MBps']:.0f}" for s in found)])
+                         " ".join(f"{s['bandwidth_mb_per_s']:.0f}" for s in found)])
         print(table(["data path", "runs", "latency us", "bandwidth MB/s", "latency runs",
                      "bandwidth runs"], rows))
         if samples["dockermpi"] and samples["host"]:
             lat = [median([s["latency_us"] for s in samples[k]]) for k in ("dockermpi", "host")]
-            bw = [median([s["bandwidth_MBps"] for s in samples[k]]) for k in ("dockermpi", "host")]
+            bw = [median([s["bandwidth_mb_per_s"] for s in samples[k]]) for k in ("dockermpi", "host")]
             print(f"dockermpi / host: latency x{lat[0] / lat[1]:.2f}, "
                   f"bandwidth x{bw[0] / bw[1]:.2f}")
             figures.record("datapath_dockermpi_latency_us", lat[0], 1)

@@ -7,6 +7,10 @@ two ranks of a job, in the job's own network namespaces. Inside the job the imag
 nothing of DockerMPI, so this module's source is sent as part of the job's program: it
 imports the standard library only.
 
+:func:`mpi_pingpong` times the same two figures over MPI between two ranks (the job
+passes mpi4py in, so this module still needs nothing else); the data-path benchmark
+(``bench/datapath.py``) sends this source into its jobs too.
+
 The wire: each message is an 8-byte big-endian length, then that many bytes; the echo
 sends the bytes back without the length.
 """
@@ -93,6 +97,33 @@ def measure(sock, size, lat_iters, bw_iters):
             sock.sendall(message)
             _fill(sock, back)
         return time.perf_counter() - start
+
+    latency = rounds(1, lat_iters)
+    bandwidth = rounds(size, bw_iters)
+    return {"latency_us": latency / lat_iters / 2 * 1e6,
+            "bandwidth_mb_per_s": 2 * bw_iters * size / bandwidth / 1e6}
+
+
+def mpi_pingpong(comm, MPI, size, lat_iters, bw_iters):
+    """Ranks 0 and 1 of ``comm`` ping-pong with mpi4py's blocking ``Send``/``Recv``
+    (``MPI`` is mpi4py's module): the figures :func:`measure` gives, as rank 0 and
+    rank 1 each timed them, after a barrier and a tenth as many warm-up round trips."""
+    rank = comm.Get_rank()
+
+    def rounds(length, iters):
+        buf = bytearray(length)
+        warmup = max(2, iters // 10)
+        for i in range(warmup + iters):
+            if i == warmup:
+                comm.Barrier()
+                start = MPI.Wtime()
+            if rank == 0:
+                comm.Send([buf, MPI.BYTE], dest=1, tag=7)
+                comm.Recv([buf, MPI.BYTE], source=1, tag=7)
+            else:
+                comm.Recv([buf, MPI.BYTE], source=0, tag=7)
+                comm.Send([buf, MPI.BYTE], dest=0, tag=7)
+        return MPI.Wtime() - start
 
     latency = rounds(1, lat_iters)
     bandwidth = rounds(size, bw_iters)
