@@ -237,7 +237,23 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
                                 storage_path, user, uid, gid, standby)
 
 
-def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health=None):
+def engine_revision():
+    """
+    A short digest of the ``mpi_node`` engine's code synced to this minion (the engine,
+    this module and the ``dmpi`` library), which highstate writes into the engine's
+    configuration: a minion started before a code upgrade then restarts into it.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_job.engine_revision
+    """
+    return evidence.engine_revision(__opts__["extension_modules"])
+
+
+def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health=None,
+                        revision=None):
     """
     Whether this minion was started with the ``mpi_node`` engine configured for these
     paths (minion engines are read at start only, so a newer configuration needs a
@@ -247,16 +263,20 @@ def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health
         The seconds between health looks the engine should run with, when its
         configuration names them (since it reports health: a minion started before that
         runs an engine without it, and restarts).
+    revision
+        The engine code's :func:`engine_revision`, when its configuration names it.
 
     CLI Example:
 
     .. code-block:: bash
 
-        salt '*' mpi_job.node_engine_running /srv/dockermpi health=10
+        salt '*' mpi_job.node_engine_running /srv/dockermpi health=10 revision=0123abcd
     """
     wanted = {"storage_path": storage_path, "job_root": job_root}
     if health is not None:
         wanted["health"] = health
+    if revision is not None:
+        wanted["revision"] = revision
     for engine in __opts__.get("engines") or []:
         if isinstance(engine, dict) and engine.get("mpi_node") == wanted:
             return True

@@ -53,9 +53,8 @@ def _minion(tmp_path, roles, mpi_pillar, init="systemd"):
     pillar_roots = tmp_path / "pillar"
     for path in (root, extra, pillar_roots):
         path.mkdir()
-    (extra / "_modules").symlink_to(REPO / "_modules")
-    (extra / "_states").symlink_to(REPO / "_states")
-    (extra / "_utils").symlink_to(REPO / "_utils")
+    for extensions in ("_engines", "_modules", "_states", "_utils"):
+        (extra / extensions).symlink_to(REPO / extensions)
     (pillar_roots / "top.sls").write_text("base:\n  '*':\n    - mpi\n")
     (pillar_roots / "mpi.sls").write_text(yaml.safe_dump({"mpi": mpi_pillar}))
     config = {
@@ -381,13 +380,29 @@ def test_node_job_root_root_owned_0711_with_namespace_tools(request, high, job_r
     assert pkg["pkgs"] == ["util-linux", "iptables", "openssh-client"]
 
 
+def _engine_revision_of_this_tree(tmp_path):
+    """The engine revision of this tree's code, laid out as a minion's sync lays it out."""
+    sys.path.insert(0, str(REPO / "_utils"))
+    try:
+        from dmpi.node.evidence import engine_revision
+    finally:
+        sys.path.remove(str(REPO / "_utils"))
+    for synced, source in (("engines/mpi_node.py", "_engines/mpi_node.py"),
+                           ("modules/mpi_job.py", "_modules/mpi_job.py"),
+                           ("utils/dmpi", "_utils/dmpi")):
+        (tmp_path / synced).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / synced).symlink_to(REPO / source)
+    return engine_revision(str(tmp_path))
+
+
 def test_the_node_engine_runs_with_health_reports_and_restarts_the_minion_until_it_does(
-        preshared_high):
+        preshared_high, tmp_path):
     # The master schedules nothing on a node without health evidence: a minion whose
-    # engine was configured before health reports must restart into one that sends them.
+    # engine was configured before health reports must restart into one that sends them;
+    # and one started before the engine's code was upgraded restarts into the new code.
     config = _args(preshared_high, "mpi-node-engine-config", "file.serialize")
     wanted = {"storage_path": "/data/cluster", "job_root": "/var/local/mpi-jobs",
-              "health": 10}
+              "health": 10, "revision": _engine_revision_of_this_tree(tmp_path)}
     assert config["dataset"] == {"engines": [{"mpi_node": wanted}]}
     restart = _args(preshared_high, "mpi-node-engine-minion-restart", "module.run")
     unless = restart["unless"][0]

@@ -709,6 +709,34 @@ def test_a_minion_whose_engine_predates_health_reports_is_not_running_the_wanted
         assert mpi_job.node_engine_running("/srv/dockermpi", health=10)
 
 
+def test_a_minion_started_before_the_engines_code_changed_is_not_running_the_wanted_engine(
+        tmp_path):
+    from dmpi.node.evidence import engine_revision
+
+    for path in ("engines/mpi_node.py", "modules/mpi_job.py", "modules/mpi_network.py",
+                 "utils/dmpi/node/evidence.py", "utils/other.py", "states/mpi_image.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(f"# {path}\n")
+    revisions = [engine_revision(str(tmp_path))]
+    # Code the engine process does not load changes nothing; its own code does.
+    for path in ("modules/mpi_network.py", "utils/other.py", "states/mpi_image.py"):
+        (tmp_path / path).write_text("changed\n")
+    assert engine_revision(str(tmp_path)) == revisions[0]
+    for path in ("engines/mpi_node.py", "modules/mpi_job.py", "utils/dmpi/node/evidence.py"):
+        (tmp_path / path).write_text("changed\n")
+        revisions.append(engine_revision(str(tmp_path)))
+    (tmp_path / "utils/dmpi/new.py").write_text("")
+    revisions.append(engine_revision(str(tmp_path)))
+    assert len(set(revisions)) == 5 and all(len(r) == 16 for r in revisions)
+    running = {"storage_path": "/srv/dockermpi", "job_root": "/var/lib/dockermpi/jobs",
+               "health": 10, "revision": revisions[0]}
+    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": running}],
+                                       "extension_modules": str(tmp_path)}):
+        assert mpi_job.node_engine_running("/srv/dockermpi", health=10, revision=revisions[0])
+        assert not mpi_job.node_engine_running("/srv/dockermpi", health=10,
+                                               revision=mpi_job.engine_revision())
+
+
 def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, monkeypatch):
     (storage / ".dockermpi-health").mkdir(mode=0o700)
     written = []

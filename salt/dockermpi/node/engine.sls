@@ -10,7 +10,9 @@
     returns its result. `health` (seconds between looks at the node's health: Docker,
     shared storage, images) is in the configuration so that nodes whose engine predates
     health reports restart into one that sends them: the master schedules no job on a
-    node without them. #}
+    node without them. `revision` is the digest of the engine's code as synced for this
+    run (mpi_job.engine_revision): an upgrade of DockerMPI restarts the minion into it. #}
+{%- set engine_revision = salt['mpi_job.engine_revision']() %}
 
 include:
   - {{ tplroot }}.config
@@ -36,6 +38,7 @@ mpi-node-engine-config:
               storage_path: {{ mpi.storage.path | json }}
               job_root: {{ mpi.job_root | json }}
               health: 10
+              revision: {{ engine_revision | json }}
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-jobs-root-directory
@@ -55,6 +58,7 @@ mpi-node-engine-minion-restart:
         storage_path: {{ mpi.storage.path | json }}
         job_root: {{ mpi.job_root | json }}
         health: 10
+        revision: {{ engine_revision | json }}
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-engine-config
