@@ -189,13 +189,14 @@ async def launch_times(user, count):
     return times
 
 
-async def poll(user, job_id, until, rate, latencies, errors, offset=0.0):
-    """Call status and list alternately, ``rate`` calls a second (a notebook panel or an
-    open ``mpi list`` loop), the first ``offset`` seconds from now, until ``until``."""
-    paths = ["/jobs", f"/jobs/{job_id}"]
+async def poll(user, paths, until, rate, latencies, errors, offset=0.0):
+    """Call ``paths`` in turn (list and status: a notebook panel or an open ``mpi list``
+    loop), ``rate`` calls a second, the first ``offset`` seconds from now, until
+    ``until``."""
     turn, next_call = 0, time.monotonic() + offset
     await asyncio.sleep(offset)
-    while next_call < until:
+    # (a user whose calls take longer than the period falls behind, and stops at until)
+    while next_call < until and time.monotonic() < until:
         path = paths[turn % 2]
         status, found, seconds = await user.call("GET", path)
         turn += 1
@@ -242,7 +243,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
     loaded = asyncio.ensure_future(launch_times(launcher, launches))
     outputs = await asyncio.gather(
         *(follow(u, ticking[u.name], until, errors) for u in users[:followers]),
-        *(poll(u, own[u.name], until, rate, latencies, errors,
+        *(poll(u, ["/jobs", f"/jobs/{own[u.name]}"], until, rate, latencies, errors,
                0.0 if in_step else i / (len(users) * rate))
           for i, u in enumerate(users[followers:])))
     under_load = await loaded
@@ -262,10 +263,9 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
             "outputs": sum(outputs[:followers])}
 
 
-async def main(args):
-    global API  # noqa: PLW0603 (one switch for every call of the run)
-    API = API_PROXIED if args.through_proxy else API_DIRECT
-    KEEP_CONNECTIONS["on"] = not args.new_connections
+def http_client():
+    """The HTTP client of a run (inside its event loop) that trusts the test cluster's CA,
+    and the CA's file, to keep open while the client is used."""
     ca_file = tempfile.NamedTemporaryFile("w", suffix=".pem")  # noqa: SIM115 (kept open)
     ca_file.write(TestCluster().tls["ca"])
     ca_file.flush()
@@ -274,7 +274,14 @@ async def main(args):
         None, max_clients=400,
         hostname_mapping={urllib.parse.urlsplit(API_PUBLIC_URL).hostname: HUB_ADDR},
         defaults={"ca_certs": ca_file.name})
-    http = tornado.httpclient.AsyncHTTPClient()
+    return tornado.httpclient.AsyncHTTPClient(), ca_file
+
+
+async def main(args):
+    global API  # noqa: PLW0603 (one switch for every call of the run)
+    API = API_PROXIED if args.through_proxy else API_DIRECT
+    KEEP_CONNECTIONS["on"] = not args.new_connections
+    http, _ca_file = http_client()
     hub = Hub(http)
     names = [f"{USER_PREFIX}{i:03d}" for i in range(max(args.users) + 1)]
     tokens = await asyncio.gather(*(hub.token(n) for n in names))

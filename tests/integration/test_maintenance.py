@@ -9,6 +9,7 @@ Times are printed for the record, never asserted: the bounds are the engine's un
 tests' business (tests/unit/dmpi/jobs/test_rules.py, tests/unit/dmpi/master/test_controller.py).
 """
 
+import asyncio
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from tests.integration.test_lifecycle import (held, release, restore, run,  # no
 pytestmark = pytest.mark.cluster
 
 STORAGE = "/srv/dockermpi"
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +79,7 @@ def test_a_silent_minion_whose_host_answers_leaves_its_running_job_alone(cluster
     print(f"\nnode2 reports again {time.time() - began:.1f} s after its minion went down")
     assert status(cluster, job_id)["state"] == "running"
     release(cluster, "maint-restart", tag)
-    job = wait_for(cluster, job_id, ("succeeded", "failed", "cancelled", "timed_out"), 120)
+    job = wait_for(cluster, job_id, FINAL, 120)
     assert job["state"] == "succeeded", job
     assert not job.get("silent_nodes")  # none left once it reports again
     if outage == "restart":
@@ -86,6 +88,78 @@ def test_a_silent_minion_whose_host_answers_leaves_its_running_job_alone(cluster
     # Without a silence of over 5 s this test would prove nothing about the grace.
     assert silences, f"node2 was never silent for over 5 s: {job}"
     assert "answers on port" in silences[0]["host"]
+
+
+# ---------------------------------------------------------------- no false alarms
+
+# The calm job's ranks keep talking (a barrier five times a second) on node2 and node3
+# until the test touches /data/<tag>; the hog's spin on every CPU of node1 for as long
+# as the load lasts, then end by themselves.
+CALM = r'''
+import os, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+while not comm.bcast(os.path.exists(sys.argv[1]) if comm.Get_rank() == 0 else None):
+    comm.Barrier()
+    time.sleep(0.2)
+if comm.Get_rank() == 0:
+    print("calm to the end", flush=True)
+'''
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\n" \
+       "while time.monotonic() < end:\n    pass\n"
+LOAD_SECONDS = 60
+POLLERS = 50
+
+
+async def _poll_as_hub_users(count, seconds, calls, errors):
+    """``count`` hub users with tokens of their own list their jobs and ask who they are,
+    5 calls a second each (spread over the period, as notebooks' panels poll), for
+    ``seconds``."""
+    from bench import api_load
+
+    http, _ca_file = api_load.http_client()
+    hub = api_load.Hub(http)
+    names = [f"maint-poller-{i:02d}" for i in range(count)]
+    tokens = await asyncio.gather(*(hub.token(name) for name in names))
+    users = [api_load.User(http, name, token) for name, token in zip(names, tokens)]
+    until = time.monotonic() + seconds
+    try:
+        await asyncio.gather(*(api_load.poll(user, ["/jobs", "/whoami"], until, 5, calls,
+                                             errors, i / (count * 5))
+                               for i, user in enumerate(users)))
+    finally:
+        await asyncio.gather(*(hub.remove(name) for name in names))
+
+
+def test_a_job_holding_every_cpu_of_its_node_and_50_polling_users_fail_no_healthy_job(cluster):
+    # Load is no fault: neither the hog's own job nor another user's job on other nodes
+    # may be taken for lost or cut off while node1's CPUs are all the hog's and the
+    # master's API serves 50 users polling.
+    tag = f"calm-{int(time.time())}"
+    began = time.time()
+    calm = submit(cluster, np=2, nodes="node2,node3", slots_per_node=1, user="maint-calm",
+                  cmd=["python3", "-c", CALM, f"/data/{tag}"], walltime="4m")
+    hog = submit(cluster, np=2, nodes="node1", slots_per_node=2, user="maint-hog",
+                 cmd=["python3", "-c", SPIN, str(LOAD_SECONDS)], walltime="4m")
+    for job_id in (calm, hog):
+        wait_for(cluster, job_id, ("running",), 60)
+    print(f"\nboth running {time.time() - began:.1f} s after the submits")
+    calls, errors = [], []
+    try:
+        asyncio.run(_poll_as_hub_users(POLLERS, LOAD_SECONDS, calls, errors))
+        # (while the hog spins, anything else on this machine crawls: let it end first)
+        ended = {hog: wait_for(cluster, hog, FINAL, 60)}
+    finally:
+        release(cluster, "maint-calm", tag)
+    ended[calm] = wait_for(cluster, calm, FINAL, 60)
+    print(f"\n{len(calls)} API calls answered in {LOAD_SECONDS} s, {len(errors)} not "
+          f"({errors[:3]}); both ended {time.time() - began:.1f} s after their submits")
+    assert calls, errors[:5]  # the master really was busy
+    # Both succeeding is both running through the load: a false alarm would have ended them.
+    assert [ended[j]["state"] for j in (calm, hog)] == ["succeeded", "succeeded"], ended
+    assert cluster.read_shared(ended[calm]["output"]["stdout"]).strip() == "calm to the end"
+    for job in ended.values():
+        assert not job.get("silences") and not job.get("silent_nodes"), job
 
 
 @pytest.mark.parametrize("peers_cut", [False], ids=["master-only"])
