@@ -59,7 +59,7 @@ Exits non-zero if any run fails, an output check fails, or a container or key of
 this script started is left on a node. Jobs are cancelled in ``finally`` (also on Ctrl-C
 and SIGTERM); a launch in flight gets SIGTERM, so the runner cancels and cleans it.
 
-``--short`` (what CI runs): 3 nodes, one timed run of each side after its warm-up.
+``--short`` (what CI runs): 3 nodes, one timed run of each side, no warm-up.
 """
 
 import argparse
@@ -461,12 +461,15 @@ def main(argv=None):
         for count in counts:
             nodes = NODES[:count]
             launch_s, timings, api_s, user_api_s, plain_s = [], [], [], [], []
-            # Launch sides first (no baseline job holds the slots), one warm-up not counted.
-            launcher.once(nodes)
-            api.once(nodes)
-            user_api.once(nodes)
+            # Launch sides first (no baseline job holds the slots), one warm-up not counted
+            # (--short: none, its figures are not kept).
+            if not args.short:
+                launcher.once(nodes)
+                api.once(nodes)
+                user_api.once(nodes)
             for i in range(args.repeat):
-                idle(user_api.job_ids[-1])
+                if user_api.job_ids:
+                    idle(user_api.job_ids[-1])
                 seconds, t, job_id = launcher.once(nodes)
                 launch_s.append(seconds)
                 timings.append(t)
@@ -484,7 +487,8 @@ def main(argv=None):
             baseline = Baseline(jobs, nodes)
             try:
                 baseline.start()
-                baseline.once()  # warm-up
+                if not args.short:
+                    baseline.once()  # warm-up
                 for i in range(args.repeat):
                     plain_s.append(baseline.once())
                     log(f"{count} node(s) plain {i + 1}/{args.repeat}: {plain_s[-1]:.2f}s")
@@ -522,7 +526,8 @@ def main(argv=None):
               f"through one long-lived RunnerClient in {MASTER}; user-api: from the user's "
               f"notebook through the hub's proxy with the hub token; plain: mpirun in a running "
               f"job's launcher container; program {shlex.join(PROGRAM)}, {SLOTS_PER_NODE} "
-              f"ranks/node, {args.repeat} runs each after 1 warm-up (seconds, medians)")
+              f"ranks/node, {args.repeat} runs each after {0 if args.short else 1} warm-up "
+              f"(seconds, medians)")
         header = ["nodes", "np", "salt-run", "api", "user-api", "plain", "overhead salt-run",
                   "overhead api", "overhead user-api"]
         body = []
