@@ -1104,15 +1104,9 @@ for port in map(int, sys.argv[2:]):
         host's first), then check the master really serves the job controller (runner,
         engine, node reports) and the hub answers before saying so."""
         self.sync_master()
-        _, synced = self.salt_json(["salt", "-L", ",".join(self.minions), "saltutil.sync_all"])
-        # A node's engine keeps the library it loaded at start.
-        stale = [minion for minion, kinds in synced.items()
-                 if minion in self.nodes and isinstance(kinds, dict)
-                 and any(kinds.get(kind) for kind in ("utils", "engines", "modules"))]
-        for node in stale:
-            self.exec(node, ["systemctl", "restart", "salt-minion"])
-        if stale:
-            self.wait_for_minions()
+        # A node's engine keeps the code it loaded at start: the highstate restarts the
+        # minion when the synced code's revision is not the running engine's.
+        self.salt_json(["salt", "-L", ",".join(self.minions), "saltutil.sync_all"])
         self.salt(["salt", "-L", ",".join(self.minions), "saltutil.refresh_pillar",
                    "wait=True"])
         results = self.highstate()
