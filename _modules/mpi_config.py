@@ -12,6 +12,7 @@ themselves live in :mod:`dmpi.settings`, shared with the ``mpi`` runner.
 
 import dmpi.settings
 from dmpi.errors import ConfigError
+from dmpi.node import revision
 from salt.exceptions import SaltInvocationError
 
 __virtualname__ = "mpi_config"
@@ -140,3 +141,20 @@ def is_loopback(host):
         salt master mpi_config.is_loopback 127.0.0.1
     """
     return dmpi.settings.is_loopback(host)
+
+
+def engine_revision():
+    """
+    Return a short digest of the ``mpi_node`` engine's code synced to this minion (the
+    engine, ``mpi_job`` and the ``dmpi`` library), which highstate writes into the
+    engine's configuration: a minion started before a code upgrade then restarts into
+    it. (Here, not in ``mpi_job``, because the formula renders it before the Docker SDK
+    ``mpi_job`` needs is installed.)
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_config.engine_revision
+    """
+    return revision.engine_revision(__opts__["extension_modules"])

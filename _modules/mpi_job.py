@@ -237,21 +237,6 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
                                 storage_path, user, uid, gid, standby)
 
 
-def engine_revision():
-    """
-    A short digest of the ``mpi_node`` engine's code synced to this minion (the engine,
-    this module and the ``dmpi`` library), which highstate writes into the engine's
-    configuration: a minion started before a code upgrade then restarts into it.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt '*' mpi_job.engine_revision
-    """
-    return evidence.engine_revision(__opts__["extension_modules"])
-
-
 def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health=None,
                         revision=None):
     """
@@ -264,7 +249,8 @@ def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health
         configuration names them (since it reports health: a minion started before that
         runs an engine without it, and restarts).
     revision
-        The engine code's :func:`engine_revision`, when its configuration names it.
+        The engine code's revision (:func:`mpi_config.engine_revision
+        <_modules.mpi_config.engine_revision>`), when its configuration names it.
 
     CLI Example:
 

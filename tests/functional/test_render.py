@@ -384,7 +384,7 @@ def _engine_revision_of_this_tree(tmp_path):
     """The engine revision of this tree's code, laid out as a minion's sync lays it out."""
     sys.path.insert(0, str(REPO / "_utils"))
     try:
-        from dmpi.node.evidence import engine_revision
+        from dmpi.node.revision import engine_revision
     finally:
         sys.path.remove(str(REPO / "_utils"))
     for synced, source in (("engines/mpi_node.py", "_engines/mpi_node.py"),

@@ -10,6 +10,8 @@ real engine is exercised on the cluster.
 import json
 import os
 import stat
+import subprocess
+import sys
 import pathlib
 import shutil
 import socket
@@ -711,7 +713,7 @@ def test_a_minion_whose_engine_predates_health_reports_is_not_running_the_wanted
 
 def test_a_minion_started_before_the_engines_code_changed_is_not_running_the_wanted_engine(
         tmp_path):
-    from dmpi.node.evidence import engine_revision
+    from dmpi.node.revision import engine_revision
 
     for path in ("engines/mpi_node.py", "modules/mpi_job.py", "modules/mpi_network.py",
                  "utils/dmpi/node/evidence.py", "utils/other.py", "states/mpi_image.py"):
@@ -734,7 +736,25 @@ def test_a_minion_started_before_the_engines_code_changed_is_not_running_the_wan
                                        "extension_modules": str(tmp_path)}):
         assert mpi_job.node_engine_running("/srv/dockermpi", health=10, revision=revisions[0])
         assert not mpi_job.node_engine_running("/srv/dockermpi", health=10,
-                                               revision=mpi_job.engine_revision())
+                                               revision=revisions[-1])
+
+
+def test_the_engine_revision_is_rendered_on_a_host_without_the_docker_sdk(tmp_path):
+    # A fresh node's first highstate renders it before it installs the Docker SDK.
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "mpi_node.py").write_text("# engine\n")
+    probe = (
+        "import sys; sys.modules['docker'] = None\n"
+        "from tests.extension import load_extension\n"
+        "config = load_extension('_modules/mpi_config.py', 'mpi_config_without_docker')\n"
+        f"config.__opts__ = {{'extension_modules': {str(tmp_path)!r}}}\n"
+        "print(config.engine_revision())\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "_utils")]))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=env, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    from dmpi.node.revision import engine_revision
+    assert done.stdout.strip() == engine_revision(str(tmp_path))
 
 
 def test_the_probe_file_goes_to_the_health_directory_when_there_is_one(storage, monkeypatch):

@@ -5,7 +5,6 @@ limits hit, the Docker engine, and whether each of the job's other containers an
 Nothing a job wrote can make it raise: at worst that job's failure stays unknown.
 """
 
-import hashlib
 import json
 import logging
 import os
@@ -375,24 +374,3 @@ def _engine_outage(now):
             f"live-restore its job containers keep running, so this node's jobs are judged "
             f"on its report only if it still does not answer after {ENGINE_RESTART_GRACE} s")
 
-
-#: What the ``mpi_node`` engine process loads once, at the minion's start, relative to the
-#: minion's synced extension modules: the engine, its execution module and the library.
-ENGINE_CODE = ("engines/mpi_node.py", "modules/mpi_job.py", "utils/dmpi")
-
-
-def engine_revision(extension_modules):
-    """A short digest of the engine's code as synced to this minion (``ENGINE_CODE``
-    under ``extension_modules``): the running engine is only as new as the minion's last
-    start, so a new revision in its configuration restarts the minion."""
-    digest = hashlib.sha256()
-    for part in ENGINE_CODE:
-        top = os.path.join(extension_modules, part)
-        paths = [top] if os.path.isfile(top) else sorted(
-            os.path.join(d, f) for d, _, files in os.walk(top) for f in files
-            if f.endswith(".py"))
-        for path in paths:
-            digest.update(os.path.relpath(path, extension_modules).encode() + b"\0")
-            with open(path, "rb") as source:
-                digest.update(hashlib.sha256(source.read()).digest())
-    return digest.hexdigest()[:16]

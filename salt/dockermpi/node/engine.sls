@@ -11,8 +11,8 @@
     shared storage, images) is in the configuration so that nodes whose engine predates
     health reports restart into one that sends them: the master schedules no job on a
     node without them. `revision` is the digest of the engine's code as synced for this
-    run (mpi_job.engine_revision): an upgrade of DockerMPI restarts the minion into it. #}
-{%- set engine_revision = salt['mpi_job.engine_revision']() %}
+    run (mpi_config.engine_revision): an upgrade of DockerMPI restarts the minion into it. #}
+{%- set engine_revision = salt['mpi_config.engine_revision']() %}
 
 include:
   - {{ tplroot }}.config
