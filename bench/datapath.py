@@ -37,6 +37,14 @@ bandwidth
     4 MiB messages (``--size``): bytes moved one way per second of half a round trip, in
     MB/s (10^6 bytes), over ``--bw-iters`` round trips after warm-up.
 
+``--pair within`` puts both ranks on node1 instead (``np=2 nodes=node1
+slots_per_node=2``: both in the job's launcher container; on the host side both in
+node1's container, mpirun starting them locally): the figures are then shared memory's,
+named ``datapath_within_*``. Both sides use Open MPI's ``vader`` BTL there, with
+``btl_vader_single_copy_mechanism none`` (``mca_params``): messages go through a shared
+memory segment in copies. CMA (``process_vm_readv``) would need ptrace rights, which a
+job's container, with no capabilities under Docker's seccomp profile, does not have.
+
 The two sides run alternately, one repeat of each at a time. Exits non-zero when a run
 fails, a rank is not on the node it should be, or anything it started is left: the job
 (cancelled if unfinished and waited for until no node holds it), the two containers and
@@ -73,7 +81,9 @@ from dmpi_bench import (  # noqa: E402
     trap_sigterm, verdict, check_common_args, parse_args,
 )
 
-PAIR = ("node1", "node2")
+#: ``--pair``: rank 0's and rank 1's nodes.
+PAIRS = {"between": ("node1", "node2"), "within": ("node1", "node1")}
+FIRST = "node1"                # rank 0's node, where mpirun runs
 ADDRESSES = {"node1": "10.251.1.11", "node2": "10.251.1.12", "node3": "10.251.1.13"}
 HOST_UID = 65000
 HOST_ACCOUNT = "benchdp"
@@ -112,15 +122,15 @@ def program(args):
             str(args.lat_iters), str(args.bw_iters), str(args.size)]
 
 
-def parse(stdout, where):
+def parse(stdout, where, pair):
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             try:
                 result = json.loads(line)
             except json.JSONDecodeError:
                 break
-            if result.get("hosts") != list(PAIR):
-                raise BenchError(f"{where}: ranks ran on {result.get('hosts')}, not {list(PAIR)}")
+            if result.get("hosts") != list(pair):
+                raise BenchError(f"{where}: ranks ran on {result.get('hosts')}, not {list(pair)}")
             return result
     raise BenchError(f"{where}: no result line in the ping-pong's output:\n{stdout[-2000:]}")
 
@@ -128,17 +138,23 @@ def parse(stdout, where):
 # ------------------------------------------------------------------------ dockermpi
 
 
+def ranks_by_node(pair):
+    """{node: ranks} of the pair, rank 0's node first."""
+    return {node: pair.count(node) for node in dict.fromkeys(pair)}
+
+
 def dockermpi_once(jobs, args):
-    job_id = jobs.submit(2, program(args), nodes=",".join(PAIR), slots_per_node=1,
-                         walltime=f"{T_JOB}s")
+    pair = PAIRS[args.pair]
+    placement = ranks_by_node(pair)
+    job_id = jobs.submit(2, program(args), nodes=",".join(placement),
+                         slots_per_node=max(placement.values()), walltime=f"{T_JOB}s")
     job = jobs.wait_closed(job_id, T_JOB + 60)
     if job["state"] != "succeeded":
         raise BenchError(f"job {job_id} ended {job['state']}: {job.get('reason')}")
-    if job.get("placement") != {n: 1 for n in PAIR}:
-        raise BenchError(f"job {job_id} placed {job.get('placement')}, expected one rank on "
-                         f"each of {PAIR}")
-    stdout = node_exec(PAIR[0], ["cat", job["output"]["stdout"]]).stdout
-    result = parse(stdout, f"job {job_id}")
+    if job.get("placement") != placement:
+        raise BenchError(f"job {job_id} placed {job.get('placement')}, expected {placement}")
+    stdout = node_exec(pair[0], ["cat", job["output"]["stdout"]]).stdout
+    result = parse(stdout, f"job {job_id}", pair)
     log(f"dockermpi {job_id} ({job.get('job_addresses')}): {result['latency_us']:.1f} us, "
         f"{result['bandwidth_mb_per_s']:.0f} MB/s")
     return result
@@ -149,20 +165,20 @@ def dockermpi_once(jobs, args):
 
 def site():
     """(image reference, cluster network) from the nodes' pillar."""
-    code, pillar = salt_run("pillar.show_pillar", PAIR[0])
+    code, pillar = salt_run("pillar.show_pillar", FIRST)
     mpi = (pillar or {}).get("mpi") if isinstance(pillar, dict) else None
     try:
         return mpi["images"]["mpi"], mpi["cluster_network"]
     except (KeyError, TypeError):
-        raise BenchError(f"no mpi:images:mpi or mpi:cluster_network in {PAIR[0]}'s pillar "
+        raise BenchError(f"no mpi:images:mpi or mpi:cluster_network in {FIRST}'s pillar "
                          f"(exit {code})") from None
 
 
 def remove_host_side():
-    """Every container and key directory of this script on the pair (also an earlier
-    run's); returns what was removed."""
+    """Every container and key directory of this script on the nodes of either pair (also
+    an earlier run's); returns what was removed."""
     removed = []
-    for node in PAIR:
+    for node in sorted({node for pair in PAIRS.values() for node in pair}):
         found = node_exec(node, ["docker", "ps", "-aq", "--filter",
                                  f"label={LABEL}"]).stdout.split()
         if found:
@@ -197,10 +213,13 @@ def put_files(node, directory, files):
 
 
 class HostNetwork:
-    """Two host-networked containers with an unprivileged sshd, and plain mpirun."""
+    """A host-networked container on each node of the pair with an unprivileged sshd,
+    and plain mpirun."""
 
     def __init__(self, args, image, cidr):
         self.args = args
+        self.pair = PAIRS[args.pair]
+        self.nodes = ranks_by_node(self.pair)
         self.image = image
         self.cidr = cidr
         self.directory = f"{BASE}/{secrets.token_hex(4)}"
@@ -211,10 +230,10 @@ class HostNetwork:
     def files(self, node):
         """The job's files and keys as the nodes make them (one throwaway CA here)."""
         ca_private, ca_public = self.ca
-        addresses = {n: ADDRESSES[n] for n in PAIR}
+        addresses = {n: ADDRESSES[n] for n in self.nodes}
         now = int(time.time())
         keys = dmpi.launch.ssh.job_keys(ca_private, "bench-datapath", node, addresses,
-                                   {n: ca_public for n in PAIR}, PAIR[0], SSH_PORT,
+                                   {n: ca_public for n in self.nodes}, FIRST, SSH_PORT,
                                    now - 300, now + 3600)
         return dict(keys, **{
             "sshd_config": dmpi.launch.ssh.sshd_config_text(SSH_PORT, HOST_ACCOUNT, self.run_dir,
@@ -222,12 +241,13 @@ class HostNetwork:
             "passwd": dmpi.launch.files.passwd_text(HOST_ACCOUNT, HOST_UID, HOST_UID),
             "group": dmpi.launch.files.group_text(HOST_ACCOUNT, HOST_UID),
             "program": dmpi.launch.files.program_script_text(program(self.args)),
-            "hostfile": dmpi.launch.openmpi.hostfile_text([(ADDRESSES[n], 1) for n in PAIR]),
+            "hostfile": dmpi.launch.openmpi.hostfile_text(
+                [(ADDRESSES[n], ranks) for n, ranks in self.nodes.items()]),
         })
 
     def start(self):
         self.ca = dmpi.launch.ssh.generate_ed25519_keypair("dmpi-bench-ca")
-        for node in PAIR:
+        for node in self.nodes:
             put_files(node, self.directory, self.files(node))
             # The node's own sshd and ssh, as job containers have them.
             agent = node_exec(node, ["readlink", "-f", AGENT_DIR]).stdout.strip()
@@ -248,20 +268,20 @@ class HostNetwork:
                      "-D", "-e", "-f", f"{self.run_dir}/sshd_config"]
             node_exec(node, argv, timeout=60)
         # Ready when node1's container logs in to node2's sshd with the throwaway keys.
-        ssh = [AGENT_SSH, *dmpi.launch.ssh.ssh_args(SSH_PORT, self.run_dir), ADDRESSES[PAIR[1]],
-               "true"]
+        ssh = [AGENT_SSH, *dmpi.launch.ssh.ssh_args(SSH_PORT, self.run_dir),
+               ADDRESSES[self.pair[1]], "true"]
         deadline = time.monotonic() + T_SSHD
         while True:
-            result = node_exec(PAIR[0], ["docker", "exec", f"{PREFIX}-{PAIR[0]}", *ssh],
+            result = node_exec(FIRST, ["docker", "exec", f"{PREFIX}-{FIRST}", *ssh],
                                check=False)
             if result.returncode == 0:
                 break
-            if time.monotonic() > deadline or not all(self.running(n) for n in PAIR):
-                raise BenchError(f"host-network sshd on {PAIR[1]}:{SSH_PORT} does not let "
-                                 f"{PAIR[0]} in: {result.stderr.strip()[-500:]}\n"
-                                 + "\n".join(self.diagnose(n) for n in PAIR))
+            if time.monotonic() > deadline or not all(self.running(n) for n in self.nodes):
+                raise BenchError(f"host-network sshd on {self.pair[1]}:{SSH_PORT} does not let "
+                                 f"{FIRST} in: {result.stderr.strip()[-500:]}\n"
+                                 + "\n".join(self.diagnose(n) for n in self.nodes))
             time.sleep(1)
-        log(f"host-network containers up on {PAIR} (sshd port {SSH_PORT}, image {self.image})")
+        log(f"host-network containers up on {list(self.nodes)} (sshd port {SSH_PORT}, image {self.image})")
 
     @staticmethod
     def running(node):
@@ -282,12 +302,12 @@ class HostNetwork:
                 f"{node}: listening on {SSH_PORT}: {listening.stdout.strip()[-800:]}")
 
     def once(self):
-        result = node_exec(PAIR[0], ["docker", "exec", f"{PREFIX}-{PAIR[0]}", *self.argv],
+        result = node_exec(FIRST, ["docker", "exec", f"{PREFIX}-{FIRST}", *self.argv],
                            timeout=T_MPIRUN, check=False)
         if result.returncode != 0:
             raise BenchError(f"plain mpirun exited {result.returncode}:\n"
                              f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
-        found = parse(result.stdout, "plain mpirun")
+        found = parse(result.stdout, "plain mpirun", self.pair)
         log(f"host: {found['latency_us']:.1f} us, {found['bandwidth_mb_per_s']:.0f} MB/s")
         return found
 
@@ -307,6 +327,9 @@ def main(argv=None):
     parser.add_argument("--cpus", type=float, default=0,
                         help="CPU limit of each host-network container (default none; 1 is "
                              "what a one-rank job container gets, cpus_per_slot)")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="between",
+                        help="between: rank 0 on node1, rank 1 on node2 (default); within: "
+                             "both on node1 (shared memory)")
     parser.add_argument("--user", default="bench-datapath", help="job user (starts with bench)")
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
     parser.add_argument("--short", action="store_true",
@@ -351,14 +374,16 @@ def main(argv=None):
             for sample in found:
                 print(json.dumps(dict(sample, side=side)))
     if any(samples.values()):
-        print(f"mpi4py ping-pong rank 0 on {PAIR[0]} <-> rank 1 on {PAIR[1]}: latency of 1-byte "
+        pair = PAIRS[args.pair]
+        print(f"mpi4py ping-pong rank 0 on {pair[0]} <-> rank 1 on {pair[1]}: latency of 1-byte "
               f"messages ({args.lat_iters} round trips), bandwidth of {args.size} B messages "
               f"({args.bw_iters} round trips); medians of {args.repeat} runs")
         rows = []
         host_what = "host networking (--net=host" + (f", --cpus {args.cpus:g})" if args.cpus
                                                       else ")")
-        for side, what in (("dockermpi", "DockerMPI: job namespaces on macvlan"),
-                           ("host", host_what)):
+        ours = "DockerMPI: job namespaces on macvlan" if args.pair == "between" else \
+            "DockerMPI: the job's container"
+        for side, what in (("dockermpi", ours), ("host", host_what)):
             found = samples[side]
             rows.append([what, len(found), median([s["latency_us"] for s in found]),
                          median([s["bandwidth_mb_per_s"] for s in found]),
@@ -371,12 +396,13 @@ def main(argv=None):
             bw = [median([s["bandwidth_mb_per_s"] for s in samples[k]]) for k in ("dockermpi", "host")]
             print(f"dockermpi / host: latency x{lat[0] / lat[1]:.2f}, "
                   f"bandwidth x{bw[0] / bw[1]:.2f}")
-            figures.record("datapath_dockermpi_latency_us", lat[0], 1)
-            figures.record("datapath_host_latency_us", lat[1], 1)
-            figures.record("datapath_dockermpi_bandwidth_mb_per_s", bw[0], 0)
-            figures.record("datapath_host_bandwidth_mb_per_s", bw[1], 0)
-            figures.record("datapath_latency_ratio", lat[0] / lat[1], 2, aim="at most 1.15")
-            figures.record("datapath_bandwidth_ratio", bw[0] / bw[1], 2, aim="at least 0.9")
+            name = "datapath_" if args.pair == "between" else "datapath_within_"
+            figures.record(f"{name}dockermpi_latency_us", lat[0], 1)
+            figures.record(f"{name}host_latency_us", lat[1], 1)
+            figures.record(f"{name}dockermpi_bandwidth_mb_per_s", bw[0], 0)
+            figures.record(f"{name}host_bandwidth_mb_per_s", bw[1], 0)
+            figures.record(f"{name}latency_ratio", lat[0] / lat[1], 2, aim="at most 1.15")
+            figures.record(f"{name}bandwidth_ratio", bw[0] / bw[1], 2, aim="at least 0.9")
     figures.save(__file__, sys.argv[1:] if argv is None else argv, args.short)
     return verdict("datapath", failure, problems)
 

@@ -32,6 +32,10 @@ def test_datapath_short_mode_runs_and_prints_its_figures(cluster):
     assert "DockerMPI: job namespaces on macvlan" in output, output
     assert "host networking (--net=host)" in output, output
     assert "dockermpi / host: latency x" in output, output
+    output = _bench(["bench/datapath.py", "--short", "--pair", "within"])
+    assert "rank 0 on node1 <-> rank 1 on node1" in output, output
+    assert "DockerMPI: the job's container" in output, output
+    assert "datapath_within_bandwidth_ratio" in output, output
 
 
 @pytest.mark.cluster
