@@ -54,7 +54,7 @@ from dmpi_bench import (  # noqa: E402
 from launch_overhead import wait_closed  # noqa: E402
 
 HOSTS = ["master", "node1", "node2", "node3", "hub", "storage"]
-PAIR = datapath.PAIR
+PAIR = datapath.PAIRS["between"]
 OUTER_DOCKER = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
                 "docker-proxy", "runc")
 T_LAUNCH = 180
@@ -183,7 +183,7 @@ def dockermpi_once(session, jobs, meter, args):
     wait_closed(session, job["job_id"], timeout=T_LAUNCH)
     used = meter.spent(before, meter.snapshot())
     stdout = node_exec(PAIR[0], ["cat", job["output"]["stdout"]]).stdout
-    datapath.parse(stdout, f"job {job['job_id']}")
+    datapath.parse(stdout, f"job {job['job_id']}", PAIR)
     return used
 
 
@@ -221,7 +221,8 @@ def main(argv=None):
     if args.repeat < 1 or args.warmup < 0 or args.idle <= 0 or min(args.lat_iters, args.bw_iters, args.size) < 1:
         parser.error("--repeat, --idle, --lat-iters, --bw-iters and --size must be positive")
     check_common_args(parser, args)
-    args.cpus = 0  # datapath.HostNetwork's option: no CPU limit beyond what the image has
+    # datapath.HostNetwork's options: the pair between nodes, no CPU limit beyond the image's
+    args.pair, args.cpus = "between", 0
     trap_sigterm()
 
     jobs = Jobs(args.user)
