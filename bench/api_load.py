@@ -197,7 +197,7 @@ async def poll(user, paths, until, rate, latencies, errors, offset=0.0):
     await asyncio.sleep(offset)
     # (a user whose calls take longer than the period falls behind, and stops at until)
     while next_call < until and time.monotonic() < until:
-        path = paths[turn % 2]
+        path = paths[turn % len(paths)]
         status, found, seconds = await user.call("GET", path)
         turn += 1
         if status == 200:

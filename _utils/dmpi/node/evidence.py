@@ -373,4 +373,3 @@ def _engine_outage(now):
     return (f"the Docker engine has not answered since {stamp} UTC (restarting?); with "
             f"live-restore its job containers keep running, so this node's jobs are judged "
             f"on its report only if it still does not answer after {ENGINE_RESTART_GRACE} s")
-
