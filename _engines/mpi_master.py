@@ -8,8 +8,9 @@ It reads, from the master's event bus:
 - ``mpi/node/<id>/report``: a node's evidence, sent when it changes (and now and then);
 - ``mpi/node/<id>/alive``: a node's heartbeat, with the fingerprint of its evidence;
 - ``mpi/job/<id>/queued`` and ``mpi/job/<id>/cancel``: fired by the ``mpi`` runner;
-- ``mpi/drains/changed``: an admin drained or resumed a node (``mpi.drain``,
-  ``mpi.resume``); the drains themselves are read from the job store.
+- ``mpi/nodes/changed``: an admin drained or resumed a node (``mpi.drain``,
+  ``mpi.resume``) or a self-test judged nodes (``mpi.selftest``); the drains and
+  verdicts themselves are read from the job store.
 
 and once a second walks the clock (walltimes, silent nodes, the queue). A node silent
 for a few seconds gets its host probed (a TCP connect to pillar
@@ -36,7 +37,7 @@ import logging
 import threading
 import time
 
-from dmpi.contract import DRAINS_TAG, JOB_TAG_RE, NODE_TAG_RE
+from dmpi.contract import JOB_TAG_RE, NODE_TAG_RE, NODES_CHANGED_TAG
 from dmpi.master import controller
 from dmpi.master.site import Site
 
@@ -70,8 +71,8 @@ def _dispatch(jobs, tag, data):
     match = JOB_TAG_RE.match(tag)
     if match and match.group(2) in _REQUESTS:
         jobs.job_requested(match.group(1))
-    elif tag == DRAINS_TAG:
-        jobs.drains_changed()  # what changed is read from the store, not the event
+    elif tag == NODES_CHANGED_TAG:
+        jobs.nodes_changed()  # what changed is read from the store, not the event
 
 
 def _loaded(dunder):

@@ -83,10 +83,12 @@ JOB_TAG_PREFIX = "mpi/job/"
 #: ``mpi/job/<job id>/<state or request>``: group 1 the job id, group 2 what happened.
 JOB_TAG_RE = re.compile(
     r"^" + re.escape(JOB_TAG_PREFIX) + r"(" + JOB_ID_PATTERN + r")/([a-z_]+)\Z")
-#: A node's events (``mpi/node/<id>/report``, ``.../alive``) and the drain list's change.
+#: A node's events (``mpi/node/<id>/report``, ``.../alive``).
 NODE_TAG_PREFIX = "mpi/node/{node}/"
 NODE_TAG_RE = re.compile(r"^mpi/node/[^/]+/(report|alive)\Z")
-DRAINS_TAG = "mpi/drains/changed"
+#: An admin drained or resumed a node, or a network self-test judged nodes: the job
+#: controller reads the drains and the self-test's verdicts from the job store again.
+NODES_CHANGED_TAG = "mpi/nodes/changed"
 
 #: The container that holds a started job's network namespace on a node.
 NETNS_NAME = "dmpi-{job_id}-netns"

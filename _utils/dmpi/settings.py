@@ -137,7 +137,8 @@ _KEYS = {
     "storage:nfs": ("server", "export", "mount_options", "security"),
     "retention": ("job_records_days", "job_dirs_days"),
     "fair_share": FAIR_SHARE_DURATIONS + tuple(FAIR_SHARE_WEIGHTS),
-    "selftest": ("user", "image", *SELFTEST_COUNTS, *SELFTEST_THRESHOLDS),
+    "selftest": ("user", "image", *SELFTEST_COUNTS, *SELFTEST_THRESHOLDS,
+                 "exclude_failed_nodes"),
     "docker": ("package", "log_max_size", "log_max_file", "insecure_registries",
                "registry_credentials"),
     "job_network": ("name", "addresses", "parent", "standby", "unreachable"),
@@ -438,6 +439,17 @@ class _Checker:
             return None
         return value
 
+    def boolean(self, *path):
+        """True or False at ``path``, or None after a problem (YAML's ``yes`` is True
+        already; a quoted ``"false"`` is a string, and refused)."""
+        value = self.get(*path)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, bool):
+            self.problem(f"{_key(*path)} must be true or false, got {_shown(value)}")
+            return None
+        return value
+
     def duration(self, *path):
         """Seconds of a duration at ``path``, written as a walltime is (``7d``, ``12h``;
         :func:`dmpi.jobs.request.parse_duration`), or None after a problem."""
@@ -635,6 +647,7 @@ class _Checker:
             self.whole("selftest", name, minimum=low, maximum=high)
         for name in SELFTEST_THRESHOLDS:
             self.number("selftest", name)
+        self.boolean("selftest", "exclude_failed_nodes")
 
     def check_storage(self, storage, nfs):
         if storage is None:
@@ -1000,11 +1013,8 @@ class _Checker:
                     isinstance(links, str) and not any(c.isspace() for c in links)):
                 self.problem("mpi:hub:pip:find_links must be a directory or URL without "
                              f"white space, got {_shown(links)}")
-            no_index = self.get("hub", "pip", "no_index")
-            if no_index is not _MISSING and not isinstance(no_index, bool):
-                self.problem(f"mpi:hub:pip:no_index must be true or false, got "
-                             f"{_shown(no_index)}")
-            elif no_index is True and links in ("", None):
+            no_index = self.boolean("hub", "pip", "no_index")
+            if no_index is True and links in ("", None):
                 self.problem("mpi:hub:pip:no_index needs mpi:hub:pip:find_links (where "
                              "else would pip find the hub's packages?)")
         if parts.get("limits") is not None:

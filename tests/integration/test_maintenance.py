@@ -13,7 +13,9 @@ import asyncio
 import time
 
 import pytest
+import yaml
 
+from tests.integration.test_engine import SITE_PILLAR
 from tests.integration.test_lifecycle import (held, release, restore, run,  # noqa: F401
                                               status, submit, wait_clean, wait_for,
                                               wait_reporting)
@@ -347,3 +349,56 @@ def test_the_network_self_test_measures_every_pair_and_a_users_job_cannot_reach_
     knocked = wait_for(cluster, hostile, ("succeeded",), 60)
     out = cluster.read_shared(knocked["output"]["stdout"])
     assert "REACHED []" in out and "PROBED 0" not in out, out
+
+
+def _selftest_pillar(cluster, original, **selftest_settings):
+    """The site's pillar with ``mpi:selftest`` settings over it, seen by every minion and
+    handed to the job controller (``mpi.settings``)."""
+    changed = yaml.safe_load(original)
+    changed["mpi"].setdefault("selftest", {}).update(selftest_settings)
+    cluster.put_file("master", SITE_PILLAR, yaml.safe_dump(changed).encode())
+    cluster.salt(["salt", "*", "saltutil.refresh_pillar", "wait=True"])
+    code, settings = run(cluster, "mpi.settings")
+    assert code == 0 and all(settings["selftest"][k] == v
+                             for k, v in selftest_settings.items()), settings
+
+
+def test_with_exclusion_a_node_that_failed_the_self_test_takes_no_job_until_it_passes(cluster):
+    _, original = cluster.exec("master", ["cat", SITE_PILLAR])
+    small = {"nodes": "node1,node2", "lat_iters": 50, "bw_iters": 2, "size": 65536}
+    try:
+        # A floor no link reaches: every pair is flagged, and with two nodes tested both
+        # are at fault.
+        _selftest_pillar(cluster, original, exclude_failed_nodes=True,
+                         min_bandwidth_mb_per_s=10 ** 12)
+        code, report = run(cluster, "mpi.selftest", **small)
+        assert code == 1 and not any(p["passed"] for p in report["pairs"]), report
+        shown = run(cluster, "mpi.nodes")[1]
+        for node in ("node1", "node2"):
+            assert shown[node]["eligible"] is False, shown[node]
+            assert shown[node]["not_eligible_because"].startswith(
+                "failed the network self-test ("), shown[node]
+        assert shown["node3"]["eligible"] is True
+        held_back = submit(cluster, np=2, nodes="node1", cmd="hostname", user="maint-victim")
+        assert "node1 failed the network self-test" in waiting_for(
+            cluster, held_back, "self-test")
+        elsewhere = wait_for(cluster, submit(cluster, np=2, cmd="hostname",
+                                             user="maint-other"), ("succeeded",), 60)
+        assert elsewhere["placement"] == {"node3": 2}, elsewhere
+        # The self-test's own jobs still run there, and its pass gives the nodes back.
+        _selftest_pillar(cluster, original, exclude_failed_nodes=True,
+                         min_bandwidth_mb_per_s=0, far_below=0)
+        code, report = run(cluster, "mpi.selftest", **small)
+        assert code == 0 and report["passed"], report
+        assert not any(v["at_fault"] for n, v in
+                       selftest_verdicts(cluster).items() if n in ("node1", "node2"))
+        job = wait_for(cluster, held_back, ("succeeded",), 60)
+        assert job["placement"] == {"node1": 2}
+    finally:
+        cluster.put_file("master", SITE_PILLAR, original.encode())
+        cluster.salt(["salt", "*", "saltutil.refresh_pillar", "wait=True"])
+        run(cluster, "mpi.settings")
+
+
+def selftest_verdicts(cluster):
+    return {node: shown["selftest"] for node, shown in run(cluster, "mpi.nodes")[1].items()}

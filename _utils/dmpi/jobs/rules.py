@@ -346,6 +346,18 @@ def node_problem(seen, drain=None):
     return None
 
 
+def selftest_withheld(verdicts, selftest_settings):
+    """``{node: why}`` of the nodes that take no job but the self-test's own: with
+    ``mpi:selftest:exclude_failed_nodes``, those the last self-test of them found at fault
+    (``verdicts``: :func:`dmpi.master.selftest.kept_verdicts`)."""
+    if not (selftest_settings or {}).get("exclude_failed_nodes"):
+        return {}
+    return {node: f"failed the network self-test ({str(verdict['at_fault'])[:200]}); "
+                  "salt-run mpi.selftest tests it again"
+            for node, verdict in (verdicts or {}).items()
+            if isinstance(verdict, dict) and verdict.get("at_fault")}
+
+
 def has_image(seen, image_ref):
     """Whether the node's health evidence shows ``image_ref`` (repo@sha256:...) present."""
     images = (seen.get("health") or {}).get("images") if isinstance(seen, dict) else None

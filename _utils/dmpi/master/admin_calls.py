@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 def nodes(site):
     """Every MPI node: slots, used slots, running jobs, whether it reports, its health,
-    its drain, whether it may take new jobs and why not, and for a silent node whether
-    its host still answers the job controller's probe."""
+    its drain, whether it may take new jobs and why not, for a silent node whether
+    its host still answers the job controller's probe, and its last self-test's verdict."""
     store = site.store()
     now = time.time()
     seen = store.nodes()
@@ -41,7 +41,8 @@ def nodes(site):
     drains = store.drains()
     silent = store.get_meta("silent_nodes", {})
     jobs = store.jobs(ACTIVE)
-    tested = selftest.last(store)
+    tested = selftest.kept_verdicts(store)
+    withheld = rules.selftest_withheld(tested, config.get("selftest"))
     result = {}
     for node in sorted(set(site.mpi_nodes()) | set(seen)):
         info = seen.get(node)
@@ -50,6 +51,7 @@ def nodes(site):
         drain = drains.get(node)
         problem = rules.node_problem({"health": health}, drain) \
             if info and node in alive else "not reporting"
+        problem = problem or withheld.get(node)
         result[node] = {
             "slots": slots,
             "used": sum(j["placement"][node] for j in mine),
@@ -66,7 +68,7 @@ def nodes(site):
             "eligible": problem is None,
             "not_eligible_because": problem,
             "silent": silent.get(node),
-            "selftest": selftest.node_summary(tested, node),
+            "selftest": tested.get(node),
         }
     return result
 
@@ -80,7 +82,7 @@ def drain(site, node, reason=None, by=None):
             "reason is required: why the node is drained, in at most 200 characters")
     store = site.store()
     drained = _stored(store.drain, node, reason.strip(), by=by or "root")
-    site.drains_changed()
+    site.nodes_changed()
     running = [j["job_id"] for j in store.jobs(ACTIVE) if node in (j.get("placement") or {})]
     return {"node": node, "drained": dict(drained, since_utc=utc(drained["since"])),
             "running_jobs": running}
@@ -90,7 +92,7 @@ def resume(site, node):
     """Undo :func:`drain`."""
     _known_node(site, node)
     lifted = _stored(site.store().resume, node)
-    site.drains_changed()
+    site.nodes_changed()
     return {"node": node, "drained": None, "was": lifted}
 
 

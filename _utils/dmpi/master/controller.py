@@ -28,7 +28,7 @@ from dmpi.contract import job_tag
 from dmpi.errors import StartFailure
 from dmpi.jobs import addresses, fairshare, rules, sched
 from dmpi.jobs import record as job_record
-from dmpi.master import planner, starter
+from dmpi.master import planner, selftest, starter
 from dmpi.master.nodes import NodeBook, probe_host
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,10 @@ class JobController:
         # the store keeps them across restarts).
         self.address_holds = store.get_meta("address_holds", {})
         self.waiting = store.get_meta("waiting", {})  # as last written
-        # Maintenance: nodes an admin drained ({node: {reason, since, by}}, the store's).
+        # Maintenance: nodes an admin drained ({node: {reason, since, by}}, the store's),
+        # and each node's last self-test verdict.
         self.drains = store.drains()
+        self.selftest_verdicts = selftest.kept_verdicts(store)
         self.settings = controller_settings((store.get_meta("site") or {}).get("config"))
         # Host probes of silent nodes run in threads of their own, never in the loop and
         # never behind a job's start.
@@ -158,11 +160,13 @@ class JobController:
             self.plan_due = True
         self.plan()
 
-    def drains_changed(self):
-        """An admin drained or resumed a node (``mpi.drain``/``mpi.resume``, in the
-        store): read the drains again and plan."""
+    def nodes_changed(self):
+        """An admin drained or resumed a node (``mpi.drain``/``mpi.resume``), or a
+        self-test judged nodes (``mpi.selftest``): read the drains and verdicts again from
+        the store, and plan."""
         with self.lock:
             self.drains = self.store.drains()
+            self.selftest_verdicts = selftest.kept_verdicts(self.store)
             self.plan_due = True
         self.plan()
 
@@ -179,6 +183,7 @@ class JobController:
             if now - self.last_reload >= RELOAD_SECONDS:
                 self._reload(now)  # catches a cancel whose event was missed
                 self.drains = self.store.drains()  # and a drain whose event was missed
+                self.selftest_verdicts = selftest.kept_verdicts(self.store)
             if self._new_jobs():
                 self.plan_due = True  # a job whose queued event was missed
             self._probe_silent(now)
@@ -467,7 +472,12 @@ class JobController:
             node_slots, now, CLEANUP_TIMEOUT)
         seen = self.node_book.seen
         any_node = sorted(seen)  # one list shared by every job that takes any node
-        waiting, images = planner.waiting_jobs(queued, any_node, free, seen)
+        selftest = site_config.get("selftest") or {}
+        withheld = {n: why for n, why in rules.selftest_withheld(
+            self.selftest_verdicts, selftest).items() if n in free}
+        exempt = selftest.get("user")
+        waiting, fits, images = planner.waiting_jobs(queued, any_node, free, seen,
+                                                     withheld, exempt)
         self._ask_pulls(images, now)
         priorities = {}
         if site_config.get("queue_order", "fair") == "fair":
@@ -504,8 +514,8 @@ class JobController:
                 self._track(record)
                 self.starting.add(job_id)
                 started.append(record)
-            if problems or any(fit["missing"] for fit in images.values()):
-                blocked = planner.explain(blocked, queued, images, problems, any_node)
+            if problems or withheld or any(fit["missing"] for fit in images.values()):
+                blocked = planner.explain(blocked, queued, fits, problems, withheld, exempt)
             # Why each job waits, in one row (mpi.list and mpi.status show it).
             if blocked != self.waiting:
                 store.set_meta("waiting", blocked, conn=conn)

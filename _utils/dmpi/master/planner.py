@@ -1,7 +1,7 @@
 """
 What the queue sees of the cluster when the job controller plans: free slots on usable
-nodes, when running jobs end, each user's use, which nodes take no new job and why, and
-which candidates of each queued job hold its image. The scheduler (``dmpi.jobs.sched``)
+nodes, when running jobs end, each user's use, which nodes take no new job and why, which
+take the self-test's jobs only, and which candidates of each queued job hold its image. The scheduler (``dmpi.jobs.sched``)
 decides from this; the controller (:mod:`dmpi.master.controller`) records the starts.
 No Salt, no I/O.
 """
@@ -45,19 +45,28 @@ def capacity(active, closing, nodes, drains, alive, node_slots, now, cleanup_tim
     return free, running, usage, problems
 
 
-def waiting_jobs(queued, any_node, free, nodes):
-    """``(waiting, images)``: the queued jobs as the scheduler takes them, each with the
-    candidates that hold its image, and :func:`image_fit`'s answers by (candidate list,
-    image). ``any_node`` is the one list every job that takes any node shares."""
-    images, waiting = {}, []
+def waiting_jobs(queued, any_node, free, nodes, withheld=None, exempt=None):
+    """``(waiting, fits, images)``: the queued jobs as the scheduler takes them, each with
+    the candidates that hold its image; by job id, the candidate list it asked for and
+    :func:`image_fit`'s answer; and those answers by (candidate list, image). ``any_node`` is the one list every job that takes any
+    node shares; ``withheld`` nodes (``{node: why}``) are left out of every job's list
+    but those of the user ``exempt`` (the self-test's)."""
+    images, kept, waiting, fits = {}, {}, [], {}
     for job in queued:
-        fit = image_fit(images, job["spec"]["candidates"] or any_node,
-                        job["spec"]["image_ref"], free, nodes)
+        listed = job["spec"]["candidates"] or any_node
+        allowed = listed
+        if withheld and job["user"] != exempt:
+            allowed = kept.get(id(listed))
+            if allowed is None:  # once per list, so jobs that shared one still do
+                left = [n for n in listed if n not in withheld]
+                allowed = kept[id(listed)] = listed if len(left) == len(listed) else left
+        fit = image_fit(images, allowed, job["spec"]["image_ref"], free, nodes)
+        fits[job["job_id"]] = (listed, fit)
         waiting.append(
             {"id": job["job_id"], "user": job["user"], "np": job["np"],
              "walltime": job["walltime"], "candidates": fit["holders"],
              "count": job["spec"]["count"], "per_node": job["spec"]["per_node"]})
-    return waiting, images
+    return waiting, fits, images
 
 
 def image_fit(images, candidates, image_ref, free, nodes):
@@ -77,19 +86,20 @@ def image_fit(images, candidates, image_ref, free, nodes):
     return fit
 
 
-def explain(blocked, queued, images, problems, any_node):
+def explain(blocked, queued, fits, problems, withheld=None, exempt=None):
     """The scheduler's reasons (``{job id: why}``), with the nodes a job waiting for
-    resources cannot use named."""
+    resources cannot use named (``fits`` as :func:`waiting_jobs` gave them)."""
     explained, texts = dict(blocked), {}
+    barred = {**withheld, **problems} if withheld else problems
     for job in queued:
         base = blocked.get(job["job_id"])
         if base != "resources":
             continue
-        candidates = job["spec"]["candidates"] or any_node
-        key = (id(candidates), job["spec"]["image_ref"], job["image"])
+        listed, fit = fits[job["job_id"]]
+        shut = problems if job["user"] == exempt else barred
+        key = (id(listed), id(fit), job["image"], shut is problems)
         if key not in texts:
-            fit = images[key[:2]]
             texts[key] = rules.waiting_reason(
-                base, candidates, problems, set(fit["missing"]), job["image"])
+                base, listed, shut, set(fit["missing"]), job["image"])
         explained[job["job_id"]] = texts[key]
     return explained

@@ -22,8 +22,13 @@ with like (``ratio``: job TCP over host TCP bandwidth); the MPI ones are what pr
 get. A pair is flagged when its job ran wrong, its job TCP bandwidth is below
 ``mpi:selftest:min_bandwidth_mb_per_s`` or below ``mpi:selftest:far_below`` times the
 median of the pairs of its kind (between nodes or within one), or its ratio is below
-``mpi:selftest:min_ratio`` (pillar, defaults in defaults.yaml). The last result is kept in the job store; ``mpi.nodes``
-shows each node's part of it.
+``mpi:selftest:min_ratio`` (pillar, defaults in defaults.yaml). A pair whose job never
+left the queue (a busy cluster) is not measured: it flags no node.
+
+The last report is kept in the job store, and each tested node's verdict (:func:`verdicts`)
+until a later self-test of that node: ``mpi.nodes`` shows it and, with
+``mpi:selftest:exclude_failed_nodes``, the job controller gives a node at fault no job
+but the self-test's own until a self-test finds it no longer at fault.
 """
 
 import base64
@@ -39,10 +44,13 @@ from dmpi.master import user_calls
 from dmpi.settings import SELFTEST_COUNTS
 
 JOB_WALLTIME = "2m"
+#: How a pair's problem starts when its job never ran: no figure, no fault.
+NOT_MEASURED = "not measured"
 T_JOB = 180        # seconds from submit to the job's end
 T_HOST = 60        # the hosts' ping-pong
 T_CLOSE = 60       # a job's clean-up after its end
 META_KEY = "selftest"
+VERDICTS_KEY = "selftest_nodes"
 #: What the self-test's user name is bound to in the job store, as a hub user's name is
 #: bound to their hub identity: a hub user of that name is then refused it, and a name
 #: a hub user already holds is refused to the self-test. (A hub identity spelled like
@@ -177,6 +185,8 @@ def _job_pair(site, caller, opts, port, a, b):
     if ended["state"] not in user_calls.FINAL:
         user_calls.cancel(site, caller, job_id, reason="the self-test gave up on it")
     _wait_closed(site, caller, job_id)
+    if ended["state"] == "queued":
+        return job_id, None, f"{NOT_MEASURED}: job {job_id} was still queued after {T_JOB} s"
     if ended["state"] != "succeeded":
         return job_id, None, f"job {job_id} {ended['state']}: {ended.get('reason')}"
     output = user_calls.logs(site, caller, job_id)
@@ -259,8 +269,19 @@ def run(site, caller, nodes=None, size=None, lat_iters=None, bw_iters=None):
                                            "min_ratio")},
         "pairs": results,
     }
-    site.store().set_meta(META_KEY, report)
+    record(site.store(), report)
+    site.nodes_changed()
     return report
+
+
+def record(store, report):
+    """Keep ``report`` as the last one and its nodes' verdicts over their earlier ones,
+    in one transaction."""
+    with store.transaction() as conn:
+        kept = store.get_meta(VERDICTS_KEY, {}, conn=conn)
+        kept.update(verdicts(report))
+        store.set_meta(VERDICTS_KEY, kept, conn=conn)
+        store.set_meta(META_KEY, report, conn=conn)
 
 
 def last(store):
@@ -268,15 +289,41 @@ def last(store):
     return store.get_meta(META_KEY)
 
 
-def node_summary(report, node):
-    """What ``mpi.nodes`` shows of the last self-test for ``node``: when, whether every
-    pair it was in passed, and the problems of those that did not."""
-    if not report or node not in report.get("nodes", []):
-        return None
-    mine = [r for r in report["pairs"] if node in r["pair"]]
-    return {"at": report["started"], "passed": all(r["passed"] for r in mine),
-            "problems": [f"{'-'.join(dict.fromkeys(r['pair']))}: {p}"
-                         for r in mine for p in r["problems"]]}
+def kept_verdicts(store):
+    """Every node's verdict from the last self-test that tested it: ``{node: verdict}``."""
+    return store.get_meta(VERDICTS_KEY, {})
+
+
+def verdicts(report):
+    """
+    Each tested node's verdict: ``{node: {"at", "passed", "problems", "at_fault"}}``.
+    ``passed``: every pair it was in passed; ``problems``: those pairs' problems;
+    ``at_fault``: why the node itself is taken to be at fault, or None. It is when its
+    own pair (within the node) was flagged, or when every measured pair it was in with
+    another node was flagged: one bad link flags two nodes' pairs, a bad node flags all
+    of its own. With two nodes tested, a flagged pair puts both at fault (nothing tells
+    which), so test a node again beside at least two others. Pairs not measured (their
+    job never left the queue) count for nothing.
+    """
+    found = {}
+    for node in report.get("nodes", []):
+        mine = [r for r in report["pairs"] if node in r["pair"]]
+        measured = [r for r in mine if not r["problems"] or
+                    not r["problems"][0].startswith(NOT_MEASURED)]
+        own = [r for r in measured if r["pair"] == [node, node]]
+        between = [r for r in measured if r["pair"] != [node, node]]
+        at_fault = None
+        if own and not own[0]["passed"]:
+            at_fault = f"its own pair was flagged: {own[0]['problems'][0]}"
+        elif between and not any(r["passed"] for r in between):
+            others = ", ".join(n for r in between for n in r["pair"] if n != node)
+            at_fault = (f"every pair with another node was flagged ({others}): "
+                        f"{between[0]['problems'][0]}")
+        found[node] = {"at": report["started"], "passed": all(r["passed"] for r in mine),
+                       "problems": [f"{'-'.join(dict.fromkeys(r['pair']))}: {p}"
+                                    for r in mine for p in r["problems"]],
+                       "at_fault": at_fault}
+    return found
 
 
 def matrix(report):

@@ -27,7 +27,7 @@ import salt.pillar
 import salt.utils.event
 import salt.utils.minions
 import salt.utils.yaml
-from dmpi.contract import DRAINS_TAG, NODE_ROLE, job_tag
+from dmpi.contract import NODE_ROLE, NODES_CHANGED_TAG, job_tag
 from dmpi.errors import ClusterError, ConfigError, RequestError, StoreError
 from dmpi.jobs import rules
 from dmpi.jobs import store as job_store
@@ -72,9 +72,10 @@ class Site:
         """Announce a job's request or transition (``mpi/job/<id>/<state>``)."""
         self.fire(job_tag(job_id, state), dict(data or {}, job_id=job_id, state=state))
 
-    def drains_changed(self):
-        """Tell the job controller that an admin drained or resumed a node."""
-        self.fire(DRAINS_TAG, {})
+    def nodes_changed(self):
+        """Tell the job controller that an admin drained or resumed a node, or that a
+        self-test judged nodes."""
+        self.fire(NODES_CHANGED_TAG, {})
 
     def job_events(self):
         """A listening connection to the master's event bus (a context manager)."""

@@ -70,7 +70,7 @@ def test_no_module_outside_the_package_writes_the_contract_out_again():
     nothing of the package, and its one copy is held equal below)."""
     literals = ['"io.dockermpi.job"', '"io.dockermpi.role"', '"io.dockermpi.user"',
                 '"mpi-jobs"', '"/run/dockermpi"', r'[0-9]{8}-[0-9]{6}-[0-9a-f]{6}',
-                '("succeeded", "failed", "cancelled", "timed_out")', '"mpi/drains/changed"']
+                '("succeeded", "failed", "cancelled", "timed_out")', '"mpi/nodes/changed"']
     found = []
     for folder in ("_modules", "_states", "_runners", "_engines", "_utils"):
         for path in sorted((REPO / folder).rglob("*.py")):

@@ -60,7 +60,7 @@ def test_drain_records_who_why_and_since_and_tells_the_controller(master):
     assert drained["node"] == "node1" and drained["running_jobs"] == []
     assert drained["drained"]["reason"] == "disk swap, ticket 4711"
     assert drained["drained"]["by"] == "root"
-    assert fired == ["mpi/drains/changed"]
+    assert fired == ["mpi/nodes/changed"]
     shown = runner.nodes()["node1"]
     assert shown["drained"]["reason"] == "disk swap, ticket 4711"
     assert shown["drained"]["since_utc"].endswith("Z")

@@ -13,7 +13,7 @@ from dmpi.errors import StartFailure
 
 from dmpi.jobs import rules
 from dmpi.jobs import store as store_module
-from dmpi.master import controller, user_calls
+from dmpi.master import controller, selftest, user_calls
 
 CONFIG = {
     "cluster_network": "10.0.0.0/16", "job_root": "/var/lib/dockermpi/jobs",
@@ -774,7 +774,7 @@ def test_a_drained_node_takes_no_new_job_running_ones_go_on_and_resume_brings_it
     store, transport, clock, engine = world
     running = _started(store, clock, engine, np=2, spec=dict(_spec(), candidates=["node2"]))
     store.drain("node2", "disk swap", by="root")
-    engine.drains_changed()
+    engine.nodes_changed()
     queued = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node2"]))
     anywhere = _submit(store, clock, np=6)
     engine.job_requested(queued)
@@ -786,7 +786,7 @@ def test_a_drained_node_takes_no_new_job_running_ones_go_on_and_resume_brings_it
     assert waiting[anywhere] == "resources; node2 drained (disk swap)"
     store.resume("node2")
     engine.node_report("node2", _running_report(clock, running, launcher_exit_code=0))
-    engine.drains_changed()
+    engine.nodes_changed()
     _settle(engine)
     assert store.get(queued)["state"] == "running"
 
@@ -863,3 +863,40 @@ def test_a_restarted_engine_knows_the_nodes_health_from_the_store(world):
     engine = _restart(engine, store, transport, clock)
     job_id = _started(store, clock, engine, np=2)
     assert store.get(job_id)["state"] == "running"
+
+
+def test_with_exclusion_on_a_node_the_self_test_found_at_fault_takes_only_its_jobs(world):
+    store, transport, clock, engine = world
+    on = dict(CONFIG, selftest={"user": "dockermpi-selftest", "exclude_failed_nodes": True})
+    store.set_meta("site", {"config": on, "read": time.time()})
+    store.set_meta(selftest.VERDICTS_KEY, {
+        "node2": {"at": clock.now, "passed": False, "problems": ["node2: ..."],
+                  "at_fault": "its own pair was flagged: job TCP bandwidth 9 MB/s ..."}})
+    engine.nodes_changed()
+    there = dict(_spec(), candidates=["node2"], config=on)
+    alices = _submit(store, clock, np=2, spec=there)
+    engine.job_requested(alices)
+    _settle(engine)
+    assert store.get(alices)["state"] == "queued"
+    assert store.get_meta("waiting")[alices].startswith(
+        "node2 failed the network self-test (its own pair was flagged: job TCP bandwidth 9")
+    # The self-test's own job goes there: how else would the node pass again?
+    retest = _started(store, clock, engine, np=2, spec=there, user="dockermpi-selftest")
+    assert store.get(retest)["placement"] == {"node2": 2}
+    engine.node_report("node2", _running_report(clock, retest, launcher_exit_code=0))
+    _settle(engine)
+    assert store.get(alices)["state"] == "queued"
+    store.set_meta(selftest.VERDICTS_KEY, {
+        "node2": {"at": clock.now, "passed": True, "problems": [], "at_fault": None}})
+    engine.nodes_changed()
+    _settle(engine)
+    assert store.get(alices)["placement"] == {"node2": 2}
+
+
+def test_without_exclusion_a_node_at_fault_still_takes_jobs(world):
+    store, transport, clock, engine = world
+    store.set_meta(selftest.VERDICTS_KEY, {
+        "node2": {"at": clock.now, "passed": False, "problems": [], "at_fault": "..."}})
+    engine.nodes_changed()
+    job_id = _started(store, clock, engine, np=2, spec=dict(_spec(), candidates=["node2"]))
+    assert store.get(job_id)["placement"] == {"node2": 2}

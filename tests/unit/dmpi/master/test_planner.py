@@ -33,7 +33,8 @@ def test_capacity_counts_running_and_closing_jobs_and_leaves_out_drained_nodes()
 def test_only_candidates_holding_the_image_are_offered_and_the_others_named():
     free = {"node1": 2, "node2": 2, "node3": 2}
     any_node = sorted(NODES)
-    waiting, images = planner.waiting_jobs([_queued("a"), _queued("b")], any_node, free, NODES)
+    waiting, _, images = planner.waiting_jobs([_queued("a"), _queued("b")], any_node, free,
+                                              NODES)
     assert [w["candidates"] for w in waiting] == [["node1", "node2", "node4"]] * 2
     (fit,) = images.values()  # one answer for both jobs: they share the any-node list
     assert fit["missing"] == ["node3"]
@@ -41,15 +42,35 @@ def test_only_candidates_holding_the_image_are_offered_and_the_others_named():
 
 def test_a_list_every_candidate_holds_the_image_of_is_shared_not_copied():
     any_node = ["node1", "node2"]
-    waiting, _ = planner.waiting_jobs([_queued("a")], any_node, {"node1": 2}, NODES)
+    waiting, _, _ = planner.waiting_jobs([_queued("a")], any_node, {"node1": 2}, NODES)
     assert waiting[0]["candidates"] is any_node
 
 
 def test_a_job_waiting_for_resources_is_told_which_nodes_it_cannot_use():
     any_node = sorted(NODES)
     queued = [_queued("a"), _queued("b")]
-    _, images = planner.waiting_jobs(queued, any_node, {"node3": 2}, NODES)
-    explained = planner.explain({"a": "resources", "b": "user limit"}, queued, images,
-                                {"node4": "drained (disk swap)"}, any_node)
+    _, fits, _ = planner.waiting_jobs(queued, any_node, {"node3": 2}, NODES)
+    explained = planner.explain({"a": "resources", "b": "user limit"}, queued, fits,
+                                {"node4": "drained (disk swap)"})
     assert explained["b"] == "user limit"
     assert "node4" in explained["a"] and "node3" in explained["a"], explained["a"]
+
+
+def test_withheld_nodes_are_left_out_for_every_user_but_the_exempt_one_and_named():
+    any_node, mine = sorted(NODES), ["node2"]
+    queued = [_queued("a"), _queued("b", user="bob"), _queued("c", mine),
+              _queued("t", mine, user="dockermpi-selftest")]
+    withheld = {"node2": "failed the network self-test (...)"}
+    waiting, fits, _ = planner.waiting_jobs(queued, any_node, {"node1": 2, "node2": 2, "node3": 2},
+                                            NODES, withheld, "dockermpi-selftest")
+    offered = {w["id"]: w["candidates"] for w in waiting}
+    assert offered == {"a": ["node1", "node4"], "b": ["node1", "node4"], "c": [],
+                       "t": ["node2"]}
+    assert offered["a"] is offered["b"]  # still one list for every any-node job
+    explained = planner.explain({j: "resources" for j in "abct"}, queued, fits,
+                                {"node4": "drained (disk swap)"}, withheld,
+                                "dockermpi-selftest")
+    assert explained["c"] == "node2 failed the network self-test (...)"
+    assert "node2 failed the network self-test" in explained["a"]
+    assert "node4 drained" in explained["a"] and "node3" in explained["a"]
+    assert explained["t"] == "resources"

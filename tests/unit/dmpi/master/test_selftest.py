@@ -17,6 +17,7 @@ from dmpi.master import admin_calls, selftest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.extension import load_extension
 from tests.unit.dmpi.master.test_admin_calls import RecordingSite
+from tests.unit.dmpi.master.test_planner import HEALTHY
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
 network = load_extension("_modules/mpi_network.py", "mpi_network_selftest")
@@ -123,16 +124,18 @@ def test_settings_come_from_pillar_then_the_admin_and_bad_ones_are_named():
 def test_the_pillars_selftest_settings_are_checked_with_the_rest():
     config = yaml.safe_load((REPO / "salt" / "dockermpi" / "defaults.yaml").read_text())["mpi"]
     config["selftest"].update(user="Not A User", image="bad/name", size=0, far_below=-1,
-                              min_ratio="high", typo=1)
+                              min_ratio="high", exclude_failed_nodes="false", typo=1)
     found = [p for p in dmpi.settings.problems(config) if "selftest" in p]
     assert found == [
         "mpi:selftest:typo is not a DockerMPI setting (the keys of mpi:selftest are: user, "
-        "image, size, lat_iters, bw_iters, min_bandwidth_mb_per_s, far_below, min_ratio)",
+        "image, size, lat_iters, bw_iters, min_bandwidth_mb_per_s, far_below, min_ratio, "
+        "exclude_failed_nodes)",
         "mpi:selftest:user 'Not A User' is not a DockerMPI user name",
         "mpi:selftest:image 'bad/name' is not an image short name (a key of mpi:images)",
         "mpi:selftest:size must be a whole number from 1 to 67108864, got 0",
         "mpi:selftest:far_below must be a number of at least 0, got -1",
-        "mpi:selftest:min_ratio must be a number of at least 0, got 'high'"]
+        "mpi:selftest:min_ratio must be a number of at least 0, got 'high'",
+        "mpi:selftest:exclude_failed_nodes must be true or false, got 'false'"]
 
 
 def test_the_job_output_is_found_past_anything_the_ranks_printed():
@@ -187,20 +190,82 @@ def test_the_matrix_shows_every_pair_with_its_figures_or_a_dash_and_its_result()
     assert lines[3].count(" - ") >= 3 and "rank 1 exited 1" in lines[3]
 
 
-def test_nodes_shows_each_nodes_part_of_the_last_self_test(tmp_path):
+def _judged(*flagged, nodes=("node1", "node2", "node3"), started=1e9):
+    """A report of every pair of ``nodes``, the ``flagged`` ones ("node1-node2") flagged."""
+    pairs = []
+    for a, b in selftest.pairs(nodes):
+        bad = f"{a}-{b}" in flagged
+        pairs.append(dict(_pair(a, b, 300 if bad else 900), passed=not bad,
+                          problems=["job TCP bandwidth 300 MB/s is below ..."] if bad else []))
+    return {"started": started, "nodes": list(nodes), "pairs": pairs}
+
+
+def _faulty(report):
+    return {n: v["at_fault"] for n, v in selftest.verdicts(report).items() if v["at_fault"]}
+
+
+def test_a_node_is_at_fault_when_its_own_pair_or_all_its_pairs_with_others_are_flagged():
+    assert _faulty(_judged()) == {}
+    # A bad node flags every pair it is in; the others each keep a good pair.
+    bad_node = _faulty(_judged("node3-node3", "node1-node3", "node2-node3"))
+    assert list(bad_node) == ["node3"]
+    assert bad_node["node3"].startswith("its own pair was flagged: job TCP bandwidth 300")
+    assert list(_faulty(_judged("node1-node3", "node2-node3"))) == ["node3"]
+    assert _faulty(_judged("node1-node3", "node2-node3"))["node3"].startswith(
+        "every pair with another node was flagged (node1, node2): job TCP")
+    # One bad link: both ends are flagged, neither is at fault.
+    one_link = selftest.verdicts(_judged("node1-node2"))
+    assert [one_link[n]["passed"] for n in ("node1", "node2", "node3")] == [False, False, True]
+    assert not any(v["at_fault"] for v in one_link.values())
+    # Two nodes tested: nothing tells which of the two it is.
+    assert list(_faulty(_judged("node1-node2", nodes=("node1", "node2")))) == ["node1", "node2"]
+
+
+def test_a_pair_whose_job_never_left_the_queue_puts_no_node_at_fault():
+    report = _judged(nodes=("node1", "node2"))
+    report["pairs"][2].update(job=None, passed=False, problems=[
+        f"{selftest.NOT_MEASURED}: job 20261205-000000-abcdef was still queued after 180 s"])
+    verdicts = selftest.verdicts(report)
+    assert verdicts["node1"]["passed"] is False and verdicts["node1"]["at_fault"] is None
+
+
+def test_each_node_keeps_the_verdict_of_the_last_self_test_that_tested_it(tmp_path):
+    store = RecordingSite(tmp_path).store()
+    selftest.record(store, _judged("node1-node3", "node2-node3", started=1e9))
+    selftest.record(store, _judged(nodes=("node1", "node2"), started=2e9))
+    kept = selftest.kept_verdicts(store)
+    assert {n: (v["at"], v["at_fault"] is not None) for n, v in kept.items()} == {
+        "node1": (2e9, False), "node2": (2e9, False), "node3": (1e9, True)}
+    assert selftest.last(store)["started"] == 2e9
+
+
+def test_nodes_shows_each_nodes_verdict_and_withholds_a_faulty_one_when_told(tmp_path):
     site = RecordingSite(tmp_path)
     store = site.store()
-    store.set_meta("site", {"config": {"slots_per_node": 2, "images": {}}})
-    store.nodes_seen({n: (time.time(), {"engine": "ok", "jobs": {}, "health": {}})
+    config = {"slots_per_node": 2, "images": {}, "selftest": {"exclude_failed_nodes": False}}
+    store.set_meta("site", {"config": config})
+    store.nodes_seen({n: (time.time(), {"engine": "ok", "jobs": {}, "health": HEALTHY["health"]})
                       for n in ("node1", "node2", "node3")})
     assert admin_calls.nodes(site)["node1"]["selftest"] is None
-    store.set_meta(selftest.META_KEY, _report())
+    report = _judged("node1-node3", "node2-node3")
+    report["pairs"][-1].update(job=None, problems=["job 20261205-1 failed: rank 1 exited 1"])
+    selftest.record(store, report)
     shown = admin_calls.nodes(site)
     assert shown["node1"]["selftest"] == {
-        "at": 1e9, "passed": False,
-        "problems": ["node1-node2: job TCP bandwidth 300 MB/s is below ..."]}
+        "at": 1e9, "passed": False, "at_fault": None,
+        "problems": ["node1-node3: job TCP bandwidth 300 MB/s is below ..."]}
     assert shown["node3"]["selftest"]["problems"] == [
+        "node1-node3: job TCP bandwidth 300 MB/s is below ...",
         "node2-node3: job 20261205-1 failed: rank 1 exited 1"]
+    assert shown["node3"]["selftest"]["at_fault"].startswith("every pair with another node")
+    assert shown["node3"]["eligible"] is True  # exclusion is off
+    config["selftest"]["exclude_failed_nodes"] = True
+    store.set_meta("site", {"config": config})
+    shown = admin_calls.nodes(site)
+    assert [shown[n]["eligible"] for n in ("node1", "node2", "node3")] == [True, True, False]
+    assert shown["node3"]["not_eligible_because"].startswith(
+        "failed the network self-test (every pair with another node was flagged (node1, "
+        "node2)")
 
 
 def test_the_runner_refuses_nodes_that_are_not_mpi_nodes(tmp_path):
