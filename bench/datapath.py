@@ -74,7 +74,9 @@ import dmpi.launch.files  # noqa: E402
 import dmpi.launch.openmpi  # noqa: E402
 import dmpi.launch.ssh  # noqa: E402  (pure Python; key generation needs cryptography)
 import dmpi.pingpong  # noqa: E402
-from dmpi.contract import AGENT_DIR, AGENT_SSH, AGENT_SSHD  # noqa: E402
+from dmpi.contract import (  # noqa: E402
+    AGENT_DIR, AGENT_SSH, AGENT_SSHD, DATA_MOUNT, NETNS_NAME, USERS_SUBDIR,
+)
 import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
     BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
@@ -98,13 +100,52 @@ T_MPIRUN = 180                 # one plain mpirun
 T_SSHD = 30                    # the host-network sshd answering
 SHORT = {"repeat": 1, "lat_iters": 100, "bw_iters": 2}  # what --short (CI) sets
 
+# Turns offloads of the namespace's one interface off through the ethtool ioctl (the
+# nodes have no ethtool), then prints their state. argv: names of ETHTOOL_OFFLOADS.
+OFFLOADS_OFF = r'''
+import array, fcntl, socket, struct, sys
+SIOCETHTOOL = 0x8946
+CMDS = {"gro": (0x2b, 0x2c), "gso": (0x23, 0x24), "tso": (0x1e, 0x1f),  # (get, set)
+        "sg": (0x18, 0x19)}
+def ethtool(sock, name, cmd, value=0):
+    buf = array.array("B", struct.pack("II", cmd, value))
+    ifreq = struct.pack("16sP", name.encode(), buf.buffer_info()[0]) + bytes(16)
+    fcntl.ioctl(sock, SIOCETHTOOL, ifreq)
+    return struct.unpack("II", buf)[1]
+(name,) = [n for _, n in socket.if_nameindex() if n != "lo"]
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for feature in sys.argv[1:]:
+    ethtool(sock, name, CMDS[feature][1], 0)
+print(name, {f: ethtool(sock, name, CMDS[f][0]) for f in CMDS})
+'''
+#: ``--candidate``: what is changed in the job's namespace on each node of the pair,
+#: after its ranks' containers are up and before the ping-pong, to measure what each part
+#: of the job's data path costs (bench/README.md). ``chosen`` is the namespace as
+#: DockerMPI makes it.
+CANDIDATES = {
+    "chosen": [],
+    # The raw table's NOTRACK rules gone: every packet of the ranks goes through
+    # connection tracking (the filter rules still accept the peers by address).
+    "tracked": [["iptables", "-t", "raw", "-F"]],
+    # Offloads that a macvlan device lets one change (its SG and TSO follow the parent's).
+    "no-gro": [["python3", "-c", OFFLOADS_OFF, "gro"]],
+    "no-gso": [["python3", "-c", OFFLOADS_OFF, "gso"]],
+}
+
 # Rank 0 <-> rank 1 (dmpi.pingpong.mpi_pingpong, whose module travels with it, as in
 # the self-test); rank 0 prints one JSON line. Arguments: latency round trips, bandwidth
-# round trips, bandwidth message bytes.
+# round trips, bandwidth message bytes, and optionally a file to wait for before MPI
+# starts (a --candidate's change is made meanwhile).
 PINGPONG = inspect.getsource(dmpi.pingpong) + r'''
-import json, sys
-from mpi4py import MPI
+import json, os, sys, time
 lat_iters, bw_iters, size = (int(a) for a in sys.argv[1:4])
+go = sys.argv[4] if len(sys.argv) > 4 else ""
+deadline = time.monotonic() + 120
+while go and not os.path.exists(go):
+    if time.monotonic() > deadline:
+        sys.exit(f"{go} did not appear within 120 s")
+    time.sleep(0.05)
+from mpi4py import MPI
 comm = MPI.COMM_WORLD
 if comm.Get_size() != 2:
     comm.Abort(2)
@@ -115,11 +156,12 @@ if comm.Get_rank() == 0:
 '''
 
 
-def program(args):
-    """The ping-pong as a program argv: the script travels base64-encoded, as one word."""
+def program(args, go=None):
+    """The ping-pong as a program argv: the script travels base64-encoded, as one word;
+    with ``go``, it waits for that file before MPI starts."""
     encoded = base64.b64encode(PINGPONG.encode()).decode()
     return ["python3", "-c", f"import base64; exec(base64.b64decode('{encoded}'))",
-            str(args.lat_iters), str(args.bw_iters), str(args.size)]
+            str(args.lat_iters), str(args.bw_iters), str(args.size)] + ([go] if go else [])
 
 
 def parse(stdout, where, pair):
@@ -143,12 +185,23 @@ def ranks_by_node(pair):
     return {node: pair.count(node) for node in dict.fromkeys(pair)}
 
 
-def dockermpi_once(jobs, args):
+def dockermpi_once(jobs, args, storage):
     pair = PAIRS[args.pair]
     placement = ranks_by_node(pair)
-    job_id = jobs.submit(2, program(args), nodes=",".join(placement),
+    changes = CANDIDATES[args.candidate]
+    go = f".datapath-go-{secrets.token_hex(4)}" if changes else None
+    job_id = jobs.submit(2, program(args, go and f"{DATA_MOUNT}/{go}"),
+                         nodes=",".join(placement),
                          slots_per_node=max(placement.values()), walltime=f"{T_JOB}s")
+    if changes:
+        jobs.wait_state(job_id, ("running",), T_JOB)
+        for node in placement:
+            change_namespace(node, job_id, changes)
+        go_file = f"{storage}/{USERS_SUBDIR}/{jobs.user}/{go}"
+        node_exec(FIRST, ["touch", go_file])
     job = jobs.wait_closed(job_id, T_JOB + 60)
+    if changes:
+        node_exec(FIRST, ["rm", "-f", go_file])
     if job["state"] != "succeeded":
         raise BenchError(f"job {job_id} ended {job['state']}: {job.get('reason')}")
     if job.get("placement") != placement:
@@ -160,18 +213,29 @@ def dockermpi_once(jobs, args):
     return result
 
 
+def change_namespace(node, job_id, changes):
+    """Run each argv of ``changes`` in the job's network namespace on ``node`` (that of
+    its namespace holder container, through nsenter on the node's host)."""
+    pid = node_exec(node, ["docker", "inspect", "-f", "{{.State.Pid}}",
+                           NETNS_NAME.format(job_id=job_id)]).stdout.strip()
+    for argv in changes:
+        said = node_exec(node, ["nsenter", "-t", pid, "-n", *argv]).stdout.strip()
+        log(f"{node}: {argv[0]} {argv[-1] if len(argv) > 1 else ''} in job {job_id}'s "
+            f"namespace{': ' + said if said else ''}")
+
+
 # ----------------------------------------------------------------------------- host
 
 
 def site():
-    """(image reference, cluster network) from the nodes' pillar."""
+    """(image reference, cluster network, shared storage path) from the nodes' pillar."""
     code, pillar = salt_run("pillar.show_pillar", FIRST)
     mpi = (pillar or {}).get("mpi") if isinstance(pillar, dict) else None
     try:
-        return mpi["images"]["mpi"], mpi["cluster_network"]
+        return mpi["images"]["mpi"], mpi["cluster_network"], mpi["storage"]["path"]
     except (KeyError, TypeError):
-        raise BenchError(f"no mpi:images:mpi or mpi:cluster_network in {FIRST}'s pillar "
-                         f"(exit {code})") from None
+        raise BenchError(f"no mpi:images:mpi, mpi:cluster_network or mpi:storage:path in "
+                         f"{FIRST}'s pillar (exit {code})") from None
 
 
 def remove_host_side():
@@ -330,6 +394,10 @@ def main(argv=None):
     parser.add_argument("--pair", choices=sorted(PAIRS), default="between",
                         help="between: rank 0 on node1, rank 1 on node2 (default); within: "
                              "both on node1 (shared memory)")
+    parser.add_argument("--candidate", choices=list(CANDIDATES), default="chosen",
+                        help="a change made in the job's namespaces before the ping-pong: "
+                             "tracked (no NOTRACK: connection tracking), no-gro, no-gso; "
+                             "default chosen (none)")
     parser.add_argument("--user", default="bench-datapath", help="job user (starts with bench)")
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
     parser.add_argument("--short", action="store_true",
@@ -349,11 +417,11 @@ def main(argv=None):
         stale = remove_host_side()
         if stale:
             log(f"removed what an interrupted run left: {stale}")
-        image, cidr = site()
+        image, cidr, storage = site()
         host = HostNetwork(args, image, cidr)
         host.start()
         for i in range(args.repeat):
-            samples["dockermpi"].append(dockermpi_once(jobs, args))
+            samples["dockermpi"].append(dockermpi_once(jobs, args, storage))
             samples["host"].append(host.once())
     except (KeyboardInterrupt, Terminated) as exc:
         failure = f"interrupted ({type(exc).__name__})"
@@ -383,6 +451,8 @@ def main(argv=None):
                                                       else ")")
         ours = "DockerMPI: job namespaces on macvlan" if args.pair == "between" else \
             "DockerMPI: the job's container"
+        if args.candidate != "chosen":
+            ours += f", {args.candidate}"
         for side, what in (("dockermpi", ours), ("host", host_what)):
             found = samples[side]
             rows.append([what, len(found), median([s["latency_us"] for s in found]),
@@ -396,7 +466,8 @@ def main(argv=None):
             bw = [median([s["bandwidth_mb_per_s"] for s in samples[k]]) for k in ("dockermpi", "host")]
             print(f"dockermpi / host: latency x{lat[0] / lat[1]:.2f}, "
                   f"bandwidth x{bw[0] / bw[1]:.2f}")
-            name = "datapath_" if args.pair == "between" else "datapath_within_"
+            name = "datapath_" + ("" if args.pair == "between" else "within_") + (
+                "" if args.candidate == "chosen" else args.candidate.replace("-", "_") + "_")
             figures.record(f"{name}dockermpi_latency_us", lat[0], 1)
             figures.record(f"{name}host_latency_us", lat[1], 1)
             figures.record(f"{name}dockermpi_bandwidth_mb_per_s", bw[0], 0)

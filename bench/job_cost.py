@@ -233,7 +233,7 @@ def main(argv=None):
         stale = datapath.remove_host_side()
         if stale:
             log(f"removed what an interrupted run left: {stale}")
-        image, cidr = datapath.site()
+        image, cidr, _ = datapath.site()
         meter = Meter()
         session = RunnerSession(T_LAUNCH + 60)
         # Not counted: images in the nodes' page cache, modules loaded.
