@@ -79,7 +79,7 @@ from dmpi.contract import (  # noqa: E402
 )
 import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
-    BenchError, Jobs, Terminated, log, median, node_exec, salt_run, table,
+    BenchError, Jobs, RunnerSession, Terminated, log, median, node_exec, salt_run, table,
     trap_sigterm, verdict, check_common_args, parse_args,
 )
 
@@ -100,36 +100,15 @@ T_MPIRUN = 180                 # one plain mpirun
 T_SSHD = 30                    # the host-network sshd answering
 SHORT = {"repeat": 1, "lat_iters": 100, "bw_iters": 2}  # what --short (CI) sets
 
-# Turns offloads of the namespace's one interface off through the ethtool ioctl (the
-# nodes have no ethtool), then prints their state. argv: names of ETHTOOL_OFFLOADS.
-OFFLOADS_OFF = r'''
-import array, fcntl, socket, struct, sys
-SIOCETHTOOL = 0x8946
-CMDS = {"gro": (0x2b, 0x2c), "gso": (0x23, 0x24), "tso": (0x1e, 0x1f),  # (get, set)
-        "sg": (0x18, 0x19)}
-def ethtool(sock, name, cmd, value=0):
-    buf = array.array("B", struct.pack("II", cmd, value))
-    ifreq = struct.pack("16sP", name.encode(), buf.buffer_info()[0]) + bytes(16)
-    fcntl.ioctl(sock, SIOCETHTOOL, ifreq)
-    return struct.unpack("II", buf)[1]
-(name,) = [n for _, n in socket.if_nameindex() if n != "lo"]
-sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for feature in sys.argv[1:]:
-    ethtool(sock, name, CMDS[feature][1], 0)
-print(name, {f: ethtool(sock, name, CMDS[f][0]) for f in CMDS})
-'''
 #: ``--candidate``: what is changed in the job's namespace on each node of the pair,
 #: after its ranks' containers are up and before the ping-pong, to measure what each part
-#: of the job's data path costs (bench/README.md). ``chosen`` is the namespace as
-#: DockerMPI makes it.
+#: of the job's data path costs (bench/README.md). ``chosen`` changes nothing: the
+#: namespace as DockerMPI makes it, measured the same way.
 CANDIDATES = {
     "chosen": [],
     # The raw table's NOTRACK rules gone: every packet of the ranks goes through
     # connection tracking (the filter rules still accept the peers by address).
     "tracked": [["iptables", "-t", "raw", "-F"]],
-    # Offloads that a macvlan device lets one change (its SG and TSO follow the parent's).
-    "no-gro": [["python3", "-c", OFFLOADS_OFF, "gro"]],
-    "no-gso": [["python3", "-c", OFFLOADS_OFF, "gso"]],
 }
 
 # Rank 0 <-> rank 1 (dmpi.pingpong.mpi_pingpong, whose module travels with it, as in
@@ -185,23 +164,27 @@ def ranks_by_node(pair):
     return {node: pair.count(node) for node in dict.fromkeys(pair)}
 
 
-def dockermpi_once(jobs, args, storage):
+def dockermpi_once(jobs, args, storage, session=None):
+    """One job's figures. With ``--candidate``, its ranks wait for a go file; meanwhile
+    the candidate's change is made and ``mpi.wait`` is asked of ``session`` (a
+    RunnerSession: no salt-run process starts beside the ping-pong), then the file is
+    made."""
     pair = PAIRS[args.pair]
     placement = ranks_by_node(pair)
-    changes = CANDIDATES[args.candidate]
-    go = f".datapath-go-{secrets.token_hex(4)}" if changes else None
+    go = f".datapath-go-{secrets.token_hex(4)}" if args.candidate else None
     job_id = jobs.submit(2, program(args, go and f"{DATA_MOUNT}/{go}"),
                          nodes=",".join(placement),
                          slots_per_node=max(placement.values()), walltime=f"{T_JOB}s")
-    if changes:
+    if go:
+        go_file = f"{storage}/{USERS_SUBDIR}/{jobs.user}/{go}"
         jobs.wait_state(job_id, ("running",), T_JOB)
         for node in placement:
-            change_namespace(node, job_id, changes)
-        go_file = f"{storage}/{USERS_SUBDIR}/{jobs.user}/{go}"
+            change_namespace(node, job_id, CANDIDATES[args.candidate])
+        session.send("mpi.wait", job_id=job_id, timeout=T_JOB)
         node_exec(FIRST, ["touch", go_file])
-    job = jobs.wait_closed(job_id, T_JOB + 60)
-    if changes:
+        session.answer("mpi.wait")
         node_exec(FIRST, ["rm", "-f", go_file])
+    job = jobs.wait_closed(job_id, T_JOB + 60)
     if job["state"] != "succeeded":
         raise BenchError(f"job {job_id} ended {job['state']}: {job.get('reason')}")
     if job.get("placement") != placement:
@@ -394,10 +377,10 @@ def main(argv=None):
     parser.add_argument("--pair", choices=sorted(PAIRS), default="between",
                         help="between: rank 0 on node1, rank 1 on node2 (default); within: "
                              "both on node1 (shared memory)")
-    parser.add_argument("--candidate", choices=list(CANDIDATES), default="chosen",
-                        help="a change made in the job's namespaces before the ping-pong: "
-                             "tracked (no NOTRACK: connection tracking), no-gro, no-gso; "
-                             "default chosen (none)")
+    parser.add_argument("--candidate", choices=list(CANDIDATES),
+                        help="a change made in the job's namespaces while its ranks wait, "
+                             "before the ping-pong: chosen (none), tracked (no NOTRACK: "
+                             "connection tracking)")
     parser.add_argument("--user", default="bench-datapath", help="job user (starts with bench)")
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
     parser.add_argument("--short", action="store_true",
@@ -410,6 +393,7 @@ def main(argv=None):
     trap_sigterm()
 
     jobs = Jobs(args.user)
+    session = None
     samples = {"dockermpi": [], "host": []}
     failure = None
     problems = []
@@ -420,14 +404,18 @@ def main(argv=None):
         image, cidr, storage = site()
         host = HostNetwork(args, image, cidr)
         host.start()
+        if args.candidate:
+            session = RunnerSession(T_JOB + 60)
         for i in range(args.repeat):
-            samples["dockermpi"].append(dockermpi_once(jobs, args, storage))
+            samples["dockermpi"].append(dockermpi_once(jobs, args, storage, session))
             samples["host"].append(host.once())
     except (KeyboardInterrupt, Terminated) as exc:
         failure = f"interrupted ({type(exc).__name__})"
     except BenchError as exc:
         failure = str(exc)
     finally:
+        if session is not None:
+            session.close()
         try:
             remove_host_side()
         except BenchError as exc:
@@ -451,7 +439,7 @@ def main(argv=None):
                                                       else ")")
         ours = "DockerMPI: job namespaces on macvlan" if args.pair == "between" else \
             "DockerMPI: the job's container"
-        if args.candidate != "chosen":
+        if args.candidate:
             ours += f", {args.candidate}"
         for side, what in (("dockermpi", ours), ("host", host_what)):
             found = samples[side]
@@ -467,7 +455,7 @@ def main(argv=None):
             print(f"dockermpi / host: latency x{lat[0] / lat[1]:.2f}, "
                   f"bandwidth x{bw[0] / bw[1]:.2f}")
             name = "datapath_" + ("" if args.pair == "between" else "within_") + (
-                "" if args.candidate == "chosen" else args.candidate.replace("-", "_") + "_")
+                args.candidate.replace("-", "_") + "_" if args.candidate else "")
             figures.record(f"{name}dockermpi_latency_us", lat[0], 1)
             figures.record(f"{name}host_latency_us", lat[1], 1)
             figures.record(f"{name}dockermpi_bandwidth_mb_per_s", bw[0], 0)

@@ -197,8 +197,16 @@ class RunnerSession:
 
     def call(self, fun, **kwarg):
         """``(seconds, return)`` of one runner call; raises BenchError if it raised."""
+        self.send(fun, **kwarg)
+        return self.answer(fun)
+
+    def send(self, fun, **kwarg):
+        """Ask for one runner call and return at once; :meth:`answer` waits for it."""
         self.process.stdin.write(json.dumps({"fun": fun, "kwarg": kwarg}) + "\n")
         self.process.stdin.flush()
+
+    def answer(self, fun):
+        """``(seconds, return)`` of the call :meth:`send` asked for."""
         reply = self._reply()
         if reply["exception"]:
             raise BenchError(f"{fun} raised in the RunnerClient: {reply['exception']}")

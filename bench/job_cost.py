@@ -74,13 +74,15 @@ def machine_busy():
 
 
 def host_cgroups():
-    """{host: its cgroup's CPU usage file} for the cluster's host containers."""
-    found = {}
+    """``({host: its cgroup's CPU usage file}, {container id: host})`` for the cluster's
+    host containers."""
+    found, ids = {}, {}
     for host in HOSTS:
         result = run(["docker", "inspect", "-f", "{{.Id}}", f"dmpi-{host}"], 30, check=False)
         cid = result.stdout.strip()
         if result.returncode != 0 or not cid:
             continue
+        ids[cid] = host
         for path in (f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage",
                      f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"):
             if os.path.exists(path):
@@ -90,6 +92,75 @@ def host_cgroups():
             raise BenchError(f"no CPU accounting found for dmpi-{host} ({cid[:12]})")
     if MASTER.removeprefix("dmpi-") not in found or not set(PAIR) <= set(found):
         raise BenchError(f"the test cluster is not up (hosts found: {sorted(found)})")
+    return found, ids
+
+
+def process_name(comm, argv):
+    """A process's name for the table: its command's, or for a Python program the
+    program's with the first word of its title (Salt names its processes:
+    ``salt-master MWorker``, ``salt-minion ProcessPayload``)."""
+    words = [w for w in argv if w]
+    if not words or not pathlib.PurePath(words[0]).name.startswith("python"):
+        return comm
+    if len(words) < 2:
+        return "python"
+    if words[1] in ("-c", "-m"):
+        return f"python {' '.join(words[1:3])}"[:40] if words[1] == "-m" else "python -c"
+    title = words[2].split("(")[0].rstrip("-0123456789") if len(words) > 2 else ""
+    return f"{pathlib.PurePath(words[1]).name} {title}".strip()
+
+
+def process_table():
+    """``{pid: (name, ppid, start, core-seconds, cgroup)}`` of every process of this
+    machine, read from this host's /proc: nothing runs in the cluster's hosts to read it.
+    A process's core-seconds include those of its children it has reaped (``cutime``,
+    ``cstime``): the short commands a Salt minion or a Docker engine runs count as theirs."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+                text = stat.read()
+            with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as cgroup:
+                lines = cgroup.read().splitlines()
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rindex(")") + 2:].split()
+        path = next((line.split(":", 2)[2] for line in lines
+                     if "cpuacct" in line.split(":")[1].split(",")), "")
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        found[int(pid)] = (process_name(comm, argv), int(fields[1]),
+                           int(fields[19]), sum(int(v) for v in fields[11:15]) / TICK, path)
+    return found
+
+
+def by_process(table, ids):
+    """``{(pid, start): (key, core-seconds)}``: each process under a cluster host, keyed
+    ``proc:<host>:<name>``; every process in a container a host's Docker engine runs (a
+    job's, or the minimal launch's) is ``proc:<host>:(containers)``: they cost the same
+    both ways."""
+    hosts = {}
+
+    def host_of(pid, depth=0):
+        if pid not in hosts:
+            entry = table.get(pid)
+            own = ids.get(entry[4].rstrip("/").rsplit("/", 1)[-1]) if entry else None
+            if own or not entry or depth > 64:
+                hosts[pid] = (own, False)
+            else:
+                parent, _ = host_of(entry[1], depth + 1)
+                hosts[pid] = (parent, parent is not None)
+        return hosts[pid]
+
+    found = {}
+    for pid, (name, _, start, seconds, _) in table.items():
+        host, contained = host_of(pid)
+        if host is not None:
+            part = "(containers)" if contained else name
+            found[(pid, start)] = (f"proc:{host}:{part}", seconds)
     return found
 
 
@@ -132,21 +203,27 @@ class Meter:
     (this script and this host's Docker engine) and ``rest`` (the jobs' containers)."""
 
     def __init__(self):
-        self.cgroups = host_cgroups()
+        self.cgroups, self.ids = host_cgroups()
 
     def snapshot(self):
         found = {host: cgroup_seconds(path) for host, path in self.cgroups.items()}
-        found["driving"] = outer_docker_seconds() + own_seconds()
         found["machine"] = machine_busy()
         found["wall"] = time.monotonic()
+        found["processes"] = by_process(process_table(), self.ids)
+        found["driving"] = outer_docker_seconds() + own_seconds()  # reading /proc too
         return found
 
     @staticmethod
     def spent(before, after):
-        """Core-seconds per part between two snapshots, ``wall`` in seconds."""
-        used = {key: after[key] - before[key] for key in before}
+        """Core-seconds per part between two snapshots, ``wall`` in seconds; per process
+        (``proc:<host>:<name>``), those of processes alive at the second, from their start
+        when they started in between."""
+        used = {key: after[key] - before[key] for key in before if key != "processes"}
         used["rest"] = used["machine"] - used["driving"] - sum(
             used[host] for host in HOSTS if host in used)
+        for identity, (key, seconds) in after["processes"].items():
+            earlier = before["processes"].get(identity, (key, 0.0))[1]
+            used[key] = used.get(key, 0.0) + seconds - earlier
         return used
 
 
@@ -196,6 +273,21 @@ def minimal_once(image, cidr, meter, args):
     finally:
         datapath.remove_host_side()
     return meter.spent(before, meter.snapshot())
+
+
+def processes_table(net, shown=15):
+    """The processes where DockerMPI's extra goes: medians per side of each host's
+    processes by name, the ``shown`` largest differences first."""
+    keys = {key for side in net.values() for n in side for key in n if key.startswith("proc:")}
+    rows = []
+    for key in keys:
+        ours, theirs = (median([n.get(key, 0.0) for n in net[side]])
+                        for side in ("dockermpi", "minimal"))
+        rows.append([key.removeprefix("proc:"), ours, theirs, ours - theirs])
+    rows.sort(key=lambda row: -abs(row[3]))
+    return ("by process (each host's processes by name, with the commands they ran; "
+            "idle use taken out)\n"
+            + table(["host:process (core-s)", "dockermpi", "minimal", "extra"], rows[:shown]))
 
 
 # -------------------------------------------------------------------------------- main
@@ -248,7 +340,8 @@ def main(argv=None):
             log(f"run {i + 1}: dockermpi {samples['dockermpi'][-1]['machine']:.2f}, minimal "
                 f"{samples['minimal'][-1]['machine']:.2f} core-s (machine, idle included)")
         after = idle_rates(meter, args.idle)
-        rates = {key: (rates[key] + after[key]) / 2 for key in rates}
+        rates = {key: (rates.get(key, 0.0) + after.get(key, 0.0)) / 2
+                 for key in rates.keys() | after.keys()}
     except (KeyboardInterrupt, Terminated) as exc:
         failure = f"interrupted ({type(exc).__name__})"
     except BenchError as exc:
@@ -277,6 +370,7 @@ def main(argv=None):
         for row in rows:
             row.append(row[1] - row[2])
         print(table(["part (core-s; wall in s)", "dockermpi", "minimal", "extra"], rows))
+        print(processes_table(net))
         cost = {side: median([n["cluster"] for n in net[side]]) for side in net}
         figures.record("job_cost_dockermpi_core_s", cost["dockermpi"], 2, "core-s")
         figures.record("job_cost_minimal_core_s", cost["minimal"], 2, "core-s")

@@ -36,6 +36,9 @@ def test_datapath_short_mode_runs_and_prints_its_figures(cluster):
     assert "rank 0 on node1 <-> rank 1 on node1" in output, output
     assert "DockerMPI: the job's container" in output, output
     assert "datapath_within_bandwidth_ratio" in output, output
+    output = _bench(["bench/datapath.py", "--short", "--candidate", "tracked"])
+    assert "DockerMPI: job namespaces on macvlan, tracked" in output, output
+    assert "datapath_tracked_latency_ratio" in output, output
 
 
 @pytest.mark.cluster
@@ -65,6 +68,7 @@ def test_job_cost_short_mode_runs_and_prints_its_figures(cluster):
     for figure in ("job_cost_dockermpi_core_s", "job_cost_minimal_core_s", "job_cost_ratio"):
         assert figure in output, output
     assert "part (core-s; wall in s)" in output, output
+    assert "host:process (core-s)" in output and "node1:salt-minion" in output, output
 
 
 @pytest.mark.cluster
