@@ -164,14 +164,14 @@ def ranks_by_node(pair):
     return {node: pair.count(node) for node in dict.fromkeys(pair)}
 
 
-def dockermpi_once(jobs, args, storage, session=None):
-    """One job's figures. With ``--candidate``, its ranks wait for a go file; meanwhile
+def dockermpi_once(jobs, args, storage, session=None, candidate=None):
+    """One job's figures. With a ``candidate``, its ranks wait for a go file; meanwhile
     the candidate's change is made and ``mpi.wait`` is asked of ``session`` (a
     RunnerSession: no salt-run process starts beside the ping-pong), then the file is
     made."""
     pair = PAIRS[args.pair]
     placement = ranks_by_node(pair)
-    go = f".datapath-go-{secrets.token_hex(4)}" if args.candidate else None
+    go = f".datapath-go-{secrets.token_hex(4)}" if candidate else None
     job_id = jobs.submit(2, program(args, go and f"{DATA_MOUNT}/{go}"),
                          nodes=",".join(placement),
                          slots_per_node=max(placement.values()), walltime=f"{T_JOB}s")
@@ -179,7 +179,7 @@ def dockermpi_once(jobs, args, storage, session=None):
         go_file = f"{storage}/{USERS_SUBDIR}/{jobs.user}/{go}"
         jobs.wait_state(job_id, ("running",), T_JOB)
         for node in placement:
-            change_namespace(node, job_id, CANDIDATES[args.candidate])
+            change_namespace(node, job_id, CANDIDATES[candidate])
         session.send("mpi.wait", job_id=job_id, timeout=T_JOB)
         node_exec(FIRST, ["touch", go_file])
         session.answer("mpi.wait")
@@ -380,7 +380,8 @@ def main(argv=None):
     parser.add_argument("--candidate", choices=list(CANDIDATES),
                         help="a change made in the job's namespaces while its ranks wait, "
                              "before the ping-pong: chosen (none), tracked (no NOTRACK: "
-                             "connection tracking)")
+                             "connection tracking); any but chosen also runs chosen, "
+                             "interleaved, and gives their ratio")
     parser.add_argument("--user", default="bench-datapath", help="job user (starts with bench)")
     parser.add_argument("--json", action="store_true", help="also print every sample as JSON")
     parser.add_argument("--short", action="store_true",
@@ -395,6 +396,8 @@ def main(argv=None):
     jobs = Jobs(args.user)
     session = None
     samples = {"dockermpi": [], "host": []}
+    if args.candidate not in (None, "chosen"):
+        samples["chosen"] = []  # the same procedure with no change, interleaved
     failure = None
     problems = []
     try:
@@ -407,7 +410,10 @@ def main(argv=None):
         if args.candidate:
             session = RunnerSession(T_JOB + 60)
         for i in range(args.repeat):
-            samples["dockermpi"].append(dockermpi_once(jobs, args, storage, session))
+            samples["dockermpi"].append(dockermpi_once(jobs, args, storage, session,
+                                                       args.candidate))
+            if "chosen" in samples:
+                samples["chosen"].append(dockermpi_once(jobs, args, storage, session, "chosen"))
             samples["host"].append(host.once())
     except (KeyboardInterrupt, Terminated) as exc:
         failure = f"interrupted ({type(exc).__name__})"
@@ -439,11 +445,11 @@ def main(argv=None):
                                                       else ")")
         ours = "DockerMPI: job namespaces on macvlan" if args.pair == "between" else \
             "DockerMPI: the job's container"
-        if args.candidate:
-            ours += f", {args.candidate}"
-        for side, what in (("dockermpi", ours), ("host", host_what)):
+        what = {"dockermpi": f"{ours}, {args.candidate}" if args.candidate else ours,
+                "chosen": f"{ours}, chosen", "host": host_what}
+        for side in samples:
             found = samples[side]
-            rows.append([what, len(found), median([s["latency_us"] for s in found]),
+            rows.append([what[side], len(found), median([s["latency_us"] for s in found]),
                          median([s["bandwidth_mb_per_s"] for s in found]),
                          " ".join(f"{s['latency_us']:.1f}" for s in found),
                          " ".join(f"{s['bandwidth_mb_per_s']:.0f}" for s in found)])
@@ -462,6 +468,14 @@ def main(argv=None):
             figures.record(f"{name}host_bandwidth_mb_per_s", bw[1], 0)
             figures.record(f"{name}latency_ratio", lat[0] / lat[1], 2, aim="at most 1.15")
             figures.record(f"{name}bandwidth_ratio", bw[0] / bw[1], 2, aim="at least 0.9")
+        if samples.get("chosen") and samples["dockermpi"]:
+            lat = [median([s["latency_us"] for s in samples[k]]) for k in ("dockermpi", "chosen")]
+            bw = [median([s["bandwidth_mb_per_s"] for s in samples[k]])
+                  for k in ("dockermpi", "chosen")]
+            print(f"{args.candidate} / chosen: latency x{lat[0] / lat[1]:.2f}, "
+                  f"bandwidth x{bw[0] / bw[1]:.2f}")
+            figures.record(f"{name}vs_chosen_latency_ratio", lat[0] / lat[1], 2)
+            figures.record(f"{name}vs_chosen_bandwidth_ratio", bw[0] / bw[1], 2)
     figures.save(__file__, sys.argv[1:] if argv is None else argv, args.short)
     return verdict("datapath", failure, problems)
 

@@ -38,7 +38,8 @@ def test_datapath_short_mode_runs_and_prints_its_figures(cluster):
     assert "datapath_within_bandwidth_ratio" in output, output
     output = _bench(["bench/datapath.py", "--short", "--candidate", "tracked"])
     assert "DockerMPI: job namespaces on macvlan, tracked" in output, output
-    assert "datapath_tracked_latency_ratio" in output, output
+    assert "tracked / chosen: latency x" in output, output
+    assert "datapath_tracked_vs_chosen_latency_ratio" in output, output
 
 
 @pytest.mark.cluster
