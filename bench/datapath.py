@@ -466,8 +466,11 @@ def main(argv=None):
             figures.record(f"{name}host_latency_us", lat[1], 1)
             figures.record(f"{name}dockermpi_bandwidth_mb_per_s", bw[0], 0)
             figures.record(f"{name}host_bandwidth_mb_per_s", bw[1], 0)
-            figures.record(f"{name}latency_ratio", lat[0] / lat[1], 2, aim="at most 1.15")
-            figures.record(f"{name}bandwidth_ratio", bw[0] / bw[1], 2, aim="at least 0.9")
+            # A candidate's figures are what it would cost, not the product's: no aim.
+            figures.record(f"{name}latency_ratio", lat[0] / lat[1], 2,
+                           aim="" if args.candidate else "at most 1.15")
+            figures.record(f"{name}bandwidth_ratio", bw[0] / bw[1], 2,
+                           aim="" if args.candidate else "at least 0.9")
         if samples.get("chosen") and samples["dockermpi"]:
             lat = [median([s["latency_us"] for s in samples[k]]) for k in ("dockermpi", "chosen")]
             bw = [median([s["bandwidth_mb_per_s"] for s in samples[k]])

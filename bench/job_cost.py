@@ -97,16 +97,20 @@ def host_cgroups():
 
 def process_name(comm, argv):
     """A process's name for the table: its command's, or for a Python program the
-    program's with the first word of its title (Salt names its processes:
-    ``salt-master MWorker``, ``salt-minion ProcessPayload``)."""
+    program's with the last word of its title (Salt names its processes:
+    ``salt-master MWorker-default``, ``salt-minion Engine(mpi_node)``)."""
     words = [w for w in argv if w]
+    if len(words) == 1:  # a title set over the whole command line (setproctitle)
+        words = words[0].split()
     if not words or not pathlib.PurePath(words[0]).name.startswith("python"):
         return comm
     if len(words) < 2:
         return "python"
     if words[1] in ("-c", "-m"):
         return f"python {' '.join(words[1:3])}"[:40] if words[1] == "-m" else "python -c"
-    title = words[2].split("(")[0].rstrip("-0123456789") if len(words) > 2 else ""
+    title = words[-1].replace("salt.loaded.ext.engines.", "") if len(words) > 2 else ""
+    if not title.startswith("Engine("):
+        title = title.split("(")[0].rstrip("-0123456789")
     return f"{pathlib.PurePath(words[1]).name} {title}".strip()
 
 
