@@ -588,14 +588,23 @@ for port in map(int, sys.argv[2:]):
         _, found = self.exec("hub", ["docker", "inspect", container], stdout_only=True)
         return json.loads(found)[0]["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
 
+    #: The hub host's notebook containers as one JSON list, then an end mark.
+    _LIST_NOTEBOOKS = ("docker ps -q --no-trunc --filter label=io.dockermpi.notebook "
+                       "| xargs -r docker inspect; echo '#listed'")
+
     def notebook_container(self, name):
-        """The name of hub user ``name``'s notebook container on the hub host, or None."""
-        _, ids = self.exec("hub", ["docker", "ps", "-q", "--no-trunc", "--filter",
-                                   "label=io.dockermpi.notebook"], stdout_only=True)
-        if not ids.split():
-            return None
-        _, found = self.exec("hub", ["docker", "inspect", *ids.split()], stdout_only=True)
-        for container in json.loads(found):
+        """The name of hub user ``name``'s notebook container on the hub host, or None.
+        An answer without its end mark lost its output on the way (it happened once, in
+        a test whose notebook ran throughout) and is asked again, never taken for "no
+        notebook"."""
+        for _ in range(5):
+            _, found = self.exec("hub", ["sh", "-c", self._LIST_NOTEBOOKS], stdout_only=True)
+            listed, mark, _ = found.rpartition("#listed")
+            if mark:
+                break
+        else:
+            raise ClusterError(f"listing the hub's notebooks lost its output: {found!r}")
+        for container in json.loads(listed) if listed.strip() else []:
             if f"JUPYTERHUB_USER={name}" in (container["Config"]["Env"] or []):
                 return container["Name"].lstrip("/")
         return None
