@@ -455,13 +455,13 @@ def main(argv=None):
                          " ".join(f"{s['bandwidth_mb_per_s']:.0f}" for s in found)])
         print(table(["data path", "runs", "latency us", "bandwidth MB/s", "latency runs",
                      "bandwidth runs"], rows))
+        name = "datapath_" + ("" if args.pair == "between" else "within_") + (
+            args.candidate.replace("-", "_") + "_" if args.candidate else "")
         if samples["dockermpi"] and samples["host"]:
             lat = [median([s["latency_us"] for s in samples[k]]) for k in ("dockermpi", "host")]
             bw = [median([s["bandwidth_mb_per_s"] for s in samples[k]]) for k in ("dockermpi", "host")]
             print(f"dockermpi / host: latency x{lat[0] / lat[1]:.2f}, "
                   f"bandwidth x{bw[0] / bw[1]:.2f}")
-            name = "datapath_" + ("" if args.pair == "between" else "within_") + (
-                args.candidate.replace("-", "_") + "_" if args.candidate else "")
             figures.record(f"{name}dockermpi_latency_us", lat[0], 1)
             figures.record(f"{name}host_latency_us", lat[1], 1)
             figures.record(f"{name}dockermpi_bandwidth_mb_per_s", bw[0], 0)

@@ -105,10 +105,7 @@ class JobController:
         # the store keeps them across restarts).
         self.address_holds = store.get_meta("address_holds", {})
         self.waiting = store.get_meta("waiting", {})  # as last written
-        # Maintenance: nodes an admin drained ({node: {reason, since, by}}, the store's),
-        # and each node's last self-test verdict.
-        self.drains = store.drains()
-        self.selftest_verdicts = selftest.kept_verdicts(store)
+        self._read_maintenance()
         self.settings = controller_settings((store.get_meta("site") or {}).get("config"))
         # Host probes of silent nodes run in threads of their own, never in the loop and
         # never behind a job's start.
@@ -165,10 +162,15 @@ class JobController:
         self-test judged nodes (``mpi.selftest``): read the drains and verdicts again from
         the store, and plan."""
         with self.lock:
-            self.drains = self.store.drains()
-            self.selftest_verdicts = selftest.kept_verdicts(self.store)
+            self._read_maintenance()
             self.plan_due = True
         self.plan()
+
+    def _read_maintenance(self):
+        """Nodes an admin drained (``{node: {reason, since, by}}``) and each node's last
+        self-test verdict, as the store holds them."""
+        self.drains = self.store.drains()
+        self.selftest_verdicts = selftest.kept_verdicts(self.store)
 
     def tick(self):
         """The clock's pass (about every second): every active job is reconciled
@@ -182,8 +184,7 @@ class JobController:
             self.last_pass = now
             if now - self.last_reload >= RELOAD_SECONDS:
                 self._reload(now)  # catches a cancel whose event was missed
-                self.drains = self.store.drains()  # and a drain whose event was missed
-                self.selftest_verdicts = selftest.kept_verdicts(self.store)
+                self._read_maintenance()  # and a drain or verdict whose event was missed
             if self._new_jobs():
                 self.plan_due = True  # a job whose queued event was missed
             self._probe_silent(now)
@@ -472,10 +473,10 @@ class JobController:
             node_slots, now, CLEANUP_TIMEOUT)
         seen = self.node_book.seen
         any_node = sorted(seen)  # one list shared by every job that takes any node
-        selftest = site_config.get("selftest") or {}
+        selftest_settings = site_config.get("selftest") or {}
         withheld = {n: why for n, why in rules.selftest_withheld(
-            self.selftest_verdicts, selftest).items() if n in free}
-        exempt = selftest.get("user")
+            self.selftest_verdicts, selftest_settings).items() if n in free}
+        exempt = selftest_settings.get("user")
         waiting, fits, images = planner.waiting_jobs(queued, any_node, free, seen,
                                                      withheld, exempt)
         self._ask_pulls(images, now)

@@ -1,8 +1,9 @@
 """
 What the queue sees of the cluster when the job controller plans: free slots on usable
 nodes, when running jobs end, each user's use, which nodes take no new job and why, which
-take the self-test's jobs only, and which candidates of each queued job hold its image. The scheduler (``dmpi.jobs.sched``)
-decides from this; the controller (:mod:`dmpi.master.controller`) records the starts.
+take the self-test's jobs only, and which candidates of each queued job hold its image.
+The scheduler (``dmpi.jobs.sched``) decides from this; the controller
+(:mod:`dmpi.master.controller`) records the starts.
 No Salt, no I/O.
 """
 
@@ -48,9 +49,10 @@ def capacity(active, closing, nodes, drains, alive, node_slots, now, cleanup_tim
 def waiting_jobs(queued, any_node, free, nodes, withheld=None, exempt=None):
     """``(waiting, fits, images)``: the queued jobs as the scheduler takes them, each with
     the candidates that hold its image; by job id, the candidate list it asked for and
-    :func:`image_fit`'s answer; and those answers by (candidate list, image). ``any_node`` is the one list every job that takes any
-    node shares; ``withheld`` nodes (``{node: why}``) are left out of every job's list
-    but those of the user ``exempt`` (the self-test's)."""
+    :func:`image_fit`'s answer; and those answers by (candidate list, image).
+    ``any_node`` is the one list every job that takes any node shares; ``withheld``
+    nodes (``{node: why}``) are left out of every job's list but those of the user
+    ``exempt`` (the self-test's)."""
     images, kept, waiting, fits = {}, {}, [], {}
     for job in queued:
         listed = job["spec"]["candidates"] or any_node
