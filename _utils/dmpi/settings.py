@@ -31,7 +31,7 @@ from dmpi.contract import (ACCOUNT_RE, API_SERVICE_NAME, DOCKER_NAME_RE,
 from dmpi.errors import ConfigError, RequestError
 from dmpi.jobs.request import parse_duration
 from dmpi.launch.probe import FLAVOUR_NAMES
-from dmpi.storage.glusterfs import MAX_OPTION_CHARS, address_patterns
+from dmpi.storage.glusterfs import MAX_OPTION_CHARS, OWN_OPTIONS, address_patterns
 
 __all__ = [
     "endpoint",
@@ -709,6 +709,9 @@ class _Checker:
                     for k, v in options.items())):
             self.problem("mpi:storage:glusterfs:options must map GlusterFS volume options "
                          f"to values ({{performance.cache-size: 256MB}}), got {_shown(options)}")
+        elif isinstance(options, dict) and set(options) & set(OWN_OPTIONS):
+            self.problem("mpi:storage:glusterfs:options cannot set DockerMPI's own volume "
+                         f"options: {', '.join(sorted(set(options) & set(OWN_OPTIONS)))}")
         self.mount_options("glusterfs")
 
     def storage_server(self, kind, part, shown):

@@ -47,7 +47,12 @@ REQUIRED_OPTIONS = {
     "features.quota-deem-statfs": "on",
     "server.allow-insecure": "off",
     "client.bind-insecure": "off",
+    # close() returns once the data is on the brick, so another host reading a job's
+    # output as soon as the job ends sees all of it (NFS's close-to-open).
+    "performance.flush-behind": "off",
 }
+#: Options DockerMPI sets itself; a site's own options cannot change them.
+OWN_OPTIONS = (*REQUIRED_OPTIONS, "auth.allow")
 #: The longest option value set: glusterd 10.3 crashed saving one of about 4 KB.
 MAX_OPTION_CHARS = 3000
 #: Options gluster takes only once quota is enabled.
@@ -200,13 +205,16 @@ def client_addresses(host_networks, listed=()):
 
 def wanted_options(options, clients):
     """The options DockerMPI's volume must have: :data:`REQUIRED_OPTIONS`, ``auth.allow``
-    from ``clients`` (the hosts' addresses), and the site's own ``options`` over them."""
+    from ``clients`` (the hosts' addresses), and the site's own ``options`` beside them
+    (none of :data:`OWN_OPTIONS`)."""
     if not clients:
         raise RequestError("the volume needs at least one client address (auth.allow)")
     wanted = dict(REQUIRED_OPTIONS, **{"auth.allow": ",".join(clients)})
     for key, value in (options or {}).items():
         if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9.-]{1,80}", key):
             raise RequestError(f"volume option {key!r} is not valid")
+        if key in OWN_OPTIONS:
+            raise RequestError(f"volume option {key} is DockerMPI's own and cannot be set")
         wanted[key] = str(value)
     for key, value in wanted.items():
         if len(value) > MAX_OPTION_CHARS:

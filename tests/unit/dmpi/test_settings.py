@@ -603,6 +603,9 @@ def test_glusterfs_storage_needs_its_server_and_takes_quotas():
      "mpi:storage:glusterfs:clients must list addresses, host names or GlusterFS patterns"),
     ({"glusterfs": {"options": {"auth.allow": True}}},
      "mpi:storage:glusterfs:options must map GlusterFS volume options to values"),
+    ({"glusterfs": {"options": {"performance.flush-behind": "on", "auth.allow": "*"}}},
+     "mpi:storage:glusterfs:options cannot set DockerMPI's own volume options: auth.allow, "
+     "performance.flush-behind"),
     ({"glusterfs": {"mount_options": "defaults"}},
      "mpi:storage:glusterfs:mount_options must be a list of mount options"),
     ({"glusterfs": {"port": 1}}, "mpi:storage:glusterfs:port"),

@@ -45,6 +45,10 @@ def test_every_required_option_is_wanted_and_the_site_adds_its_own():
     assert wanted["server.allow-insecure"] == "off" == wanted["client.bind-insecure"]
     assert wanted["features.hard-timeout"] == "0" == wanted["features.soft-timeout"]
     assert wanted["performance.cache-size"] == "256MB"
+    assert wanted["performance.flush-behind"] == "off"
+    with pytest.raises(RequestError, match="volume option performance.flush-behind is "
+                                           "DockerMPI's own"):
+        glusterfs.wanted_options({"performance.flush-behind": "on"}, ["10.0.0.5"])
     with pytest.raises(RequestError, match="at least one client address"):
         glusterfs.wanted_options(None, [])
     with pytest.raises(RequestError, match="volume option 'x y' is not valid"):
