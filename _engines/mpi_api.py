@@ -334,6 +334,9 @@ def _openapi():
     query = lambda name, schema, text: {"name": name, "in": "query", "schema": schema,  # noqa: E731
                                         "description": text}
     with_job = (400, 401, 403, 404, 429)
+    # Where a job came from: the notebook and its cell (the %%mpi magic sends it).
+    origin_schema = {"type": "object", "properties": {"notebook": {"type": "string"},
+                                                      "cell": {"type": "integer"}}}
     return {
         "openapi": "3.0.3",
         "info": {"title": "DockerMPI user API", "version": "1",
@@ -349,6 +352,7 @@ def _openapi():
                                          "status": {"type": "integer"}}},
                 "Job": {"type": "object", "properties": {
                     "job_id": {"type": "string"}, "name": {"type": "string", "nullable": True},
+                    "origin": dict(origin_schema, nullable=True),
                     "user": {"type": "string"}, "state": {"type": "string", "enum": list(STATES)},
                     "np": {"type": "integer"}, "exit_code": {"type": "integer", "nullable": True},
                     "reason": {"type": "string", "nullable": True},
@@ -364,7 +368,7 @@ def _openapi():
                                             {"type": "array", "items": {"type": "string"}}]},
                         "slots_per_node": {"type": "integer"}, "walltime": {"type": "string"},
                         "env": {"type": "object", "additionalProperties": {"type": "string"}},
-                        "workdir": {"type": "string"}}},
+                        "workdir": {"type": "string"}, "origin": origin_schema}},
                     {"type": "object", "required": ["mpijob"], "properties": {
                         "mpijob": {"type": "string", "description":
                                    "a Kubeflow MPIJob (kubeflow.org/v2beta1 or v1), as YAML"},
@@ -603,7 +607,7 @@ def make_app(site, functions, settings):
             # A Kubeflow MPIJob ("mpijob": its YAML text), in "image" when named.
             fun, allowed_keys = ("submit_mpijob", {"mpijob", "image"}) if "mpijob" in body \
                 else ("submit", {"image", "np", "cmd", "name", "nodes", "slots_per_node",
-                                 "walltime", "env", "workdir"})
+                                 "walltime", "env", "workdir", "origin"})
             unknown = sorted(set(body) - allowed_keys)
             if unknown:
                 raise Refused(400, f"unknown job fields: {', '.join(unknown)[:200]} (known: "

@@ -185,7 +185,13 @@ def test_record_text_lists_the_fields_people_ask_about():
                      "placement    node1:2,node2:2,node3:2", "elapsed      0:04",
                      f"output       /data/mpi-jobs/{JOB}", "history"):
         assert expected in text
-    assert "waiting for" not in text
+    assert "waiting for" not in text and "from" not in text
+
+
+def test_record_text_names_the_notebook_and_cell_a_job_came_from():
+    text = render.record_text(record(origin={"notebook": "/data/work/a.ipynb", "cell": 4}))
+    assert "from         /data/work/a.ipynb cell [4]" in text
+    assert "from         cell [0]" in render.record_text(record(origin={"cell": 0}))
 
 
 def test_queue_shows_why_queued_jobs_wait_and_where_running_ones_run():

@@ -25,19 +25,21 @@ CONFIG_KEYS = ("cluster_network", "job_network", "ports", "storage", "job_root",
 
 
 def new(job_id, request, *, name, uid, image_ref, candidates, count, workdir, config, now,
-        launch=None):
+        launch=None, origin=None):
     """
     The record of a job just queued: ``request`` as :func:`dmpi.jobs.request.validate_request`
     returns it, ``candidates`` the nodes it may use (None: any MPI node, as the queue finds
     them) and ``count`` how many of them, ``workdir`` as the submit named it (None or
     empty: the job's own directory), ``config`` the site's settings, ``launch`` what the
-    image's probe says of its launch (:func:`dmpi.launch.probe.launch_of`).
+    image's probe says of its launch (:func:`dmpi.launch.probe.launch_of`), ``origin``
+    the notebook and cell it came from (None: not from a notebook's cell).
     """
     job_dir = posixpath.join(config["storage"]["path"], "users", request["user"], JOBS_SUBDIR,
                              job_id)
     return {
         "job_id": job_id,
         "name": name,
+        "origin": origin,
         "user": request["user"],
         "uid": uid,
         "image": request["image"],

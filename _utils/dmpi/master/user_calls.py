@@ -33,6 +33,7 @@ CONTROLLER_SILENCE = 30  # seconds without a sign of the job controller before s
 CANCEL_WAIT = 15  # seconds cancel waits for the job controller to end the job
 MAX_TAIL = 16 << 20  # bytes of output one logs call returns at most
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
+ORIGIN_PATH_CHARS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +78,14 @@ ADMIN = Caller()
 
 
 def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
-           slots_per_node=None, walltime=None, env=None, workdir=None, name=None):
+           slots_per_node=None, walltime=None, env=None, workdir=None, name=None,
+           origin=None):
     """Validate a job and queue it; the job's public record (``state: queued``).
-    Nothing is queued when it raises. Arguments as the ``mpi.launch`` runner's."""
+    Nothing is queued when it raises. Arguments as the ``mpi.launch`` runner's, and
+    ``origin``: where the job came from, kept in its record (see :func:`job_origin`)."""
     user = caller.acting_user(user)
     job_name = _job_name(name)
+    origin = job_origin(origin)
     all_nodes = site.mpi_nodes_required()
     store = site.store()
     _check_controller(store)
@@ -127,7 +131,7 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
         candidates=None if request["nodes"] is None or "count" in request["nodes"]
         else candidates,
         count=count, workdir=workdir, config=config, now=time.time(),
-        launch=image_probe.launch_of(found))
+        launch=image_probe.launch_of(found), origin=origin)
     if not store.add(record, queued_limit=queued_limit):
         raise queue_full
     site.fire_job(job_id, "queued", {"user": request["user"]})
@@ -401,6 +405,28 @@ def _job_name(name):
             f"name {str(name)[:60]!r} is not a job name: letters, digits, '.', '_', '+' "
             "and '-', starting with a letter or digit, at most 64 characters")
     return name
+
+
+def job_origin(origin):
+    """``origin`` checked: None, or ``{"notebook": path, "cell": number}`` (either may be
+    left out) naming the notebook and the cell a job came from. The path is printable
+    text of at most ORIGIN_PATH_CHARS characters: records reach admins' terminals."""
+    if origin is None:
+        return None
+    if not isinstance(origin, dict) or not origin or set(origin) - {"notebook", "cell"}:
+        raise RequestError(f"origin {str(origin)[:80]!r} must map notebook (a path) and "
+                           "cell (a number) to their values")
+    notebook, cell = origin.get("notebook"), origin.get("cell")
+    if notebook is not None and not (
+            isinstance(notebook, str) and 0 < len(notebook) <= ORIGIN_PATH_CHARS
+            and notebook.isprintable()):
+        raise RequestError(f"origin's notebook {str(notebook)[:80]!r} is not a path of at "
+                           f"most {ORIGIN_PATH_CHARS} printable characters")
+    if cell is not None and (isinstance(cell, bool) or not isinstance(cell, int)
+                             or not 0 <= cell < 10**9):
+        raise RequestError(f"origin's cell {str(cell)[:20]!r} is not a cell number")
+    return {key: value for key, value in (("notebook", notebook), ("cell", cell))
+            if value is not None}
 
 
 def _offset(offset):

@@ -309,7 +309,7 @@ class Client:
         return self._field("/images", self.call("GET", "/images"), "images")
 
     def submit(self, cmd, np=1, image=None, name=None, nodes=None, slots_per_node=None,
-               walltime=None, env=None, workdir=None):
+               walltime=None, env=None, workdir=None, origin=None):
         """Queue a job and return its record (``job_id``, ``state: queued``, ...).
 
         cmd
@@ -324,6 +324,9 @@ class Client:
         walltime
             With its unit: ``90s``, ``30m``, ``2h``, ``1d``, ``MM:SS``, ``HH:MM:SS`` or
             ``D-HH:MM:SS`` (the master refuses a bare number).
+        origin
+            ``{"notebook": path, "cell": number}``: where the job came from (the
+            ``%%mpi`` magic sends it), kept in its record.
         env
             ``{name: value}`` exported to every rank.
         workdir
@@ -337,7 +340,7 @@ class Client:
             raise DockerMPIError("no image given and DOCKERMPI_IMAGE is not set")
         job = {"image": image, "np": np, "cmd": list(cmd), "name": name, "nodes": nodes,
                "slots_per_node": slots_per_node, "walltime": walltime, "env": env,
-               "workdir": workdir}
+               "workdir": workdir, "origin": origin}
         # Unset fields stay out of the body: the master's defaults apply.
         return self.call("POST", "/jobs", body={k: v for k, v in job.items() if v is not None})
 

@@ -53,6 +53,14 @@ def outcome_line(record):
     return f"{line}: {why}" if why else line
 
 
+def origin_text(origin):
+    """Where a job came from (``{"notebook": path, "cell": n}``), or None."""
+    if not origin:
+        return None
+    cell = f"cell [{origin['cell']}]" if origin.get("cell") is not None else None
+    return " ".join(part for part in (origin.get("notebook"), cell) if part) or None
+
+
 def record_text(record):
     """A job record as a short report."""
     elapsed = None
@@ -78,6 +86,7 @@ def record_text(record):
         ("ended", clock(record["ended"]) if record.get("ended") else None),
         ("elapsed", duration(elapsed) if elapsed is not None else None),
         ("output", (record.get("output") or {}).get("dir_in_job")),
+        ("from", origin_text(record.get("origin"))),
     ]
     width = max(len(label) for label, _ in fields)
     lines += [f"  {label.ljust(width)}  {value}" for label, value in fields if value is not None]

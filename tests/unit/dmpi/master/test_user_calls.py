@@ -264,11 +264,27 @@ def test_a_hub_user_needs_a_hub_name(identity):
     ({"np": 9}, "this job can never run"),
     ({"name": "../x"}, "is not a job name"),
     ({"nodes": "node7"}, "nodes not known as MPI nodes"),
+    ({"origin": "cell 3"}, "origin 'cell 3' must map notebook"),
+    ({"origin": {"notebook": "a.ipynb", "kernel": "k"}}, "must map notebook"),
+    ({"origin": {"notebook": "\x1b]0;owned\x07.ipynb"}}, "is not a path of at most 512 "
+                                                         "printable characters"),
+    ({"origin": {"notebook": "n" * 513}}, "is not a path"),
+    ({"origin": {"cell": True}}, "origin's cell 'True' is not a cell number"),
+    ({"origin": {"cell": -1}}, "is not a cell number"),
 ])
 def test_a_bad_submit_queues_nothing_and_says_why(site, kwargs, words):
     with pytest.raises(RequestError, match=words):
         _submit(site, ALICE, **kwargs)
     assert site.store().jobs(None) == [] and site.events == []
+
+
+def test_a_job_keeps_the_notebook_and_cell_it_came_from(site):
+    origin = {"notebook": "work/pi.ipynb", "cell": 7}
+    queued = _submit(site, ALICE, origin=origin)
+    assert queued["origin"] == origin
+    assert user_calls.status(site, ALICE, queued["job_id"])["origin"] == origin
+    assert _submit(site, ALICE, origin={"cell": 0})["origin"] == {"cell": 0}
+    assert _submit(site, ALICE)["origin"] is None
 
 
 def test_submit_refuses_while_the_job_controller_is_silent(site):
