@@ -156,6 +156,121 @@ def test_a_job_sees_its_id_name_ranks_and_nodes_like_slurm_jobs_do(cluster, note
     assert cwd == f"/data/mpi-jobs/{job['job_id']}"  # its own directory, no one else's
 
 
+#: Runs cells (argv[1]: JSON list of [code, interrupt_when]) in a real IPython kernel, as
+#: JupyterLab does, and prints per cell what the kernel sent: its displays as last
+#: updated (in the order first shown), its stream text and its error. A cell is
+#: interrupted once one of its displays' text holds interrupt_when.
+_RUN_CELLS = r"""
+import json, sys, time
+from jupyter_client.manager import start_new_kernel
+manager, kernel = start_new_kernel(kernel_name="python3")
+results = []
+for code, interrupt_when in json.loads(sys.argv[1]):
+    msg_id = kernel.execute(code)
+    displays, order, text, error, interrupted = {}, [], [], None, False
+    deadline = time.monotonic() + 600
+    while True:
+        msg = kernel.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind in ("display_data", "update_display_data"):
+            shown = content.get("transient", {}).get("display_id") or len(order)
+            order += [] if shown in order else [shown]
+            displays[shown] = content["data"]
+        elif kind == "stream":
+            text.append(content["text"])
+        elif kind == "error":
+            error = {"ename": content["ename"], "traceback": content["traceback"]}
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+        if interrupt_when and not interrupted and any(
+                interrupt_when in d.get("text/plain", "") for d in displays.values()):
+            manager.interrupt_kernel()
+            interrupted = True
+    results.append({"displays": [displays[d] for d in order], "text": "".join(text),
+                    "error": error})
+manager.shutdown_kernel(now=True)
+print("#cells " + json.dumps(results))  # the kernel's own warnings come on stderr too
+"""
+
+MAGIC_SUCCEEDS = """%%mpi -n 4 -N 2 --name magic-allreduce -o total,hosts
+from mpi4py import MPI
+import socket
+comm = MPI.COMM_WORLD
+print("rank", comm.rank, "of", comm.size)
+total = comm.allreduce(comm.rank)
+hosts = sorted(set(comm.allgather(socket.gethostname())))
+"""
+MAGIC_RANK_RAISES = """%%mpi -n 3 -t 5m --name magic-raises
+from mpi4py import MPI
+if MPI.COMM_WORLD.rank == 2:
+    raise KeyError("rank two broke")
+MPI.COMM_WORLD.Barrier()  # never passed: rank 2 does not come
+"""
+MAGIC_SLEEPS = """%%mpi -n 2 -t 5m --name magic-interrupted
+import time
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_notebook_cell_runs_as_an_mpi_job_under_the_mpi_magic(cluster, notebooks):
+    cells = [[MAGIC_SUCCEEDS, None], ["print('BACK', total, len(hosts))", None],
+             [MAGIC_RANK_RAISES, None], [MAGIC_SLEEPS, "running"]]
+    code, output = cluster.notebook_exec(
+        ANN, ["python3", "-c", _RUN_CELLS, json.dumps(cells)],
+        environment={"JPY_SESSION_NAME": "/data/work/magic.ipynb"})
+    assert code == 0, output
+    found = [line for line in output.splitlines() if line.startswith("#cells ")]
+    assert found, output
+    ran, back, raised, interrupted = json.loads(found[0][len("#cells "):])
+    _, ended = mpi_json(cluster, ANN, "history")
+    jobs = {j["name"]: j for j in ended if j["name"] and j["name"].startswith("magic-")}
+    # Loaded without %load_ext; each rank's lines come labelled, per rank in the HTML.
+    head, body = ran["displays"]
+    assert "succeeded" in head["text/plain"] and ran["error"] is None, ran
+    for rank in range(4):
+        assert f'data-rank="{rank}"' in body["text/html"], body
+        assert f"[{rank}]\x1b[0m rank {rank} of 4" in body["text/plain"], body
+    assert back["text"] == "BACK 6 2\n", back  # rank 0's variables, in the notebook
+    assert jobs["magic-allreduce"]["state"] == "succeeded"
+    _, record = mpi_json(cluster, ANN, "status", jobs["magic-allreduce"]["job_id"])
+    assert record["origin"] == {"notebook": "/data/work/magic.ipynb", "cell": 1}, record
+    # The cell's file, and the results rank 0 leaves beside it, are Ann's alone: Bob's
+    # uid can neither read the code nor put a result of its own there for her to load.
+    cells = f"{STORAGE}/{account(cluster, ANN)['account']}/.dockermpi/cells"
+    cell_file = f"{cells}/{record['cmd'][-1].rsplit('/', 1)[1]}"
+    assert "allreduce" in cluster.exec("node1", ["cat", cell_file])[1]
+    code, text = cluster.as_user(BOB, ["cat", cell_file], check=False)
+    assert code != 0 and "allreduce" not in text, text
+    code, text = cluster.as_user(BOB, ["sh", "-c", f"echo x > {cells}/planted.result"],
+                                 check=False)
+    assert code != 0, text
+    # The raising rank ends the job instead of the others waiting for it for ever, and
+    # its traceback is on top.
+    head = raised["displays"][0]["text/plain"]
+    assert "rank 2 failed:" in head and "KeyError: 'rank two broke'" in head, raised
+    assert 'File "<cell>", line 3' in head, head
+    assert raised["error"]["ename"] == "CellJobFailed", raised
+    assert jobs["magic-raises"]["state"] == "failed", jobs["magic-raises"]
+    # Interrupting the kernel cancels the job.
+    assert interrupted["error"]["ename"] == "CellJobFailed", interrupted
+    assert "interrupted: mpi: job" in interrupted["error"]["traceback"][0], interrupted
+    assert jobs["magic-interrupted"]["state"] == "cancelled", jobs["magic-interrupted"]
+
+
+def test_a_job_origin_is_checked_before_anything_is_queued(cluster, notebooks):
+    before = len(mpi_json(cluster, ANN, "history")[1]) + len(mpi_json(cluster, ANN, "list")[1])
+    for origin in ({"notebook": "\x1b]0;pwned\x07"}, {"cell": "1; rm"}, "x",
+                   {"notebook": "a", "user": BOB}):
+        body = {"image": "notebook", "cmd": ["true"], "origin": origin}
+        status, answer = api(cluster, ANN, "POST", "/jobs", body)
+        assert status == 400 and "origin" in answer["error"], (origin, answer)
+    after = len(mpi_json(cluster, ANN, "history")[1]) + len(mpi_json(cluster, ANN, "list")[1])
+    assert after == before
+
+
 def test_exit_codes_are_explained(cluster, notebooks):
     code, output = mpi(cluster, ANN, "run", "-n", "1", "no-such-program")
     assert code != 0 and "not found" in output.strip().splitlines()[-1], output

@@ -6,11 +6,21 @@ DockerMPI from a JupyterHub notebook: submit MPI jobs to the cluster and follow 
     record = mpi.run(["python3", "pi.py"], np=6)
     record["state"], record["exit_code"]
 
-The same calls are the ``mpi`` command in a terminal (``mpi --help``).
+The same calls are the ``mpi`` command in a terminal (``mpi --help``), and a cell runs
+as an MPI job under the ``%%mpi`` magic (``%load_ext dockermpi``; DockerMPI's notebooks
+load it at start).
 """
 
 from dockermpi.client import (APIError, APIUnreachableError, Client, DockerMPIError, JobError,
                               TokenRefusedError)
 
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext dockermpi``: the ``%%mpi`` cell magic (IPython is imported only here)."""
+    from dockermpi import magic
+    magic.load_ipython_extension(ipython)
+
+
 __all__ = ["APIError", "APIUnreachableError", "Client", "DockerMPIError", "JobError",
-           "TokenRefusedError"]
+           "TokenRefusedError", "load_ipython_extension"]
