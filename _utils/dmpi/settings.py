@@ -709,9 +709,9 @@ class _Checker:
                     for k, v in options.items())):
             self.problem("mpi:storage:glusterfs:options must map GlusterFS volume options "
                          f"to values ({{performance.cache-size: 256MB}}), got {_shown(options)}")
-        elif isinstance(options, dict) and set(options) & set(OWN_OPTIONS):
+        elif isinstance(options, dict) and (taken := sorted(set(options) & set(OWN_OPTIONS))):
             self.problem("mpi:storage:glusterfs:options cannot set DockerMPI's own volume "
-                         f"options: {', '.join(sorted(set(options) & set(OWN_OPTIONS)))}")
+                         f"options: {', '.join(taken)}")
         self.mount_options("glusterfs")
 
     def storage_server(self, kind, part, shown):

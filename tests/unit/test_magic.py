@@ -175,3 +175,15 @@ def test_the_cell_number_is_the_running_cells_own(shell):
     for expected in (1, 2):
         shell.run_cell("number = magic.cell_number(get_ipython())", store_history=True)
         assert shell.user_ns["number"] == expected
+
+
+def test_what_follow_writes_is_split_by_rank_and_printed_in_a_terminal(capsys):
+    output = magic.RankOutput()
+    view = magic.CellView(output, rich=False)
+    sink = magic._DrawingSink(output, "stdout", view)
+    assert sink.write("\x1e0\x1ezero\n\x1e1\x1eon") == len("\x1e0\x1ezero\n\x1e1\x1eon")
+    sink.write("e\n")
+    view.end({"job_id": "j", "state": "succeeded", "exit_code": 0})
+    assert output.lines == {0: [("stdout", "zero")], 1: [("stdout", "one")]}
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:2] == ["[0] zero", "[1] one"] and "succeeded" in printed[-1]

@@ -15,7 +15,6 @@ from dockermpi.client import (APIError, APIUnreachableError, Client, DockerMPIEr
                               TokenRefusedError)
 
 
-
 def load_ipython_extension(ipython):
     """``%load_ext dockermpi``: the ``%%mpi`` cell magic (IPython is imported only here)."""
     from dockermpi import magic

@@ -186,10 +186,6 @@ class RankOutput:
         self.partial = {"stdout": "", "stderr": ""}
         self.changed = False
 
-    def sink(self, stream):
-        """A file-like object for ``Client.follow`` taking ``stream``'s text."""
-        return _Sink(self, stream)
-
     def take(self, stream, text):
         lines = (self.partial[stream] + text).split("\n")
         self.partial[stream] = lines.pop()
@@ -269,18 +265,6 @@ class RankOutput:
                 f'white-space:pre-wrap">{body}</div></details>')
         parts.append("</div>")
         return "".join(parts)
-
-
-class _Sink:
-    def __init__(self, output, stream):
-        self.output, self.stream = output, stream
-
-    def write(self, text):
-        self.output.take(self.stream, text)
-        return len(text)
-
-    def flush(self):
-        pass
 
 
 class _StateLines:
@@ -365,15 +349,20 @@ class CellView:
             print(f"rank {rank} failed:\n" + "\n".join(lines), flush=True)
 
 
-class _DrawingSink(_Sink):
+class _DrawingSink:
+    """A file-like object for ``Client.follow``: takes ``stream``'s text into the job's
+    output and draws the cell again."""
+
     def __init__(self, output, stream, view):
-        super().__init__(output, stream)
-        self.view = view
+        self.output, self.stream, self.view = output, stream, view
 
     def write(self, text):
-        super().write(text)
+        self.output.take(self.stream, text)
         self.view.draw()
         return len(text)
+
+    def flush(self):
+        pass
 
 
 def in_kernel(shell):
