@@ -55,6 +55,10 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 FILES = pathlib.Path(__file__).resolve().parent / "files"
 CACHE = pathlib.Path(os.environ.get("DMPI_CACHE", "/var/cache/dockermpi"))
 WHEELHOUSE = CACHE / "wheelhouse"
+# The registry's storage outlives the cluster (`down` keeps it), so a rebuilt cluster's
+# pushes find their layers there; past REGISTRY_STORE_MAX_BYTES it starts empty again.
+REGISTRY_STORE = CACHE / "registry"
+REGISTRY_STORE_MAX_BYTES = 12 * 2**30
 
 LABEL = "io.dockermpi.testcluster"
 BASE_IMAGE = "dockermpi/debian:bookworm"
@@ -896,11 +900,22 @@ for port in map(int, sys.argv[2:]):
         self.exec(host, ["mkdir", "-p", str(path.parent)])
         self.container(host).put_archive(str(path.parent), tar_of({path.name: content}))
 
+    @staticmethod
+    def registry_store():
+        """REGISTRY_STORE, emptied first when it has grown past REGISTRY_STORE_MAX_BYTES."""
+        size = sum(f.stat().st_size for f in REGISTRY_STORE.rglob("*") if f.is_file()) \
+            if REGISTRY_STORE.is_dir() else 0
+        if size > REGISTRY_STORE_MAX_BYTES:
+            step(f"emptying the registry store {REGISTRY_STORE} ({size / 2**30:.1f} GiB)")
+            shutil.rmtree(REGISTRY_STORE)
+        REGISTRY_STORE.mkdir(parents=True, exist_ok=True)
+        return REGISTRY_STORE
+
     def up_master(self, image):
         mounts = {
             str(REPO / "salt"): {"bind": "/srv/salt", "mode": "ro"},
             str(REPO / "pillar"): {"bind": "/srv/pillar", "mode": "ro"},
-            "dmpi-registry": {"bind": "/var/lib/docker-registry", "mode": "rw"},
+            str(self.registry_store()): {"bind": "/var/lib/docker-registry", "mode": "rw"},
             "dmpi-master-pki": {"bind": "/etc/salt/pki", "mode": "rw"},
             "dmpi-master-cache": {"bind": "/var/cache/salt", "mode": "rw"},
         }
@@ -1331,7 +1346,7 @@ for port in map(int, sys.argv[2:]):
 
     def volume_names(self):
         """Every named volume of the cluster's hosts."""
-        names = ["dmpi-registry", "dmpi-master-pki", "dmpi-master-cache",
+        names = ["dmpi-master-pki", "dmpi-master-cache",
                  "dmpi-storage-brick", "dmpi-storage-pki", "dmpi-hub-docker", "dmpi-hub-pki"]
         for node in self.nodes:
             names += [f"dmpi-{node}-docker", f"dmpi-{node}-pki"]
