@@ -6,7 +6,10 @@ Each ``Browser`` is one fresh profile (its own cookies) and one chromedriver pro
 so test names resolve without DNS.
 """
 
+import base64
 import json
+import os
+import pathlib
 import shutil
 import socket
 import subprocess
@@ -16,6 +19,9 @@ import urllib.error
 import urllib.request
 
 CHROMIUM = "/usr/bin/chromium"
+#: Where the browser tests leave their screenshots (CI keeps the folder as artefacts).
+ARTIFACTS = pathlib.Path(os.environ.get("DMPI_ARTIFACTS")
+                         or pathlib.Path(__file__).resolve().parents[1] / "artifacts")
 CHROMEDRIVER = "/usr/bin/chromedriver"
 #: The W3C key of an element reference in WebDriver's answers.
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
@@ -102,6 +108,13 @@ class Browser:
     def run(self, script, *args):
         """Run ``script`` (a function body) in the page; returns what it returns."""
         return self._session("POST", "/execute/sync", {"script": script, "args": list(args)})
+
+    def screenshot(self, path):
+        """Save what the page shows now as a PNG at ``path``."""
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(self._session("GET", "/screenshot")))
+        return path
 
     def wait_for(self, expression, timeout=60):
         """Wait until the page's JavaScript ``expression`` is truthy; returns its value."""

@@ -33,6 +33,7 @@ import json
 import os
 import pathlib
 import posixpath
+import selectors
 import shutil
 import socket
 import ssl
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -269,6 +271,85 @@ def tar_of(files):
     return buffer
 
 
+#: Runner functions that only read (the tests' polling loops ask them again and again):
+#: each a call in one long-lived Python process instead of a ``salt-run`` process of
+#: its own (about 0.7 s of CPU each, which waiting tests would spend all the time).
+RUNNER_QUERIES = frozenset({"mpi.status", "mpi.list", "mpi.nodes"})
+RUNNER_QUERY_TIMEOUT = 120  # seconds
+
+# In the master: a RunnerClient (what salt-run runs in-process), its modules loaded
+# once; one JSON request per line in, one JSON answer per line out.
+_RUNNER_SESSION = r"""
+import json, sys, traceback
+import salt.config, salt.runner
+runner = salt.runner.RunnerClient(salt.config.master_config("/etc/salt/master"))
+for line in sys.stdin:
+    request = json.loads(line)
+    runner.context.pop("retcode", None)
+    try:
+        ret = runner.cmd(request["fun"], kwarg=request["kwarg"], print_event=False,
+                         full_return=False)
+        answer = {"ret": ret, "retcode": runner.context.get("retcode", 0)}
+    except Exception:
+        answer = {"exception": traceback.format_exc()[-3000:]}
+    print(json.dumps(answer, default=repr), flush=True)
+"""
+
+
+class RunnerSession:
+    """One long-lived ``salt.runner.RunnerClient`` in the master container (see
+    ``RUNNER_QUERIES``); ``call`` answers as :meth:`TestCluster.run_json` does. A call
+    that raises, times out or finds the process gone raises ClusterError."""
+
+    def __init__(self, master):
+        self.master = master.name
+        self.process = subprocess.Popen(
+            ["docker", "exec", "-i", master.name, "/opt/saltstack/salt/bin/python3", "-c",
+             _RUNNER_SESSION],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            bufsize=0)
+        self._pending = b""
+
+    def alive(self):
+        return self.process.poll() is None
+
+    def call(self, fun, kwargs, timeout=RUNNER_QUERY_TIMEOUT):
+        try:
+            self.process.stdin.write(json.dumps({"fun": fun, "kwarg": kwargs}).encode() + b"\n")
+        except OSError as exc:
+            raise ClusterError(f"the runner session in {self.master} is gone: {exc}") from exc
+        answer = json.loads(self._line(fun, timeout))
+        if "exception" in answer:
+            raise ClusterError(f"{fun} raised in the runner session: {answer['exception']}")
+        ret = answer["ret"]
+        # salt-run exits with the answer's own retcode when it has one.
+        if isinstance(ret, dict) and isinstance(ret.get("retcode"), int):
+            return ret["retcode"], ret
+        return answer["retcode"], ret
+
+    def _line(self, fun, timeout):
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClusterError(f"{fun} gave no answer in {timeout} s")
+                if selector.select(left):
+                    chunk = os.read(self.process.stdout.fileno(), 65536)
+                    if not chunk:
+                        raise ClusterError(f"the runner session in {self.master} exited "
+                                           f"({self.process.poll()}) during {fun}")
+                    self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
 class TestCluster:
     """Bring up, inspect and tear down the test cluster; run commands on its hosts."""
 
@@ -279,6 +360,8 @@ class TestCluster:
             raise ClusterError(f"nodes must be between 1 and 9, got {nodes}")
         self.node_count = nodes
         self.docker = docker.from_env(timeout=600)
+        self._runner_session = None
+        self._runner_lock = threading.Lock()
 
     # --- naming -------------------------------------------------------------------
     @property
@@ -431,8 +514,19 @@ for port in map(int, sys.argv[2:]):
         """``salt-run fun key=value ...`` on the master; returns (exit code, parsed output).
 
         Values that are not plain strings travel as JSON, which Salt's argument parser
-        reads back as the same structure.
+        reads back as the same structure. The questions tests poll (``RUNNER_QUERIES``) go
+        to the same runner function through :class:`RunnerSession` instead.
         """
+        if fun in RUNNER_QUERIES:
+            with self._runner_lock:
+                if self._runner_session is None or not self._runner_session.alive():
+                    self._runner_session = RunnerSession(self.container("master"))
+                try:
+                    return self._runner_session.call(fun, kwargs)
+                except ClusterError:
+                    self._runner_session.close()
+                    self._runner_session = None
+                    raise
         argv = ["salt-run", fun]
         for key, value in kwargs.items():
             argv.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
