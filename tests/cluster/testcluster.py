@@ -276,19 +276,27 @@ def tar_of(files):
 #: its own (about 0.7 s of CPU each, which waiting tests would spend all the time).
 RUNNER_QUERIES = frozenset({"mpi.status", "mpi.list", "mpi.nodes"})
 RUNNER_QUERY_TIMEOUT = 120  # seconds
+LOCAL_CALL_TIMEOUT = 10  # seconds a minion has to answer, as the salt command's default
 
-# In the master: a RunnerClient (what salt-run runs in-process), its modules loaded
-# once; one JSON request per line in, one JSON answer per line out.
+# In the master: a RunnerClient (what salt-run runs in-process) and a LocalClient (what
+# the salt command runs), their modules loaded once; one JSON request per line in, one
+# JSON answer per line out.
 _RUNNER_SESSION = r"""
 import json, sys, traceback
-import salt.config, salt.runner
-runner = salt.runner.RunnerClient(salt.config.master_config("/etc/salt/master"))
+import salt.client, salt.config, salt.runner
+opts = salt.config.master_config("/etc/salt/master")
+runner = salt.runner.RunnerClient(opts)
+local = salt.client.LocalClient(mopts=opts)
 for line in sys.stdin:
     request = json.loads(line)
     runner.context.pop("retcode", None)
     try:
-        ret = runner.cmd(request["fun"], kwarg=request["kwarg"], print_event=False,
-                         full_return=False)
+        if "targets" in request:
+            ret = local.cmd(request["targets"], request["fun"], tgt_type="list",
+                            timeout=request["timeout"])
+        else:
+            ret = runner.cmd(request["fun"], kwarg=request["kwarg"], print_event=False,
+                             full_return=False)
         answer = {"ret": ret, "retcode": runner.context.get("retcode", 0)}
     except Exception:
         answer = {"exception": traceback.format_exc()[-3000:]}
@@ -314,18 +322,30 @@ class RunnerSession:
         return self.process.poll() is None
 
     def call(self, fun, kwargs, timeout=RUNNER_QUERY_TIMEOUT):
-        try:
-            self.process.stdin.write(json.dumps({"fun": fun, "kwarg": kwargs}).encode() + b"\n")
-        except OSError as exc:
-            raise ClusterError(f"the runner session in {self.master} is gone: {exc}") from exc
-        answer = json.loads(self._line(fun, timeout))
-        if "exception" in answer:
-            raise ClusterError(f"{fun} raised in the runner session: {answer['exception']}")
+        """``(exit code, return)`` of runner function ``fun`` as salt-run gives them."""
+        answer = self._ask({"fun": fun, "kwarg": kwargs}, timeout)
         ret = answer["ret"]
         # salt-run exits with the answer's own retcode when it has one.
         if isinstance(ret, dict) and isinstance(ret.get("retcode"), int):
             return ret["retcode"], ret
         return answer["retcode"], ret
+
+    def call_minions(self, targets, fun, timeout=LOCAL_CALL_TIMEOUT):
+        """``{minion: return}`` of execution function ``fun`` (no arguments) on the
+        minions ``targets`` (a list); a minion that did not answer is missing."""
+        request = {"targets": targets, "fun": fun, "timeout": timeout}
+        return self._ask(request, timeout + RUNNER_QUERY_TIMEOUT)["ret"]
+
+    def _ask(self, request, timeout):
+        try:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        except OSError as exc:
+            raise ClusterError(f"the runner session in {self.master} is gone: {exc}") from exc
+        answer = json.loads(self._line(request["fun"], timeout))
+        if "exception" in answer:
+            raise ClusterError(f"{request['fun']} raised in the runner session: "
+                               f"{answer['exception']}")
+        return answer
 
     def _line(self, fun, timeout):
         deadline = time.monotonic() + timeout
@@ -362,6 +382,7 @@ class TestCluster:
         self.docker = docker.from_env(timeout=600)
         self._runner_session = None
         self._runner_lock = threading.Lock()
+        self._accounts = {}  # user -> what account() gave
 
     # --- naming -------------------------------------------------------------------
     @property
@@ -518,15 +539,7 @@ for port in map(int, sys.argv[2:]):
         to the same runner function through :class:`RunnerSession` instead.
         """
         if fun in RUNNER_QUERIES:
-            with self._runner_lock:
-                if self._runner_session is None or not self._runner_session.alive():
-                    self._runner_session = RunnerSession(self.container("master"))
-                try:
-                    return self._runner_session.call(fun, kwargs)
-                except ClusterError:
-                    self._runner_session.close()
-                    self._runner_session = None
-                    raise
+            return self._in_runner_session("call", fun, kwargs)
         argv = ["salt-run", fun]
         for key, value in kwargs.items():
             argv.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
@@ -536,10 +549,25 @@ for port in map(int, sys.argv[2:]):
         except json.JSONDecodeError as exc:
             raise ClusterError(f"{argv!r} exited {code} without JSON:\n{output}") from exc
 
+    def _in_runner_session(self, method, *args):
+        """``RunnerSession.<method>(*args)`` in this cluster's session, started when
+        there is none; a session that failed is not used again."""
+        with self._runner_lock:
+            if self._runner_session is None or not self._runner_session.alive():
+                self._runner_session = RunnerSession(self.container("master"))
+            try:
+                return getattr(self._runner_session, method)(*args)
+            except ClusterError:
+                self._runner_session.close()
+                self._runner_session = None
+                raise
+
     def job_leftovers(self):
-        """{node: {job id: containers and secrets}} of every job still on any node."""
-        _, found = self.salt_json(["salt", "-L", ",".join(self.nodes), "mpi_job.jobs"])
-        return {node: jobs for node, jobs in found.items() if jobs}
+        """{node: {job id: containers and secrets}} of every job still on any node; a
+        node that does not answer counts as holding something."""
+        found = self._in_runner_session("call_minions", self.nodes, "mpi_job.jobs")
+        answers = {node: found.get(node, "did not answer") for node in self.nodes}
+        return {node: jobs for node, jobs in answers.items() if jobs}
 
     def closed(self, job_id, timeout=30):
         """The job's record once its clean-up is done (``closed``): containers removed
@@ -598,7 +626,9 @@ for port in map(int, sys.argv[2:]):
 
     def as_user(self, user, argv, node=None, check=True):
         """Run argv on a node as the user's own uid (as the user's notebook would)."""
-        found = self.account(user)
+        if user not in self._accounts:  # a uid and directory stay as they are made
+            self._accounts[user] = self.account(user)
+        found = self._accounts[user]
         drop = ["setpriv", f"--reuid={found['uid']}", f"--regid={found['gid']}",
                 "--clear-groups", "--"]
         return self.exec(node or self.nodes[-1], drop + list(argv), check=check)
