@@ -361,6 +361,8 @@ def test_a_master_restart_loses_nothing_and_the_queue_resumes(cluster):
     assert status(cluster, done)["state"] == "succeeded"
     assert status(cluster, queued)["state"] == "queued"
     assert status(cluster, running)["state"] == "running"
+    for node in cluster.nodes:  # (until then the master refuses what needs a node)
+        wait_reporting(cluster, node)
     release(cluster, "lifecycle", tag)
     job = wait_for(cluster, running, ("succeeded", "failed"), 60)
     assert job["state"] == "succeeded", "a running job with live nodes must survive the restart"
