@@ -25,6 +25,10 @@ import signal
 from dmpi.contract import ACTIVE, FINAL, STORAGE_FULL
 
 NODE_TIMEOUT = 5  # seconds without a heartbeat before a node counts as lost
+# Seconds a silent node's slots still count toward the queue head's reservation (no job
+# starts there meanwhile): a heartbeat late under load must not let a long job take the
+# slots the head waits for; a node silent for longer no longer holds the head's place.
+RESERVE_GRACE = 30
 START_TIMEOUT = 90  # seconds a job may stay in "starting"
 RESTART_GRACE = 15  # seconds after the controller starts before silent nodes count as lost
 REPORT_SKEW = 1  # seconds a node's clock and report may lag behind the master

@@ -155,19 +155,21 @@ def _subtract(free, placement):
     return {n: s - placement.get(n, 0) for n, s in free.items()}
 
 
-def _reserve(head, free, running, node_slots, spread):
+def _reserve(head, free, running, node_slots, spread, returning=None):
     """
-    (time, placement) at which the head job can first start, or (inf, None).
+    (time, placement) at which the head job can first start, or (inf, None): on the
+    nodes in ``free`` and those ``returning`` (silent for a moment, with their free slots).
 
     Running jobs end in order of their end times and each end only adds free slots, so
     once the head fits it keeps fitting: a binary search over how many have ended finds
     the first end it fits after, placing the head a few times rather than once per job.
     """
     ending = sorted(running, key=lambda r: r["end"])
-    nodes = [n for n in dict.fromkeys(head["candidates"]) if n in free]
+    returning = returning or {}
+    nodes = [n for n in dict.fromkeys(head["candidates"]) if n in free or n in returning]
 
     def placement_after(ended):
-        capacity = {n: free[n] for n in nodes}
+        capacity = {n: free[n] if n in free else returning[n] for n in nodes}
         for job in ending[:ended]:
             for node, ranks in job["placement"].items():
                 if node in capacity:
@@ -329,7 +331,8 @@ def _within_limits(job, usage, limits):
     return True
 
 
-def plan(queued, free, running, now, node_slots, limits=None, usage=None, placement="pack"):
+def plan(queued, free, running, now, node_slots, limits=None, usage=None, placement="pack",
+         returning=None):
     """
     Decide which queued jobs start now.
 
@@ -351,6 +354,10 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None, placem
         ``{user: {"jobs": n, "slots": n}}`` held by running jobs.
     placement
         One of :data:`PLACEMENTS`: where a job's ranks go among the nodes that fit it.
+    returning
+        ``{node: free slots}`` of nodes left out of ``free`` for a moment (silent for a
+        few seconds): no job starts there, but the head's reservation counts on them,
+        so a late heartbeat does not let a long job take the slots the head waits for.
 
     Returns ``(starts, blocked)``: ``starts`` is a list of ``(job id, placement)`` in
     start order; ``blocked`` maps each job that waits to why (``"resources"``,
@@ -373,7 +380,7 @@ def plan(queued, free, running, now, node_slots, limits=None, usage=None, placem
             if where is None:
                 head = job
                 shadow_time, reserved = _reserve(job, slots.free, running, node_slots,
-                                                   spread)
+                                                   spread, returning)
                 # Slots still free at the shadow time once the head has its share.
                 shadow_free = None
                 if reserved is not None:

@@ -468,7 +468,7 @@ class JobController:
         if not queued:
             return []
         active = list(self.active.values())
-        free, running, usage, problems = planner.capacity(
+        free, running, usage, problems, returning = planner.capacity(
             active, self.closing, self.node_book.seen, self.drains, sorted(self.alive(now)),
             node_slots, now, CLEANUP_TIMEOUT)
         seen = self.node_book.seen
@@ -489,7 +489,7 @@ class JobController:
             {"max_running_jobs": limits.get("max_running_jobs_per_user"),
              "max_slots": limits.get("max_slots_per_user")},
             # (a site record stored before placement policies existed packs, as it did)
-            usage, placement=site_config.get("placement", "pack"),
+            usage, placement=site_config.get("placement", "pack"), returning=returning,
         )
         started = []
         store = self.store

@@ -12,7 +12,7 @@ from dmpi.jobs import rules
 
 def capacity(active, closing, nodes, drains, alive, node_slots, now, cleanup_timeout):
     """
-    ``(free, running, usage, problems)`` for a plan at ``now``:
+    ``(free, running, usage, problems, returning)`` for a plan at ``now``:
 
     - ``free``: ``{node: free slots}`` of the ``alive`` nodes that may take new jobs;
     - ``running``: ``[{"placement", "end"}]`` of active jobs (their deadline) and of
@@ -20,7 +20,10 @@ def capacity(active, closing, nodes, drains, alive, node_slots, now, cleanup_tim
       ends, within ``cleanup_timeout``), as the scheduler's reservations count on them;
     - ``usage``: ``{user: {"jobs", "slots"}}`` of active jobs;
     - ``problems``: ``{node: why}`` of alive nodes drained or unhealthy (running jobs go
-      on there, new ones do not start).
+      on there, new ones do not start);
+    - ``returning``: ``{node: free slots}`` of nodes silent for at most
+      ``rules.RESERVE_GRACE`` seconds whose last word found no problem (the scheduler's
+      reservation for the head counts on them; nothing starts there).
 
     ``nodes`` is the controller's evidence by node, ``drains`` the admins' drains.
     """
@@ -43,7 +46,11 @@ def capacity(active, closing, nodes, drains, alive, node_slots, now, cleanup_tim
         if problem:
             problems[node] = problem
     free = {n: node_slots - used.get(n, 0) for n in alive if n not in problems}
-    return free, running, usage, problems
+    alive = set(alive)
+    returning = {n: node_slots - used.get(n, 0) for n, seen in nodes.items()
+                 if n not in alive and now - seen["last_seen"] <= rules.RESERVE_GRACE
+                 and not rules.node_problem(seen, drains.get(n))}
+    return free, running, usage, problems, returning
 
 
 def waiting_jobs(queued, any_node, free, nodes, withheld=None, exempt=None):

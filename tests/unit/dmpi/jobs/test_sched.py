@@ -35,9 +35,10 @@ def _running(placement, ends_in):
     return {"placement": placement, "end": NOW + ends_in}
 
 
-def _plan(queued, free, running=(), limits=None, usage=None, placement="pack"):
+def _plan(queued, free, running=(), limits=None, usage=None, placement="pack",
+          returning=None):
     return sched.plan(queued, dict(free), list(running), NOW, NODE_SLOTS, limits, usage,
-                          placement=placement)
+                      placement=placement, returning=returning)
 
 
 def _per_node_use(starts):
@@ -355,6 +356,24 @@ def test_plan_head_on_down_nodes_does_not_stop_others():
     starts, blocked = _plan(queued, {"n1": 4, "n3": 4})
     assert starts == [("other", {"n1": 4})]
     assert blocked == {"stuck": "resources"}
+
+
+def test_a_head_keeps_its_reservation_while_a_node_it_needs_is_silent_for_a_moment():
+    # n2 missed a heartbeat: out of free, but returning with its 4 slots. The head needs
+    # all three nodes once n1's job ends; a long job on n3 would delay it, a short one not.
+    running = [_running({"n1": 4}, 100)]
+    queued = [_job("head", 12, candidates=["n1", "n2", "n3"]),
+              _job("long", 4, candidates=["n3"], walltime=10_000),
+              _job("short", 4, candidates=["n3"], walltime=50)]
+    starts, blocked = _plan(queued, {"n1": 0, "n3": 4}, running, returning={"n2": 4})
+    assert starts == [("short", {"n3": 4})]
+    assert blocked == {"head": "resources", "long": "reserved for head"}
+
+
+def test_a_returning_node_takes_no_job_itself():
+    starts, blocked = _plan([_job("a", 4, candidates=["n2"], walltime=5)], {"n1": 4},
+                            returning={"n2": 4})
+    assert starts == [] and blocked == {"a": "resources"}
 
 
 def test_plan_never_overcommits_a_node():

@@ -2,6 +2,7 @@
 (``dmpi.master.planner``). The plans themselves are test_controller.py's and
 tests/unit/dmpi/jobs/test_sched.py's."""
 
+from dmpi.jobs import rules
 from dmpi.master import planner
 
 REF = "registry:5000/mpi@sha256:" + "a" * 64
@@ -21,13 +22,31 @@ def test_capacity_counts_running_and_closing_jobs_and_leaves_out_drained_nodes()
     active = [{"user": "alice", "np": 3, "placement": {"node1": 2, "node2": 1},
                "deadline": 500.0, "walltime": 60}]
     closing = {"20261204-000000-aaaaaa": {"node2": 1}}
-    free, running, usage, problems = planner.capacity(
+    free, running, usage, problems, returning = planner.capacity(
         active, closing, NODES, {"node4": {"reason": "disk swap"}},
         ["node1", "node2", "node3", "node4"], node_slots=2, now=100.0, cleanup_timeout=5)
     assert free == {"node1": 0, "node2": 0, "node3": 2}
     assert problems == {"node4": "drained (disk swap)"}
+    assert returning == {}
     assert usage == {"alice": {"jobs": 1, "slots": 3}}
     assert sorted(r["end"] for r in running) == [105.0, 500.0]
+
+
+def test_a_node_silent_for_a_moment_is_returning_with_its_free_slots_until_the_grace_ends():
+    now = 1000.0
+    seen = {name: dict(NODES[name], last_seen=now - ago) for name, ago in
+            (("node1", 1), ("node2", 10), ("node3", rules.RESERVE_GRACE + 1), ("node4", 10))}
+    seen["node2"]["health"] = dict(HEALTHY["health"])
+    active = [{"user": "alice", "np": 1, "placement": {"node2": 1}, "deadline": 2000.0,
+               "walltime": 60}]
+    free, _, _, _, returning = planner.capacity(
+        active, {}, seen, {"node4": {"reason": "disk swap"}}, ["node1"], node_slots=2,
+        now=now, cleanup_timeout=5)
+    # node3: silent past the grace; node4: drained, so it would take nothing anyway.
+    assert free == {"node1": 2} and returning == {"node2": 1}
+    seen["node2"]["health"] = dict(HEALTHY["health"], docker="connection refused")
+    assert planner.capacity(active, {}, seen, {"node4": {"reason": "swap"}}, ["node1"], 2, now,
+                             5)[4] == {}
 
 
 def test_only_candidates_holding_the_image_are_offered_and_the_others_named():
