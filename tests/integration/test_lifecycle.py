@@ -7,6 +7,7 @@ job within 15 s of the cut; walltime and cancel clean up within 10 s.
 """
 
 import time
+import uuid
 
 import pytest
 
@@ -182,13 +183,16 @@ def test_more_jobs_than_capacity_run_in_order_without_double_booking(cluster):
 
 
 def test_backfill_uses_idle_slots_only_when_the_head_cannot_be_delayed(cluster):
-    blocker = submit(cluster, np=4, nodes="node1,node2", cmd=SLEEPER, walltime="60s", user="bf-a")
+    # Users new to the cluster: with no usage to rank them (fair share), the older job
+    # is the head, also on a cluster where this test ran before.
+    a, b, c, d = (f"bf-{uuid.uuid4().hex[:8]}" for _ in range(4))
+    blocker = submit(cluster, np=4, nodes="node1,node2", cmd=SLEEPER, walltime="60s", user=a)
     wait_for(cluster, blocker, ("running",), 30)
     # head needs the whole cluster; short ends before the head could start; long_ would
     # hold node3 past that time.
-    head = submit(cluster, np=6, cmd="hostname", user="bf-b")
-    short = submit(cluster, np=2, cmd="hostname", walltime="20s", user="bf-c")
-    long_ = submit(cluster, np=2, cmd=SLEEPER, walltime="10m", user="bf-d")
+    head = submit(cluster, np=6, cmd="hostname", user=b)
+    short = submit(cluster, np=2, cmd="hostname", walltime="20s", user=c)
+    long_ = submit(cluster, np=2, cmd=SLEEPER, walltime="10m", user=d)
     assert wait_for(cluster, short, ("succeeded",), 30)["state"] == "succeeded"
     waiting = {j["job_id"]: j for j in run(cluster, "mpi.list", state="queued")[1]}
     assert waiting[head]["waiting_for"] == "resources"
