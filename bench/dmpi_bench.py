@@ -14,8 +14,13 @@ import subprocess
 import sys
 import time
 
+# The benchmarks run from the repository (``python3 bench/<name>.py``) against its test
+# cluster, and share its runner session.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.cluster import runner_session  # noqa: E402  pylint: disable=wrong-import-position
+
 MASTER = "dmpi-master"
-MASTER_PYTHON = "/opt/saltstack/salt/bin/python3"  # the Python that has Salt on the master
+MASTER_PYTHON = runner_session.MASTER_PYTHON
 NODES = ["node1", "node2", "node3"]
 SLOTS_PER_NODE = 2
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
@@ -157,68 +162,41 @@ def verdict(name, failure, problems):
 
 # Runs inside the master: one RunnerClient, then one runner call per JSON line read from
 # stdin ({"fun", "kwarg"}), one JSON line out per call with its wall time.
-RUNNER_SESSION = r"""
-import json, sys, time, traceback
-import salt.config, salt.runner
-runner = salt.runner.RunnerClient(salt.config.master_config("/etc/salt/master"))
-runner.cmd("mpi.nodes", print_event=False, full_return=False)  # loads the modules once
-print(json.dumps({"ready": True}), flush=True)
-for line in sys.stdin:
-    request = json.loads(line)
-    runner.context.pop("retcode", None)
-    start = time.monotonic()
-    try:
-        ret, exc = runner.cmd(request["fun"], kwarg=request["kwarg"], print_event=False,
-                              full_return=False), None
-    except Exception:
-        ret, exc = None, traceback.format_exc()[-3000:]
-    print(json.dumps({"seconds": time.monotonic() - start, "ret": ret, "exception": exc},
-                     default=repr), flush=True)
-"""
-
-
 class RunnerSession:
-    """One long-lived ``salt.runner.RunnerClient`` in the master, the way a long-lived API
-    server calls the runner: no process start, no config or module loading per call. One call at a time; open several sessions for parallel callers."""
+    """A runner session in the master (:mod:`tests.cluster.runner_session`): the way a
+    long-lived API server calls the runner, no process start, no config or module loading
+    per call. One call at a time; open several sessions for parallel callers."""
 
     def __init__(self, timeout=T_SALT):
         self.timeout = timeout
-        self.process = subprocess.Popen(
-            ["docker", "exec", "-i", MASTER, MASTER_PYTHON, "-c", RUNNER_SESSION],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if not self._reply().get("ready"):
-            raise BenchError(f"the RunnerClient in {MASTER} did not start")
-
-    def _reply(self):
-        line = self.process.stdout.readline()
-        if not line:
-            raise BenchError(f"the RunnerClient in {MASTER} exited ({self.process.poll()})")
-        return json.loads(line)
+        try:
+            self.session = runner_session.RunnerSession(MASTER)
+        except runner_session.SessionError as exc:
+            raise BenchError(str(exc)) from exc
 
     def call(self, fun, **kwarg):
-        """``(seconds, return)`` of one runner call; raises BenchError if it raised."""
+        """``(seconds in the master, return)`` of one runner call; raises BenchError if
+        it raised or gave no answer within the session's timeout."""
         self.send(fun, **kwarg)
         return self.answer(fun)
 
     def send(self, fun, **kwarg):
         """Ask for one runner call and return at once; :meth:`answer` waits for it."""
-        self.process.stdin.write(json.dumps({"fun": fun, "kwarg": kwarg}) + "\n")
-        self.process.stdin.flush()
+        try:
+            self.session.send({"fun": fun, "kwarg": kwarg})
+        except runner_session.SessionError as exc:
+            raise BenchError(str(exc)) from exc
 
     def answer(self, fun):
         """``(seconds, return)`` of the call :meth:`send` asked for."""
-        reply = self._reply()
-        if reply["exception"]:
-            raise BenchError(f"{fun} raised in the RunnerClient: {reply['exception']}")
+        try:
+            reply = self.session.answer(fun, self.timeout)
+        except runner_session.SessionError as exc:
+            raise BenchError(str(exc)) from exc
         return reply["seconds"], reply["ret"]
 
     def close(self):
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        self.session.close()
 
 
 class Jobs:

@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import posixpath
-import selectors
 import shutil
 import socket
 import ssl
@@ -52,6 +51,7 @@ import docker.errors
 import yaml
 
 from tests.cluster import tls
+from tests.cluster.runner_session import RunnerSession, SessionError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FILES = pathlib.Path(__file__).resolve().parent / "files"
@@ -271,103 +271,12 @@ def tar_of(files):
     return buffer
 
 
-#: Runner functions that only read (the tests' polling loops ask them again and again):
-#: each a call in one long-lived Python process instead of a ``salt-run`` process of
-#: its own (about 0.7 s of CPU each, which waiting tests would spend all the time).
-RUNNER_QUERIES = frozenset({"mpi.status", "mpi.list", "mpi.nodes"})
-RUNNER_QUERY_TIMEOUT = 120  # seconds
+#: Runner functions the tests call through a long-lived runner session (see
+#: :mod:`tests.cluster.runner_session`) instead of a ``salt-run`` process each: every
+#: function of DockerMPI's runner. Salt's own (``saltutil.sync_all``) run as salt-run.
+SESSION_RUNNER_PREFIX = "mpi."
+RUNNER_SESSIONS_KEPT = 4  # idle sessions kept for the next calls; more are closed
 LOCAL_CALL_TIMEOUT = 10  # seconds a minion has to answer, as the salt command's default
-
-# In the master: a RunnerClient (what salt-run runs in-process) and a LocalClient (what
-# the salt command runs), their modules loaded once; one JSON request per line in, one
-# JSON answer per line out.
-_RUNNER_SESSION = r"""
-import json, sys, traceback
-import salt.client, salt.config, salt.runner
-opts = salt.config.master_config("/etc/salt/master")
-runner = salt.runner.RunnerClient(opts)
-local = salt.client.LocalClient(mopts=opts)
-for line in sys.stdin:
-    request = json.loads(line)
-    runner.context.pop("retcode", None)
-    try:
-        if "targets" in request:
-            ret = local.cmd(request["targets"], request["fun"], tgt_type="list",
-                            timeout=request["timeout"])
-        else:
-            ret = runner.cmd(request["fun"], kwarg=request["kwarg"], print_event=False,
-                             full_return=False)
-        answer = {"ret": ret, "retcode": runner.context.get("retcode", 0)}
-    except Exception:
-        answer = {"exception": traceback.format_exc()[-3000:]}
-    print(json.dumps(answer, default=repr), flush=True)
-"""
-
-
-class RunnerSession:
-    """One long-lived ``salt.runner.RunnerClient`` in the master container (see
-    ``RUNNER_QUERIES``); ``call`` answers as :meth:`TestCluster.run_json` does. A call
-    that raises, times out or finds the process gone raises ClusterError."""
-
-    def __init__(self, master):
-        self.master = master.name
-        self.process = subprocess.Popen(
-            ["docker", "exec", "-i", master.name, "/opt/saltstack/salt/bin/python3", "-c",
-             _RUNNER_SESSION],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            bufsize=0)
-        self._pending = b""
-
-    def alive(self):
-        return self.process.poll() is None
-
-    def call(self, fun, kwargs, timeout=RUNNER_QUERY_TIMEOUT):
-        """``(exit code, return)`` of runner function ``fun`` as salt-run gives them."""
-        answer = self._ask({"fun": fun, "kwarg": kwargs}, timeout)
-        ret = answer["ret"]
-        # salt-run exits with the answer's own retcode when it has one.
-        if isinstance(ret, dict) and isinstance(ret.get("retcode"), int):
-            return ret["retcode"], ret
-        return answer["retcode"], ret
-
-    def call_minions(self, targets, fun, timeout=LOCAL_CALL_TIMEOUT):
-        """``{minion: return}`` of execution function ``fun`` (no arguments) on the
-        minions ``targets`` (a list); a minion that did not answer is missing."""
-        request = {"targets": targets, "fun": fun, "timeout": timeout}
-        return self._ask(request, timeout + RUNNER_QUERY_TIMEOUT)["ret"]
-
-    def _ask(self, request, timeout):
-        try:
-            self.process.stdin.write(json.dumps(request).encode() + b"\n")
-        except OSError as exc:
-            raise ClusterError(f"the runner session in {self.master} is gone: {exc}") from exc
-        answer = json.loads(self._line(request["fun"], timeout))
-        if "exception" in answer:
-            raise ClusterError(f"{request['fun']} raised in the runner session: "
-                               f"{answer['exception']}")
-        return answer
-
-    def _line(self, fun, timeout):
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            while b"\n" not in self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ClusterError(f"{fun} gave no answer in {timeout} s")
-                if selector.select(left):
-                    chunk = os.read(self.process.stdout.fileno(), 65536)
-                    if not chunk:
-                        raise ClusterError(f"the runner session in {self.master} exited "
-                                           f"({self.process.poll()}) during {fun}")
-                    self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
-        return line
-
-    def close(self):
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
 
 
 class TestCluster:
@@ -380,8 +289,8 @@ class TestCluster:
             raise ClusterError(f"nodes must be between 1 and 9, got {nodes}")
         self.node_count = nodes
         self.docker = docker.from_env(timeout=600)
-        self._runner_session = None
-        self._runner_lock = threading.Lock()
+        self._idle_sessions = []  # RunnerSession objects no call is using
+        self._sessions_lock = threading.Lock()
         self._accounts = {}  # user -> what account() gave
 
     # --- naming -------------------------------------------------------------------
@@ -535,37 +444,61 @@ for port in map(int, sys.argv[2:]):
         """``salt-run fun key=value ...`` on the master; returns (exit code, parsed output).
 
         Values that are not plain strings travel as JSON, which Salt's argument parser
-        reads back as the same structure. The questions tests poll (``RUNNER_QUERIES``) go
-        to the same runner function through :class:`RunnerSession` instead.
+        reads back as the same structure. DockerMPI's runner functions run in a runner
+        session (:meth:`runner_call`), given the same strings.
         """
-        if fun in RUNNER_QUERIES:
-            return self._in_runner_session("call", fun, kwargs)
-        argv = ["salt-run", fun]
-        for key, value in kwargs.items():
-            argv.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
-        code, output = self.salt(argv + ["--out=json"], check=False, stdout_only=True)
+        argv = [f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+                for key, value in kwargs.items()]
+        if fun.startswith(SESSION_RUNNER_PREFIX):
+            code, ret, _ = self.runner_call(fun, argv)
+            return code, ret
+        code, output = self.salt(["salt-run", fun, *argv, "--out=json"], check=False,
+                                 stdout_only=True)
         try:
             return code, json.loads(output)
         except json.JSONDecodeError as exc:
-            raise ClusterError(f"{argv!r} exited {code} without JSON:\n{output}") from exc
+            raise ClusterError(f"salt-run {fun} {argv!r} exited {code} without JSON:\n"
+                               f"{output}") from exc
+
+    def runner_call(self, fun, argv=(), kwarg=None, timeout=None):
+        """``(exit code, return, seconds)`` of ``salt-run fun *argv`` in a runner session
+        of the master (one no other call is using, started when none is idle)."""
+        return self._in_runner_session("run", fun, argv, kwarg, timeout)
 
     def _in_runner_session(self, method, *args):
-        """``RunnerSession.<method>(*args)`` in this cluster's session, started when
-        there is none; a session that failed is not used again."""
-        with self._runner_lock:
-            if self._runner_session is None or not self._runner_session.alive():
-                self._runner_session = RunnerSession(self.container("master"))
-            try:
-                return getattr(self._runner_session, method)(*args)
-            except ClusterError:
-                self._runner_session.close()
-                self._runner_session = None
-                raise
+        """``RunnerSession.<method>(*args)`` in an idle session of this cluster's master;
+        a session that failed is closed, not used again."""
+        with self._sessions_lock:
+            session = self._idle_sessions.pop() if self._idle_sessions else None
+        try:
+            if session is None or not session.alive():
+                session = RunnerSession(self.container("master").name)
+            result = getattr(session, method)(*args)
+        except SessionError as exc:
+            if session is not None:
+                session.close()
+            raise ClusterError(str(exc)) from exc
+        with self._sessions_lock:
+            if len(self._idle_sessions) < RUNNER_SESSIONS_KEPT:
+                self._idle_sessions.append(session)
+                session = None
+        if session is not None:
+            session.close()
+        return result
+
+    def close_runner_sessions(self):
+        """Close the idle runner sessions (their modules are those loaded when they
+        started: after a sync the next calls start new ones)."""
+        with self._sessions_lock:
+            idle, self._idle_sessions = self._idle_sessions, []
+        for session in idle:
+            session.close()
 
     def job_leftovers(self):
         """{node: {job id: containers and secrets}} of every job still on any node; a
         node that does not answer counts as holding something."""
-        found = self._in_runner_session("call_minions", self.nodes, "mpi_job.jobs")
+        found = self._in_runner_session("local", self.nodes, "mpi_job.jobs",
+                                        LOCAL_CALL_TIMEOUT)
         answers = {node: found.get(node, "did not answer") for node in self.nodes}
         return {node: jobs for node, jobs in answers.items() if jobs}
 
@@ -1269,6 +1202,8 @@ for port in map(int, sys.argv[2:]):
         code, synced = self.run_json("saltutil.sync_all")
         if code != 0 or not isinstance(synced, dict):
             raise ClusterError(f"salt-run saltutil.sync_all failed on the master: {synced!r}")
+        if any(synced.values()):
+            self.close_runner_sessions()
         if force_restart or any(synced.get(kind) for kind in ("runners", "utils", "engines")):
             # The job controller keeps the modules it loaded at start.
             self.exec("master", ["systemctl", "restart", "salt-master"])
@@ -1454,6 +1389,7 @@ for port in map(int, sys.argv[2:]):
 
     def down(self):
         """Remove every container, network and volume of the test cluster."""
+        self.close_runner_sessions()
         for container in self.containers():
             step(f"removing {container.name}")
             container.remove(force=True, v=True)
