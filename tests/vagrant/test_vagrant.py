@@ -21,6 +21,9 @@ from tests.vagrant.vagrantcluster import PREFIX, STATE_DIR, setup_host
 
 IN_CI = os.environ.get("CI") == "true"
 NODES = ["node1", "node2"]  # the fewest that show a job spanning hosts (CI time)
+#: The Vagrant hosts' CPU weight (the test cluster's hosts have Docker's default, 1024):
+#: the cycle runs beside the integration tests and takes what they leave idle.
+CPU_SHARES = 256
 VAGRANT_NETWORK = "10.252.1.0/24"
 
 pytestmark = pytest.mark.vagrant
@@ -38,7 +41,7 @@ def vagrant_installed():
 def vagrant(*argv, timeout=120, provider="docker", check=True):
     """Run vagrant in the repository root; returns the completed process (text)."""
     env = {**os.environ, "VAGRANT_DEFAULT_PROVIDER": provider, "DMPI_NODES": str(len(NODES)),
-           "VAGRANT_NO_COLOR": "1"}
+           "DMPI_VAGRANT_CPU_SHARES": str(CPU_SHARES), "VAGRANT_NO_COLOR": "1"}
     result = subprocess.run(["vagrant", *argv], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=timeout, check=False)
     if check and result.returncode != 0:
