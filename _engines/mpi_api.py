@@ -356,6 +356,9 @@ def _openapi():
                     "user": {"type": "string"}, "state": {"type": "string", "enum": list(STATES)},
                     "np": {"type": "integer"}, "exit_code": {"type": "integer", "nullable": True},
                     "reason": {"type": "string", "nullable": True},
+                    "waiting_for": {"type": "string", "nullable": True},
+                    "queue_place": {"type": "integer", "nullable": True, "description":
+                                    "while queued: 1 for the next job to start"},
                     "placement": {"type": "object"}, "timings": {"type": "object"},
                     "history": {"type": "array"}, "output": {"type": "object"},
                     "closed": {"type": "boolean"}}},

@@ -188,6 +188,12 @@ def test_record_text_lists_the_fields_people_ask_about():
     assert "waiting for" not in text and "from" not in text
 
 
+def test_a_queued_jobs_record_text_says_why_it_waits_and_its_place_in_the_queue():
+    text = render.record_text(record("queued", waiting_for="user limit", queue_place=2,
+                                     ended=None, exit_code=None))
+    assert "waiting for  user limit" in text and "queue place  2" in text, text
+
+
 def test_record_text_names_the_notebook_and_cell_a_job_came_from():
     text = render.record_text(record(origin={"notebook": "/data/work/a.ipynb", "cell": 4}))
     assert "from         /data/work/a.ipynb cell [4]" in text
@@ -1025,7 +1031,7 @@ def test_wait_returns_the_record_when_its_time_is_up(api):
 def test_run_shows_states_and_output_as_they_come_and_returns_the_end_record(api):
     final = record("succeeded")
     api.streams[JOB] = [[
-        state_event("queued", waiting_for="resources"),
+        state_event("queued", waiting_for="resources", queue_place=3),
         b": keepalive\n\n",
         state_event("running"),
         *output_events("stdout", "rank 0: π ≈ 3.14\n", "rank 1\n"),
@@ -1038,7 +1044,8 @@ def test_run_shows_states_and_output_as_they_come_and_returns_the_end_record(api
     assert answer == final
     assert out.getvalue() == "rank 0: π ≈ 3.14\nrank 1\n"
     assert err.getvalue().splitlines() == [
-        f"mpi: job {JOB} queued (resources)",
+        f"mpi: job {JOB} queued (resources)",  # as submit answered
+        f"mpi: job {JOB} queued (resources; place 3 in the queue)",
         f"mpi: job {JOB} running",
         "warning ✓",
         f"mpi: job {JOB} succeeded",

@@ -336,6 +336,7 @@ def real_runner(tmp_path, monkeypatch):
     store.set_meta("waiting", {"20261202-120001-aaaaaa": "user limit",
                                "20261202-120002-aaaaaa": "free slots"})
     store.set_meta("priorities", {"20261202-120002-aaaaaa": PRIORITY})
+    store.set_meta("queue_places", {"20261202-120001-aaaaaa": 1, "20261202-120002-aaaaaa": 2})
     functions = {"status": functools.partial(user_calls.status, site),
                  "list": functools.partial(user_calls.list_jobs, site)}
     with _serving(functions, ["127.0.0.0/8"]) as url:
@@ -353,14 +354,15 @@ def test_a_hub_users_list_and_status_show_their_own_jobs_as_recorded(real_runner
         {"job_id": "20261202-120000-aaaaaa", "name": "run-0", "user": "ann", "state": "running",
          "np": 2, "placement": {"node1": 2}, "submitted": 1764676800.25,
          "started": 1764676900.5, "ended": None, "reason": None, "waiting_for": None,
-         "priority": None},
+         "priority": None, "queue_place": None},
         {"job_id": "20261202-120002-aaaaaa", "name": "run-2", "user": "ann", "state": "queued",
          "np": 2, "placement": None, "submitted": 1764676802.25, "started": None,
-         "ended": None, "reason": None, "waiting_for": "free slots", "priority": PRIORITY},
+         "ended": None, "reason": None, "waiting_for": "free slots", "priority": PRIORITY,
+         "queue_place": 2},
         {"job_id": "20261202-120003-aaaaaa", "name": "run-3", "user": "ann",
          "state": "succeeded", "np": 2, "placement": {"node1": 2}, "submitted": 1764676803.25,
          "started": 1764676900.5, "ended": 1764677000.75, "reason": None, "waiting_for": None,
-         "priority": None}]
+         "priority": None, "queue_place": None}]
     status, _, answer = call(url, "/jobs?state=running,succeeded")
     assert [j["job_id"] for j in answer["jobs"]] == ["20261202-120000-aaaaaa",
                                                      "20261202-120003-aaaaaa"]

@@ -73,16 +73,19 @@ def new(job_id, request, *, name, uid, image_ref, candidates, count, workdir, co
     }
 
 
-def public(record, waiting=None, priorities=None):
+def public(record, waiting=None, priorities=None, places=None):
     """The job record as users see it (no internal scheduling data). ``closed`` is true
     once the job's clean-up is done (containers gone, status.json written);
     ``waiting_for`` says why a queued job waits, from ``waiting`` (the controller's last
-    plan: ``{job_id: reason}``), and ``priority`` its fair-share priority and parts, from
-    ``priorities`` (``{job_id: {"priority", "fairshare", "age"}}``; None under fifo)."""
+    plan: ``{job_id: reason}``), ``priority`` its fair-share priority and parts, from
+    ``priorities`` (``{job_id: {"priority", "fairshare", "age"}}``; None under fifo), and
+    ``queue_place`` its place in the scheduler's order (1: the next to start), from
+    ``places`` (``{job_id: place}``)."""
     view = {k: v for k, v in record.items() if k not in PRIVATE_FIELDS}
     view["retcode"] = 0 if record["state"] == "succeeded" else 1
     view["closed"] = bool(record.get("closed"))
     if record["state"] == "queued":
         view["waiting_for"] = (waiting or {}).get(record["job_id"])
         view["priority"] = (priorities or {}).get(record["job_id"])
+        view["queue_place"] = (places or {}).get(record["job_id"])
     return view

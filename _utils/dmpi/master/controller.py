@@ -105,6 +105,7 @@ class JobController:
         # the store keeps them across restarts).
         self.address_holds = store.get_meta("address_holds", {})
         self.waiting = store.get_meta("waiting", {})  # as last written
+        self.queue_places = store.get_meta("queue_places", {})  # as last written
         self._read_maintenance()
         self.settings = controller_settings((store.get_meta("site") or {}).get("config"))
         # Host probes of silent nodes run in threads of their own, never in the loop and
@@ -521,6 +522,12 @@ class JobController:
             if blocked != self.waiting:
                 store.set_meta("waiting", blocked, conn=conn)
                 self.waiting = blocked
+            # Each waiting job's place in the scheduler's order, 1 for the next to start.
+            places = {job["id"]: place for place, job in
+                      enumerate((j for j in waiting if j["id"] in blocked), 1)}
+            if places != self.queue_places:
+                store.set_meta("queue_places", places, conn=conn)
+                self.queue_places = places
             # Each queued job's priority and its parts (mpi.list and mpi.status show them):
             # at once for jobs not shown yet, else at most every PRIORITIES_WRITE_SECONDS.
             shown = fairshare.shown({job_id: parts for job_id, parts in priorities.items()

@@ -174,7 +174,8 @@ def status(site, caller, job_id):
 
 def list_jobs(site, caller, user=None, state=None):
     """The caller's jobs (an admin's: every user's, or ``user``'s), oldest first: id,
-    name, user, state, np, placement, times, reason, and why a queued job waits."""
+    name, user, state, np, placement, times, reason, and why a queued job waits, its
+    priority and its place in the queue."""
     user = caller.acting_user(user)
     states = job_states(state)
     keys = ("job_id", "name", "user", "state", "np", "placement", "submitted", "started",
@@ -186,8 +187,10 @@ def list_jobs(site, caller, user=None, state=None):
     queued = any(r["state"] == "queued" for r in found)
     waiting = store.get_meta("waiting", {}) if queued else {}
     priorities = store.get_meta("priorities", {}) if queued else {}
+    places = store.get_meta("queue_places", {}) if queued else {}
     return [dict(r, waiting_for=waiting.get(r["job_id"]) if r["state"] == "queued" else None,
-                 priority=priorities.get(r["job_id"]) if r["state"] == "queued" else None)
+                 priority=priorities.get(r["job_id"]) if r["state"] == "queued" else None,
+                 queue_place=places.get(r["job_id"]) if r["state"] == "queued" else None)
             for r in found]
 
 
@@ -374,7 +377,8 @@ def public(store, record):
     if record["state"] != "queued":
         return job_record.public(record)
     return job_record.public(record, store.get_meta("waiting", {}),
-                             store.get_meta("priorities", {}))
+                             store.get_meta("priorities", {}),
+                             store.get_meta("queue_places", {}))
 
 
 def job_states(state):

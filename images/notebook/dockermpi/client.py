@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.parse
 
-from dockermpi.render import outcome_line
+from dockermpi.render import outcome_line, state_detail
 
 FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 STREAMS = ("stdout", "stderr")
@@ -503,12 +503,12 @@ class _Follower:
         self.shown_state = None
 
     def show_state(self, record):
-        state = record.get("state")
-        if state != self.shown_state:
-            self.shown_state = state
-            why = record.get("waiting_for") or record.get("reason")
-            print(f"mpi: job {self.job_id} {state}" + (f" ({why})" if why else ""),
-                  file=self.progress, flush=True)
+        """A line for each new state, and for a queued job each new reason or place."""
+        shown = (record.get("state"), state_detail(record))
+        if shown != self.shown_state:
+            self.shown_state = shown
+            print(f"mpi: job {self.job_id} {shown[0]}{shown[1]}", file=self.progress,
+                  flush=True)
 
     def take(self, event, data):
         """Act on one event; the final record once the job's ``end`` came."""

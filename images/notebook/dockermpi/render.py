@@ -53,6 +53,16 @@ def outcome_line(record):
     return f"{line}: {why}" if why else line
 
 
+def state_detail(record):
+    """What follows a state in a progress line: `` (why it waits; place N in the
+    queue)`` for a queued job, `` (reason)`` for one with a reason, else nothing."""
+    parts = [record.get("waiting_for") or record.get("reason")]
+    if record.get("state") == "queued" and isinstance(record.get("queue_place"), int):
+        parts.append(f"place {record['queue_place']} in the queue")
+    shown = "; ".join(part for part in parts if part)
+    return f" ({shown})" if shown else ""
+
+
 def origin_text(origin):
     """Where a job came from (``{"notebook": path, "cell": n}``), or None."""
     if not origin:
@@ -78,6 +88,7 @@ def record_text(record):
         ("reason", record.get("reason") if not record.get("explanation") else None),
         ("failure", record.get("failure")),
         ("waiting for", record.get("waiting_for")),
+        ("queue place", record.get("queue_place")),
         ("priority", priority_text(record.get("priority"))),
         ("ranks", record.get("np")),
         ("placement", placement_text(record["placement"]) if record.get("placement") else None),

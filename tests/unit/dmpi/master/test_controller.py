@@ -486,6 +486,23 @@ def test_slots_being_cleaned_up_are_reserved_for_the_head_of_the_queue(world):
     assert store.get(head)["state"] == "running"
 
 
+def test_each_waiting_job_has_its_place_in_the_queue_and_it_moves_up(world):
+    store, transport, clock, engine = world
+    blocker = _started(store, clock, engine, np=6)
+    first = _submit(store, clock, np=2)
+    second = _submit(store, clock, np=2)
+    engine.job_requested(second)
+    _settle(engine)
+    assert store.get_meta("queue_places") == {first: 1, second: 2}
+    public = user_calls.public(store, store.get(second))
+    assert public["queue_place"] == 2 and public["waiting_for"] == "resources"
+    store.update(first, cancel_requested=True)
+    engine.job_requested(first)
+    _settle(engine)
+    assert store.get_meta("queue_places") == {second: 1}
+    assert "queue_place" not in user_calls.public(store, store.get(blocker))
+
+
 def test_reports_taken_while_the_job_came_up_do_not_fail_it(world):
     # While a job starts, a node sees peers whose sshd is not up yet and no launcher:
     # that evidence is older than the start and must not end the job once it runs.
