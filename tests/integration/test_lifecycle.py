@@ -197,6 +197,7 @@ def test_backfill_uses_idle_slots_only_when_the_head_cannot_be_delayed(cluster):
     waiting = {j["job_id"]: j for j in run(cluster, "mpi.list", state="queued")[1]}
     assert waiting[head]["waiting_for"] == "resources"
     assert waiting[long_]["waiting_for"] == f"reserved for {head}"
+    assert (waiting[head]["queue_place"], waiting[long_]["queue_place"]) == (1, 2)
     run(cluster, "mpi.cancel", job_id=blocker)
     head_job = wait_for(cluster, head, ("succeeded",), 30)
     long_job = wait_for(cluster, long_, ("running",), 30)
