@@ -187,3 +187,37 @@ def test_what_follow_writes_is_split_by_rank_and_printed_in_a_terminal(capsys):
     assert output.lines == {0: [("stdout", "zero")], 1: [("stdout", "one")]}
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == ["[0] zero", "[1] one"] and "succeeded" in printed[-1]
+
+
+KERNEL = "0b5f3a52-8f3e-4f4a-9b1e-2f6d7c8a9e10"
+
+
+def test_the_state_line_has_a_cancel_button_that_interrupts_this_kernel_until_the_job_ends(
+        capsys):
+    view = magic.CellView(magic.RankOutput(), rich=False, kernel=KERNEL)
+    view.set_state("mpi: job j running")
+    markup = view._head_bundle()["text/html"]
+    assert markup.count('class="dockermpi-cancel"') == 1, markup
+    assert f"api/kernels/{KERNEL}/interrupt" in markup and "X-XSRFToken" in markup, markup
+    view.end({"job_id": "j", "state": "cancelled", "reason": "cancelled by request"})
+    assert "dockermpi-cancel" not in view._head_bundle()["text/html"]
+    assert "cancelled" in capsys.readouterr().out
+
+
+def test_with_no_kernel_known_there_is_no_cancel_button():
+    view = magic.CellView(magic.RankOutput(), rich=False)
+    view.state = "mpi: job j queued"
+    assert "button" not in view._head_bundle()["text/html"]
+
+
+@pytest.mark.parametrize("path, expected", [
+    (f"/tmp/jupyter-runtime/kernel-{KERNEL}.json", KERNEL),
+    ("/tmp/jupyter-runtime/kernel-x');alert(1);('.json", None),
+    ("/tmp/other.json", None)])
+def test_the_kernel_id_comes_from_the_connection_files_name_and_nothing_else(
+        monkeypatch, path, expected):
+    connect = type(sys)("ipykernel.connect")
+    connect.get_connection_file = lambda: path
+    monkeypatch.setitem(sys.modules, "ipykernel", type(sys)("ipykernel"))
+    monkeypatch.setitem(sys.modules, "ipykernel.connect", connect)
+    assert magic.kernel_id() == expected

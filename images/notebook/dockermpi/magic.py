@@ -12,7 +12,8 @@ rank, in the notebook's image unless ``--image`` names another approved one. Eve
 a rank prints comes back labelled with the rank, in one colour per rank; ``--ranks``
 shows some ranks only (the job's stdout file keeps all). The first rank that raises
 ends the job (``MPI_Abort`` when mpi4py is in use) and its traceback is shown above the
-output. Interrupting the kernel cancels the job (the cell fails, saying so). ``-o name``
+output. Interrupting the kernel cancels the job (the cell fails, saying so); so does the
+cell's Cancel button, which asks the notebook server to interrupt this kernel. ``-o name``
 brings rank 0's variables back into the notebook once the job has succeeded. The job's
 record names the notebook and the cell (``origin``).
 
@@ -35,6 +36,16 @@ CELL_DIR = ".dockermpi/cells"  # under the user's directory, as the notebook and
 MARK = "\x1e"
 FAILED = "!"
 LABELLED_RE = re.compile(r"\x1e(\d{1,7})(!?)\x1e(.*)\Z", re.S)
+KERNEL_FILE_RE = re.compile(r"kernel-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.json")
+#: The Cancel button's click: the notebook server's own interrupt of this kernel (the
+#: page's base URL and XSRF cookie, as JupyterLab itself calls it); the running magic
+#: takes the interrupt and cancels the job. KERNEL is the kernel's id.
+CANCEL_CLICK = (
+    "this.disabled=true;this.textContent='Cancelling...';"
+    "var c=JSON.parse(document.getElementById('jupyter-config-data').textContent);"
+    "var x=(document.cookie.match(/(?:^|; )_xsrf=([^;]*)/)||[])[1];"
+    "fetch(c.baseUrl+'api/kernels/KERNEL/interrupt',{method:'POST',credentials:'same-origin',"
+    "headers:x?{'X-XSRFToken':decodeURIComponent(x)}:{}});")
 OTHER = "mpirun"  # lines with no rank's label: the launcher's own messages
 LINES_SHOWN = 500  # a rank's last lines shown in the cell; its stdout file keeps all
 REDRAW_SECONDS = 0.5  # the cell's output is drawn again at most this often while it runs
@@ -283,14 +294,28 @@ class _StateLines:
         pass
 
 
-class CellView:
-    """What the cell shows: a state line on top (then the first failing rank's
-    traceback), and the ranks' output under it. In a Jupyter kernel both are displays
-    updated in place; in a terminal, lines are printed as they come."""
+def kernel_id():
+    """This Jupyter kernel's id (from its connection file's name), or None."""
+    try:
+        from ipykernel.connect import get_connection_file
+        name = os.path.basename(get_connection_file())
+    except (ImportError, RuntimeError, AttributeError):
+        return None
+    found = KERNEL_FILE_RE.fullmatch(name)
+    return found.group(1) if found else None
 
-    def __init__(self, output, rich):
+
+class CellView:
+    """What the cell shows: a state line on top, with a Cancel button while the job may
+    run (then the first failing rank's traceback), and the ranks' output under it. In a
+    Jupyter kernel both are displays updated in place; in a terminal, lines are printed
+    as they come."""
+
+    def __init__(self, output, rich, kernel=None):
         self.output = output
         self.rich = rich
+        self.kernel = kernel
+        self.ended = False
         self.state = ""
         self.failure = None
         self.drawn = 0.0
@@ -302,7 +327,12 @@ class CellView:
 
     def _head_bundle(self):
         text = self.state
-        markup = f"<div><b>{html.escape(self.state)}</b></div>"
+        button = ""
+        if self.kernel and not self.ended:
+            click = html.escape(CANCEL_CLICK.replace("KERNEL", self.kernel), quote=True)
+            button = (f' <button class="dockermpi-cancel" title="interrupt the kernel: the '
+                      f'job is cancelled" onclick="{click}">Cancel job</button>')
+        markup = f"<div><b>{html.escape(self.state)}</b>{button}</div>"
         if self.failure:
             rank, lines = self.failure
             text += f"\nrank {rank} failed:\n" + "\n".join(lines)
@@ -339,6 +369,7 @@ class CellView:
             self.printed[rank] = total
 
     def end(self, record):
+        self.ended = True
         self.output.finish()
         self.failure = None if record.get("state") == "succeeded" else \
             self.output.first_failure(record)
@@ -455,7 +486,8 @@ def _magics():
                 name=args.name or f"cell-{cell_number(self.shell) or 0}", workdir=workdir,
                 origin=notebook_origin(self.shell))
             output = RankOutput(ranks)
-            view = CellView(output, in_kernel(self.shell))
+            rich = in_kernel(self.shell)
+            view = CellView(output, rich, kernel_id() if rich else None)
             try:
                 final = client.follow(record["job_id"], first=record,
                                       out=_DrawingSink(output, "stdout", view),
