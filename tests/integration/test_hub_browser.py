@@ -1,6 +1,8 @@
 """The hub in a real browser (headless Chromium): a page user A's server serves cannot act
 as user B in B's browser, because every user's server has an origin of its own
-(mpi:hub:subdomain_host), apart from the hub's and the user API's.
+(mpi:hub:subdomain_host), apart from the hub's and the user API's. And a ``%%mpi`` cell
+run in JupyterLab shows each rank's output in a section of its own, and its Cancel button
+ends the job.
 
 A's server is A's own process, so A can make it answer with any page: the tests take
 that as given and serve A's page the short way, from a process of A's uid in A's
@@ -14,7 +16,7 @@ import urllib.parse
 import pytest
 import yaml
 
-from tests.browser import Browser
+from tests.browser import ARTIFACTS, ELEMENT, Browser
 from tests.cluster import tls
 from tests.cluster.testcluster import (API_PUBLIC_URL, HUB_ADDR, HUB_DOMAIN, HUB_PUBLIC_URL,
                                        REPO)
@@ -136,17 +138,25 @@ def attack(cluster):
         cluster.delete_hub_user(VICTIM)
 
 
+def _browser(cluster):
+    """A fresh browser that finds the hub's names and trusts its certificate (its key)
+    as it would a site's."""
+    rules = [f"MAP {HUB_DOMAIN} {HUB_ADDR}", f"MAP *.{HUB_DOMAIN} {HUB_ADDR}"]
+    return Browser(host_rules=rules, trusted_keys=[tls.spki_sha256(cluster.tls["hub_cert"])])
+
+
+def _log_in(browser, name):
+    browser.get(f"{HUB_PUBLIC_URL}/hub/login?next=" + urllib.parse.quote("/hub/token"))
+    browser.type(browser.find("#username_input"), name)
+    browser.type(browser.find("#password_input"), _password())
+    browser.click(browser.find("#login_submit"))
+    browser.wait_for("location.pathname === '/hub/token'")
+
+
 def _victim_opens(cluster, url):
     """B logs in to the hub in a fresh browser and opens ``url``: the page's report."""
-    rules = [f"MAP {HUB_DOMAIN} {HUB_ADDR}", f"MAP *.{HUB_DOMAIN} {HUB_ADDR}"]
-    # The browser trusts the hub's certificate (its key) as it would a site's.
-    trusted = [tls.spki_sha256(cluster.tls["hub_cert"])]
-    with Browser(host_rules=rules, trusted_keys=trusted) as browser:
-        browser.get(f"{HUB_PUBLIC_URL}/hub/login?next=" + urllib.parse.quote("/hub/token"))
-        browser.type(browser.find("#username_input"), VICTIM)
-        browser.type(browser.find("#password_input"), _password())
-        browser.click(browser.find("#login_submit"))
-        browser.wait_for("location.pathname === '/hub/token'")
+    with _browser(cluster) as browser:
+        _log_in(browser, VICTIM)
         browser.get(url)
         return browser.wait_for("window.report && window.report.done && window.report")
 
@@ -177,3 +187,113 @@ def test_the_same_page_on_the_hubs_own_origin_takes_a_token(cluster, attack):
         cluster.hub_api("DELETE", f"/users/{VICTIM}/tokens/{token}")
     # The API answers on its own origin only: the hub's page reads nothing of it.
     assert report["call_api"]["ok"] is False, report
+
+
+NOTEBOOK_USER = "hub-nora"
+MAGIC_CELL = """%%mpi -n 4 -N 2
+from mpi4py import MPI
+print("hello from", MPI.COMM_WORLD.rank)
+"""
+LONG_CELL = """%%mpi -n 2 --name long-cell
+import time
+print("started", flush=True)
+time.sleep(600)
+"""
+#: The cell's displays as JupyterLab shows them: the state line on top, then each rank's
+#: section (its title, its colour, whether it is open, its text).
+_SHOWN = """
+const output = document.querySelectorAll(".jp-Notebook .jp-Cell")[0].querySelector(".jp-OutputArea");
+if (!output) return null;
+return {
+  text: output.innerText,
+  sections: [...output.querySelectorAll("details")].map(d => ({
+    title: d.querySelector("summary").innerText,
+    colour: getComputedStyle(d.querySelector("summary")).color,
+    open: d.open,
+    visible: d.querySelector("summary").nextElementSibling.checkVisibility(),
+    text: d.innerText})),
+};
+"""
+
+
+#: The second cell's output text, and whether its Cancel button is there.
+_LONG_SHOWN = """
+const output = document.querySelectorAll(".jp-Notebook .jp-Cell")[1].querySelector(".jp-OutputArea");
+return output && {text: output.innerText,
+                  button: !!output.querySelector("button.dockermpi-cancel:not([disabled])")};
+"""
+
+
+def _run_cell(browser, index):
+    """Shift+Enter in the editor of the notebook's cell ``index``."""
+    find = (f"document.querySelectorAll('.jp-Notebook .jp-Cell')[{index}]"
+            "?.querySelector('.cm-content')")
+    # JupyterLab draws a cell's editor some time after the kernel is ready.
+    browser.wait_for(f"(() => {{ const e = {find}; return !!e && e.checkVisibility() && "
+                     "e.getBoundingClientRect().height > 0; })()")
+    editor = browser.run(f"return {find};")[ELEMENT]
+    browser.click(editor)
+    browser.type(editor, "\ue008\ue007\ue000")  # WebDriver's Shift, Enter, release
+
+
+def test_a_magic_cell_shows_each_ranks_output_apart_and_its_cancel_button_ends_the_job(cluster):
+    cluster.wait_for_hub()
+    cluster.hub_user(NOTEBOOK_USER)
+    try:
+        cluster.start_notebook(NOTEBOOK_USER)
+        notebook = {"nbformat": 4, "nbformat_minor": 5,
+                    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                "language": "python"}},
+                    "cells": [{"cell_type": "code", "id": name, "metadata": {},
+                               "execution_count": None, "outputs": [], "source": source}
+                              for name, source in (("magic", MAGIC_CELL), ("long", LONG_CELL))]}
+        code, out = cluster.notebook_exec(NOTEBOOK_USER, [
+            "python3", "-c", "import sys; open('/data/magic.ipynb', 'w').write(sys.argv[1])",
+            json.dumps(notebook)])
+        assert code == 0, out
+        server = (f"https://{NOTEBOOK_USER}.{HUB_DOMAIN}:"
+                  f"{urllib.parse.urlsplit(HUB_PUBLIC_URL).port}/user/{NOTEBOOK_USER}")
+        with _browser(cluster) as browser:
+            _log_in(browser, NOTEBOOK_USER)
+            browser.get(f"{server}/lab/tree/magic.ipynb")
+            # The notebook is drawn (no spinner over it) and its kernel is idle (the
+            # status bar says so): then Shift+Enter in a cell's editor runs the cell.
+            browser.wait_for("document.querySelector('.jp-NotebookPanel .jp-Notebook') && "
+                             "!document.querySelector('.jp-NotebookPanel .jp-Spinner') && "
+                             "/[|] Idle/.test(document.body.innerText)", timeout=180)
+            _run_cell(browser, 0)
+            shown = browser.wait_for(
+                f"(() => {{ const s = (() => {{ {_SHOWN} }})(); "
+                "return s && /succeeded, exit code 0/.test(s.text) && s.sections.length === 4 && s; })()",
+                timeout=240)
+            for rank, section in enumerate(shown["sections"]):
+                assert section["title"].startswith(f"rank {rank}"), shown
+                assert f"hello from {rank}" in section["text"], shown
+                assert section["open"] and section["visible"], shown
+            # One colour per rank, and a section folds away when its title is clicked.
+            assert len({section["colour"] for section in shown["sections"]}) == 4, shown
+            browser.run("document.querySelectorAll('.jp-Cell .jp-OutputArea details "
+                        "summary')[1].click();")
+            shown = browser.wait_for(f"(() => {{ {_SHOWN} }})()")
+            assert [s["open"] for s in shown["sections"]] == [True, False, True, True], shown
+            assert not shown["sections"][1]["visible"], shown
+            browser.screenshot(ARTIFACTS / "magic-cell-in-jupyterlab.png")
+            # The long cell's job runs until its Cancel button interrupts the kernel.
+            _run_cell(browser, 1)
+            browser.wait_for(f"(() => {{ const s = (() => {{ {_LONG_SHOWN} }})(); "
+                             "return s && /started/.test(s.text) && s.button; })()",
+                             timeout=180)
+            browser.run("document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
+                        ".querySelector('button.dockermpi-cancel').click();")
+            shown = browser.wait_for(f"(() => {{ const s = (() => {{ {_LONG_SHOWN} }})(); "
+                                     "return s && /interrupted/.test(s.text) && s; })()",
+                                     timeout=60)
+            assert "cancelled" in shown["text"] and not shown["button"], shown
+            browser.screenshot(ARTIFACTS / "magic-cell-cancelled-in-jupyterlab.png")
+        _, jobs = cluster.run_json("mpi.list", user=NOTEBOOK_USER)
+        [job] = [j for j in jobs if j["name"] == "long-cell"]
+        assert job["state"] == "cancelled", job
+        assert cluster.no_leftovers() == {}
+    finally:
+        cluster.stop_notebook(NOTEBOOK_USER)
+        cluster.delete_hub_user(NOTEBOOK_USER)
