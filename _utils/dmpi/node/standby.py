@@ -160,4 +160,15 @@ def keep(image, count, node_id):
                 client.containers.get(name).remove(force=True)
             raise NodeError(f"cannot make a standby namespace: {exc}") from exc
         made.append(name)
-    return {"made": made, "removed": removed, "ready": running + len(made)}
+    ready = running + len(made)
+    if made:
+        # Two clean-ups that keep spares at once each make what they found missing: the
+        # node still keeps ``count``.
+        with _standby_lock():
+            spares = [c for c in _standby_spares(client) if c.status == "running"]
+            for spare in spares[count:]:
+                with contextlib.suppress(docker.errors.NotFound):
+                    spare.remove(force=True)
+                    removed.append(spare.name)
+            ready = min(len(spares), count)
+    return {"made": [n for n in made if n not in removed], "removed": removed, "ready": ready}
