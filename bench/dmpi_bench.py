@@ -160,8 +160,6 @@ def verdict(name, failure, problems):
     return 1 if failure or problems else 0
 
 
-# Runs inside the master: one RunnerClient, then one runner call per JSON line read from
-# stdin ({"fun", "kwarg"}), one JSON line out per call with its wall time.
 class RunnerSession:
     """A runner session in the master (:mod:`tests.cluster.runner_session`): the way a
     long-lived API server calls the runner, no process start, no config or module loading

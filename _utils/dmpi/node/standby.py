@@ -70,6 +70,20 @@ def _standby_lock():
         os.close(fd)
 
 
+def _trim(client, count, removed):
+    """Remove the spares beyond ``count`` running ones, and those not running (names
+    added to ``removed``); how many running spares are left. Under the standby lock."""
+    running = 0
+    for spare in _standby_spares(client):
+        if spare.status == "running" and running < count:
+            running += 1
+            continue
+        with contextlib.suppress(docker.errors.NotFound):
+            spare.remove(force=True)
+            removed.append(spare.name)
+    return running
+
+
 def take_standby(client, job_id, network, address):
     """A standby namespace made the job's (renamed to NETNS_NAME, on the job network at
     ``address``; :func:`seal_standby` takes it off the standby network), or None when
@@ -134,14 +148,7 @@ def keep(image, count, node_id):
     client = containers.client()
     removed = []
     with _standby_lock():
-        running = 0
-        for spare in _standby_spares(client):
-            if spare.status == "running" and running < count:
-                running += 1
-                continue
-            with contextlib.suppress(docker.errors.NotFound):
-                spare.remove(force=True)
-                removed.append(spare.name)
+        running = _trim(client, count, removed)
     made = []
     if running < count:
         network = _standby_network(client)
@@ -165,10 +172,5 @@ def keep(image, count, node_id):
         # Two clean-ups that keep spares at once each make what they found missing: the
         # node still keeps ``count``.
         with _standby_lock():
-            spares = [c for c in _standby_spares(client) if c.status == "running"]
-            for spare in spares[count:]:
-                with contextlib.suppress(docker.errors.NotFound):
-                    spare.remove(force=True)
-                    removed.append(spare.name)
-            ready = min(len(spares), count)
+            ready = _trim(client, count, removed)
     return {"made": [n for n in made if n not in removed], "removed": removed, "ready": ready}
