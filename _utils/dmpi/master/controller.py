@@ -307,6 +307,9 @@ class JobController:
 
     def _finish(self, record, state, reason, fields, now):
         """Record the final state and announce it; the clean-up follows in the background."""
+        if record.get("silent_nodes"):
+            # A job that is over is kept for no node; ``silences`` keeps what happened.
+            fields = dict(fields, silent_nodes={})
         # One transaction: whoever reads the final state (mpi.wait) reads its timings.
         with self.store.transaction() as conn:
             ended = self.store.transition(

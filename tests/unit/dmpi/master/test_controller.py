@@ -633,6 +633,21 @@ def test_a_silent_node_whose_host_answers_keeps_its_job_for_the_grace(world):
     assert len(record["silences"]) == 1  # the record keeps what happened
 
 
+def test_a_job_ending_as_its_silent_node_returns_keeps_no_silent_node(world):
+    # The node's heartbeat and the launcher's exit can arrive before any pass clears the
+    # silence: the final record still says the job is kept for no node.
+    store, transport, clock, engine = world
+    transport.hosts_up = {"10.0.0.11"}
+    job_id = _started(store, clock, engine, np=4)
+    _seconds(engine, clock, 10)
+    assert set(store.get(job_id)["silent_nodes"]) == {"node2"}
+    engine.heartbeat("node2", "d0")
+    engine.node_report("node1", _running_report(clock, job_id, launcher_exit_code=0))
+    record = store.get(job_id)
+    assert record["state"] == "succeeded" and record["silent_nodes"] == {}
+    assert [s["node"] for s in record["silences"]] == ["node2"]
+
+
 def test_a_silent_node_whose_host_answers_is_lost_when_the_grace_runs_out(world):
     store, transport, clock, engine = world
     transport.hosts_up = {"10.0.0.11"}
