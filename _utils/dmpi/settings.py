@@ -145,7 +145,8 @@ _KEYS = {
     "firewall": ("chain", "rules_file", "rules_file_ipv6"),
     "hub": ("image", "images", "bind_url", "hub_bind_url", "hub_api_url", "api_url", "api_service_url",
             "subdomain_host", "notebook_hosts", "tls", "authenticator", "admin_users",
-            "admin_token", "dummy", "github", "pip", "limits", "venv", "state_dir"),
+            "admin_token", "dummy", "github", "pip", "limits", "panel_refresh_seconds", "venv",
+            "state_dir"),
     "hub:tls": TLS_KEYS,
     "hub:dummy": ("password", "allowed_users"),
     "hub:github": ("package", "client_id", "client_secret", "callback_url",
@@ -1032,6 +1033,7 @@ class _Checker:
                                  f"a notebook), got {_shown(cpus)}")
                 else:
                     self.put(("hub", "limits", "cpus"), float(cpus))
+        self.whole("hub", "panel_refresh_seconds", minimum=5, maximum=3600)
 
     def token_hop(self, path, why, tls):
         """A URL that users' tokens travel to between hosts: https, or http to loopback."""

@@ -31,6 +31,7 @@ HUB_PILLAR = {
         "dummy": {"password": "secret", "allowed_users": ["alice", "bob"]},
         "pip": {"find_links": "/var/cache/wheels", "no_index": True},
         "limits": {"memory_mb": 1024, "pids": 256, "cpus": 0.5},
+        "panel_refresh_seconds": 20,
     },
 }
 GITHUB = {"authenticator": "github", "github": {
@@ -133,6 +134,7 @@ def test_settings_json_from_pillar_is_private(hub_high):
     assert data["dummy"] == {"password": "secret", "allowed_users": ["alice", "bob"]}
     assert data["limits"] == {"memory_mb": 1024, "pids": 256, "cpus": 0.5,
                               "tmp_size_mb": 1024}  # the default
+    assert data["panel_refresh_seconds"] == 20
     assert data["state_dir"] == "/var/lib/dockermpi-hub"
     for sid in ("mpi-hub-config-jupyterhub-config", "mpi-hub-config-spawner-module"):
         assert _args(hub_high, sid, "file.managed")["source"].startswith(

@@ -160,6 +160,7 @@ def test_notebook_mounts_only_the_users_directory(hub, notebooks, name):
     code, out = hub.notebook_exec(name, ["cat", env["DOCKERMPI_API_CA"]])
     assert code == 0 and out == hub.tls["ca"]
     assert env["DOCKERMPI_IMAGE"] == "notebook"
+    assert env["DOCKERMPI_REFRESH_SECONDS"] == "30"  # mpi:hub:panel_refresh_seconds
 
 
 @pytest.mark.parametrize("name", [ALICE, BOB])

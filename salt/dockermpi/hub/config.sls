@@ -38,6 +38,7 @@
       "dummy": hub.dummy,
       "github": hub.github,
       "limits": hub.limits,
+      "panel_refresh_seconds": hub.panel_refresh_seconds,
     } %}
 {%- for setting, path, pem, mode in tls_files %}
 {%-   do settings.update({setting: path if pem else ""}) %}

@@ -705,13 +705,13 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
          "mpi:hub:imagee is not a DockerMPI setting (the keys of mpi:hub are: image, "
          "images, bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
          "notebook_hosts, tls, authenticator, admin_users, admin_token, dummy, github, pip, "
-         "limits, venv, state_dir)"),
+         "limits, panel_refresh_seconds, venv, state_dir)"),
         # salt-api's certificate is gone with salt-api
         ({"api_ca": "/etc/dockermpi/api-ca.pem"},
          "mpi:hub:api_ca is not a DockerMPI setting (the keys of mpi:hub are: image, "
          "images, bind_url, hub_bind_url, hub_api_url, api_url, api_service_url, subdomain_host, "
          "notebook_hosts, tls, authenticator, admin_users, admin_token, dummy, github, pip, "
-         "limits, venv, state_dir)"),
+         "limits, panel_refresh_seconds, venv, state_dir)"),
         ({"image": "note book"},
          "mpi:hub:image 'note book' is not an approved image's short name (a key of "
          "mpi:images)"),
@@ -744,6 +744,8 @@ def test_hub_defaults_and_shipped_hub_pillars_are_valid():
         ({"tls": {"chain": ""}},
          "mpi:hub:tls:chain is not a DockerMPI setting (the keys of mpi:hub:tls are: cert, "
          "key, ca)"),
+        ({"panel_refresh_seconds": 1},
+         "mpi:hub:panel_refresh_seconds must be a whole number from 5 to 3600, got 1"),
         ({"hub_api_url": "10.0.0.5:8081"},
          "mpi:hub:hub_api_url must be a URL http://host[:port][/path] or "
          "https://host[:port][/path], got '10.0.0.5:8081'"),

@@ -10,7 +10,9 @@ which the master has created and owns by that uid before it answers. The contain
 runs as ``uid:gid`` with that directory alone bind-mounted at ``/data`` (HOME and working
 directory), every capability dropped, no-new-privileges, memory, pids and CPU limits;
 ``DOCKERMPI_API_URL`` tells the ``mpi`` client inside where the API is (on the master,
-called directly over TLS), ``DOCKERMPI_API_CA`` which CA signs its certificate.
+called directly over TLS), ``DOCKERMPI_API_CA`` which CA signs its certificate, and
+``DOCKERMPI_REFRESH_SECONDS`` how often, at most, its jobs panel reads the user's jobs
+unasked (mpi:hub:panel_refresh_seconds).
 
 Where the site offers several approved images for notebooks (``allowed_images``: short
 name -> reference by digest), the spawn form lets the user pick one; the notebook runs
@@ -31,7 +33,7 @@ import re
 from dockerspawner import DockerSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Float, Unicode, default
+from traitlets import Float, Integer, Unicode, default
 
 #: Where the user's directory appears in the notebook (as in job containers).
 DATA_MOUNT = "/data"
@@ -113,6 +115,10 @@ class DockerMPISpawner(DockerSpawner):
     image_name = Unicode(
         help="Short name of the approved image notebooks run unless the user picks "
         "another of allowed_images (DOCKERMPI_IMAGE in the notebook)."
+    ).tag(config=True)
+    panel_refresh_seconds = Integer(
+        30, help="How often, at most, a notebook's jobs panel reads the user's jobs unasked "
+        "(DOCKERMPI_REFRESH_SECONDS)."
     ).tag(config=True)
     whoami_timeout = Float(
         30.0, help="Seconds to wait for the master's answer to mpi.whoami."
@@ -210,6 +216,7 @@ class DockerMPISpawner(DockerSpawner):
             "DOCKERMPI_API_URL": self.api_url,
             "DOCKERMPI_IMAGE": chosen,
             "DOCKERMPI_ACCOUNT": identity["account"],
+            "DOCKERMPI_REFRESH_SECONDS": str(self.panel_refresh_seconds),
             **ca,
         }
         self.extra_create_kwargs = {

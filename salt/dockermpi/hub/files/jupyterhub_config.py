@@ -103,6 +103,7 @@ c.DockerMPISpawner.api_ca = settings["notebook_api_ca_file"]
 c.DockerMPISpawner.api_service_url = settings["api_service_url"]
 c.DockerMPISpawner.api_service_ca = settings["api_ca_file"]
 c.DockerMPISpawner.users_dir = settings["users_dir"]
+c.DockerMPISpawner.panel_refresh_seconds = settings["panel_refresh_seconds"]
 c.DockerMPISpawner.use_internal_ip = True
 c.DockerMPISpawner.network_name = "bridge"
 c.DockerMPISpawner.remove = True
