@@ -21,5 +21,11 @@ def load_ipython_extension(ipython):
     magic.load_ipython_extension(ipython)
 
 
+def _jupyter_server_extension_points():
+    """The Jupyter Server extension that forwards the side panel's calls to the API
+    (imported by jupyter_server only, so ``import dockermpi`` needs no tornado)."""
+    return [{"module": "dockermpi.server"}]
+
+
 __all__ = ["APIError", "APIUnreachableError", "Client", "DockerMPIError", "JobError",
            "TokenRefusedError", "load_ipython_extension"]
