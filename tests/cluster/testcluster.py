@@ -57,6 +57,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 FILES = pathlib.Path(__file__).resolve().parent / "files"
 CACHE = pathlib.Path(os.environ.get("DMPI_CACHE", "/var/cache/dockermpi"))
 WHEELHOUSE = CACHE / "wheelhouse"
+NPM_CACHE = CACHE / "npm-cache"  # the jobs panel's npm packages (images/notebook/fill-npm-cache)
 # The registry's storage outlives the cluster (`down` keeps it), so a rebuilt cluster's
 # pushes find their layers there; past REGISTRY_STORE_MAX_BYTES it starts empty again.
 REGISTRY_STORE = CACHE / "registry"
@@ -243,12 +244,18 @@ def node_address(index, network=CLUSTER_NET):
     return network[1].rsplit(".", 1)[0] + f".{10 + index}"
 
 
+#: What an image's definition may hold locally but never sends to its build (npm's
+#: packages of a local build of the jobs panel; .dockerignore says the same).
+LOCAL_ONLY = "node_modules"
+
+
 def tree_digest(*paths):
     """A short content hash of files, so a changed image definition gets a new tag."""
     digest = hashlib.sha256()
     for root in paths:
         root = pathlib.Path(root)
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        files = sorted(p for p in root.rglob("*") if p.is_file()
+                       and LOCAL_ONLY not in p.parts) if root.is_dir() else [root]
         for path in files:
             digest.update(str(path.relative_to(root.parent)).encode())
             digest.update(path.read_bytes())
@@ -817,7 +824,7 @@ for port in map(int, sys.argv[2:]):
         step(f"building {tag} from {context_dir.relative_to(REPO)}")
         with tempfile.TemporaryDirectory() as scratch:
             context = pathlib.Path(scratch) / "context"
-            shutil.copytree(context_dir, context)
+            shutil.copytree(context_dir, context, ignore=shutil.ignore_patterns(LOCAL_ONLY))
             for arcname, source in extra.items():
                 shutil.copytree(source, context / arcname, copy_function=os.link)
             started = time.monotonic()
@@ -880,9 +887,13 @@ for port in map(int, sys.argv[2:]):
                                 {"BASE": self.notebook_image()})
 
     def notebook_image(self):
-        """The MPI image plus JupyterLab, jupyterhub-singleuser and the mpi client."""
+        """The MPI image plus JupyterLab, jupyterhub-singleuser, the mpi client and the
+        jobs panel."""
+        if not any(NPM_CACHE.glob(".package-lock-*")):
+            raise ClusterError(f"no npm cache in {NPM_CACHE}: run tests/cluster/dmpi-cluster")
         return self.build_image(
-            "dockermpi/notebook", REPO / "images" / "notebook", {"wheelhouse": WHEELHOUSE},
+            "dockermpi/notebook", REPO / "images" / "notebook",
+            {"wheelhouse": WHEELHOUSE, "npm-cache": NPM_CACHE},
             {"BASE": self.mpi_image()},
         )
 

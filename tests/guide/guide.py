@@ -31,7 +31,7 @@ import docker.errors
 
 from tests import docblocks
 from tests.background import Background
-from tests.cluster.testcluster import (CACHE, REPO, SYSTEMD_HOST_OPTIONS, WHEELHOUSE,
+from tests.cluster.testcluster import (CACHE, NPM_CACHE, REPO, SYSTEMD_HOST_OPTIONS, WHEELHOUSE,
                                        TestCluster, wait_for_systemd)
 
 GUIDE = REPO / "docs" / "install.md"
@@ -112,6 +112,7 @@ def site_values(commit):
         "DOCKERMPI_GIT": SOURCE_MOUNT,
         "DOCKERMPI_VERSION": commit,
         "WHEELHOUSE": str(WHEELHOUSE),
+        "NPM_CACHE": str(NPM_CACHE),
         # No GitHub here: the hub lets users in by name (the guide says: trials only).
         "HUB_LOGIN": "dummy",
         "GITHUB_CLIENT_ID": "",
@@ -160,6 +161,7 @@ class GuideHosts:
         for host, address in ADDRESSES.items():
             mounts = {f"{PREFIX}-{host}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
                       str(WHEELHOUSE): {"bind": str(WHEELHOUSE), "mode": "ro"},
+                      str(NPM_CACHE): {"bind": str(NPM_CACHE), "mode": "ro"},
                       "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}}
             if host == "master":
                 mounts[str(self.repo_dir)] = {"bind": SOURCE_MOUNT, "mode": "ro"}
