@@ -124,8 +124,19 @@ export class DockerMPIApi {
     return this.post<Job>(`jobs/${encodeURIComponent(jobId)}/cancel`, {});
   }
 
+  /**
+   * An event stream's URL. The hub's login to this server takes a cookie-borne request
+   * that is no page load only with its XSRF token, and an EventSource can send no
+   * header: the token goes in the query (`_xsrf`, which the server extension keeps
+   * from the API).
+   */
   eventsUrl(jobId?: string): string {
-    return this.apiUrl('events', jobId ? { job: jobId } : {});
+    const query: Record<string, string> = jobId ? { job: jobId } : {};
+    const xsrf = document.cookie.match(/(?:^|; )_xsrf=([^;]*)/);
+    if (xsrf) {
+      query._xsrf = decodeURIComponent(xsrf[1]);
+    }
+    return this.apiUrl('events', query);
   }
 
   get<T>(path: string, query: Record<string, string | number> = {}): Promise<T> {
