@@ -339,6 +339,66 @@ def test_a_user_cannot_see_or_touch_another_users_job(cluster, notebooks, bobs_j
     assert job["state"] == "running", job  # Bob's job did not notice
 
 
+#: One call to a notebook server's own address on the hub host (what the proxy forwards
+#: to): argv is method, URL, token ('' for none); prints the status, then the body.
+_SERVER_CALL = r"""
+import sys, urllib.error, urllib.request
+method, url, token = sys.argv[1:4]
+headers = {"Authorization": "token " + token} if token else {}
+request = urllib.request.Request(url, method=method, headers=headers,
+                                 data=b"" if method == "POST" else None)
+try:
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        print(answer.status); print(answer.read().decode(errors="replace"))
+except urllib.error.HTTPError as exc:
+    print(exc.code); print(exc.read().decode(errors="replace"))
+"""
+
+
+def test_a_users_panel_calls_through_her_server_reach_her_jobs_alone(cluster, notebooks,
+                                                                     bobs_job):
+    # The jobs panel's way in: <server>/dockermpi/api/v1/... on the user's own server,
+    # which calls the API with the server's token. Ann's token opens Ann's server only,
+    # and through it the API answers for Ann only.
+    ann_token = cluster.hub_token(ANN)
+
+    prefixes = {user: cluster.notebook_exec(user, ["printenv", "JUPYTERHUB_SERVICE_PREFIX"])[1]
+                .strip() for user in (ANN, BOB)}
+
+    def call(method, user, path, token=ann_token):
+        url = f"http://{cluster.notebook_address(user)}:8888{prefixes[user]}dockermpi/{path}"
+        code, out = cluster.exec("hub", ["python3", "-c", _SERVER_CALL, method, url, token])
+        assert code == 0, out
+        status, _, text = out.partition("\n")
+        return int(status), text
+
+    status, text = call("GET", ANN, "api/v1/jobs")
+    assert status == 200, text
+    assert bobs_job not in text and all(
+        j["user"] == dmpi.settings.user_for_identity(ANN) for j in json.loads(text)["jobs"])
+    for method, path in (("GET", f"api/v1/jobs/{bobs_job}"),
+                         ("GET", f"api/v1/jobs/{bobs_job}/logs"),
+                         ("POST", f"api/v1/jobs/{bobs_job}/cancel"),
+                         ("GET", f"api/v1/events?job={bobs_job}")):
+        status, text = call(method, ANN, path)
+        assert status == 404 and f"no such job: {bobs_job}" in text, (method, path, text)
+    # Paths the API has no business being asked: refused by Ann's server itself.
+    for method, path in (("GET", "api/v1/jobs/..%2F..%2Fhub%2Fapi%2Fusers"),
+                         ("GET", "api/v1/openapi.json/../../../hub/api/users"),
+                         ("POST", "api/v1/whoami")):
+        status, text = call(method, ANN, path)
+        assert status in (404, 405), (method, path, status, text)
+    # Bob's server takes neither Ann's token nor no token.
+    for token in (ann_token, ""):
+        for method, path in (("GET", "api/v1/jobs"), ("GET", "settings"),
+                             ("POST", f"api/v1/jobs/{bobs_job}/cancel")):
+            status, text = call(method, BOB, path, token)
+            assert status in (302, 403), (method, path, status, text)
+            assert bobs_job not in text
+    _, job = mpi_json(cluster, BOB, "status", bobs_job)
+    assert job["state"] == "running", job  # Bob's job did not notice
+
+
 #: Follows the notebook's own event stream for argv[2] seconds, appending what comes to
 #: the file argv[1] as it comes ("open" first).
 _READ_EVENTS = r"""

@@ -11,6 +11,7 @@ the hub's origin (what every user's server had before) shows the attack works th
 """
 
 import json
+import time
 import urllib.parse
 
 import pytest
@@ -298,3 +299,121 @@ def test_a_magic_cell_shows_each_ranks_output_apart_and_its_cancel_button_ends_t
     finally:
         cluster.stop_notebook(NOTEBOOK_USER)
         cluster.delete_hub_user(NOTEBOOK_USER)
+
+
+PANEL_USER = "hub-paula"
+OTHER_USER = "hub-oscar"
+#: The jobs panel's rows as the page shows them, and whether its event stream is open;
+#: window.seenStates keeps every state each row was drawn in (a MutationObserver), so a
+#: state the panel showed only briefly still counts.
+_PANEL = """
+const panel = document.getElementById("dockermpi-jobs-panel");
+if (!panel) return null;
+if (!window.seenStates) {
+  window.seenStates = {};
+  const note = () => panel.querySelectorAll(".dmpi-job").forEach(row => {
+    const seen = window.seenStates[row.dataset.jobId] ||= [];
+    if (!seen.includes(row.dataset.state)) seen.push(row.dataset.state);
+  });
+  new MutationObserver(note).observe(panel, {subtree: true, childList: true,
+                                              attributes: true, attributeFilter: ["data-state"]});
+  note();
+}
+const status = panel.querySelector(".dmpi-status");
+return {
+  visible: panel.checkVisibility(),
+  stream: status && status.dataset.stream,
+  status: status && status.innerText,
+  rows: [...panel.querySelectorAll(".dmpi-job")].map(row => ({
+    id: row.dataset.jobId, state: row.dataset.state, user: row.dataset.user,
+    text: row.innerText})),
+  seen: window.seenStates,
+};
+"""
+
+
+def _panel(browser, condition, timeout=120):
+    """The panel as _PANEL reads it, once ``condition`` (JS, of ``p``) holds."""
+    return browser.wait_for(f"(() => {{ const p = (() => {{ {_PANEL} }})(); "
+                            f"return p && ({condition}) && p; }})()", timeout=timeout)
+
+
+def _row(browser, job_id, css):
+    """Click the button ``css`` of the panel's row of ``job_id``."""
+    browser.run(f"document.querySelector('#dockermpi-jobs-panel .dmpi-job[data-job-id=\"{job_id}\"] "
+                f"{css}').click();")
+
+
+def _mpi_submit(cluster, user, *argv):
+    """``mpi submit`` in the user's notebook container, as they type it in a terminal."""
+    code, out = cluster.notebook_exec(user, ["mpi", "submit", "--json", *argv])
+    assert code == 0, out
+    return json.loads(out)["job_id"]
+
+
+def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one_elses(cluster):
+    cluster.wait_for_hub()
+    cluster.hub_user(PANEL_USER)
+    cluster.hub_user(OTHER_USER)
+    tag = f"panel-go-{int(time.time())}"
+    try:
+        cluster.start_notebook(PANEL_USER)
+        cluster.start_notebook(OTHER_USER)
+        account = json.loads(cluster.notebook_exec(PANEL_USER, ["mpi", "whoami", "--json"])[1])
+        theirs = [_mpi_submit(cluster, OTHER_USER, "-n", "2", "-J", "not-yours", "--",
+                              "sleep", "600")]
+        server = (f"https://{PANEL_USER}.{HUB_DOMAIN}:"
+                  f"{urllib.parse.urlsplit(HUB_PUBLIC_URL).port}/user/{PANEL_USER}")
+        with _browser(cluster) as browser:
+            _log_in(browser, PANEL_USER)
+            browser.get(f"{server}/lab")
+            browser.wait_for("!!document.querySelector('.jp-LabShell') && "
+                             "!!document.querySelector('.jp-SideBar "
+                             "[data-id=\"dockermpi-jobs-panel\"]')", timeout=180)
+            # A real click: Lumino's tab bars act on the pointer, not on click events.
+            browser.click(browser.run("return document.querySelector('.jp-SideBar "
+                                      "[data-id=\"dockermpi-jobs-panel\"]');")[ELEMENT])
+            _panel(browser, "p.visible && p.stream === 'open'")
+            # A job submitted from the terminal appears, runs, and succeeds live.
+            held_job = _mpi_submit(cluster, PANEL_USER, "-n", "4", "-N", "2", "-J",
+                                   "panel-held", "--", "sh", "-c",
+                                   f"while [ ! -e /data/{tag} ]; do sleep 0.3; done; "
+                                   "echo released")
+            _panel(browser, f"p.rows.some(r => r.id === '{held_job}' && r.state === 'running')")
+            theirs.append(_mpi_submit(cluster, OTHER_USER, "-n", "1", "-J", "not-yours-2",
+                                      "--", "true"))
+            code, out = cluster.notebook_exec(PANEL_USER, ["touch", f"/data/{tag}"])
+            assert code == 0, out
+            shown = _panel(browser, f"p.rows.some(r => r.id === '{held_job}' && "
+                                    "r.state === 'succeeded')")
+            assert shown["seen"][held_job][:1] in (["queued"], ["starting"], ["running"]), shown
+            assert "running" in shown["seen"][held_job], shown
+            # Its output, followed in a view of its own.
+            _row(browser, held_job, ".dmpi-output")
+            browser.wait_for("[...document.querySelectorAll('.dmpi-output-view "
+                             ".dmpi-output-text')].some(e => /released/.test(e.innerText))")
+            # Another job, cancelled from the panel.
+            long_job = _mpi_submit(cluster, PANEL_USER, "-n", "2", "-J", "panel-long",
+                                   "--", "sleep", "600")
+            _panel(browser, f"p.rows.some(r => r.id === '{long_job}' && r.state === 'running')")
+            _row(browser, long_job, ".dmpi-cancel")
+            shown = _panel(browser, f"p.rows.some(r => r.id === '{long_job}' && "
+                                    "r.state === 'cancelled')", timeout=60)
+            assert shown["visible"], shown
+            # The image's settings: no one is asked to fetch Jupyter's news.
+            assert not browser.run("return /Jupyter news/.test(document.body.innerText);")
+            browser.screenshot(ARTIFACTS / "jobs-panel-in-jupyterlab.png")
+            # Nothing of the other user's, whose jobs ran beside hers all along.
+            assert {row["user"] for row in shown["rows"]} == {account["account"]}, shown
+            assert not set(theirs) & {row["id"] for row in shown["rows"]}, shown
+            assert not set(theirs) & set(shown["seen"]), shown
+        record = cluster.run_json("mpi.status", job_id=long_job)[1]
+        assert record["state"] == "cancelled", record
+        assert "by" in (record.get("reason") or "") or record.get("cancel_requested"), record
+    finally:
+        for user in (OTHER_USER, PANEL_USER):
+            cluster.stop_notebook(user)
+            cluster.delete_hub_user(user)
+    for job_id in theirs:
+        cluster.run_json("mpi.cancel", job_id=job_id)
+    assert cluster.no_leftovers() == {}
