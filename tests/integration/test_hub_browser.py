@@ -396,7 +396,7 @@ def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one
                                    f"while [ ! -e /data/{tag} ]; do sleep 0.3; done; "
                                    "echo released")
             _panel(browser, f"p.rows.some(r => r.id === '{held_job}' && r.state === 'running')")
-            theirs.append(_other_users_job(cluster, "not-yours-2", "true"))
+            theirs.append(_other_users_job(cluster, "not-yours-2", "hostname"))
             code, out = cluster.notebook_exec(notebook_user, ["touch", f"/data/{tag}"])
             assert code == 0, out
             shown = _panel(browser, f"p.rows.some(r => r.id === '{held_job}' && "
