@@ -383,7 +383,9 @@ def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one
     try:
         with _browser(cluster) as browser:
             _log_in(browser, notebook_user)
-            browser.get(_lab(notebook_user))
+            # ?reset: the default layout, whatever an earlier session left open (the
+            # sidebar tab's click below opens the panel from there).
+            browser.get(_lab(notebook_user) + "?reset")
             tab = ".jp-SideBar [data-id=\"dockermpi-jobs-panel\"]"
             browser.wait_for(f"!!document.querySelector('.jp-LabShell') && "
                              f"!!document.querySelector('{tab}')", timeout=180)
