@@ -63,6 +63,27 @@ def _issue(subject_key, common_name, issuer_name, issuer_key, names=(), ca=False
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+def self_signed_files(directory, address="127.0.0.1"):
+    """A certificate for ``address`` that is its own CA, and its key: (certificate file,
+    key file) in ``directory``, for a local test server and the client that trusts it."""
+    key = _key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dockermpi test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address(address))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / "api.pem", directory / "api.key"
+    cert_file.write_text(_cert_pem(certificate))
+    key_file.write_text(_pem(key))
+    return cert_file, key_file
+
+
 def make(hub_domain, api_address):
     """PEM text of a new CA and of two server certificates it signs: the hub's, for
     ``hub_domain`` and ``*.hub_domain`` (users' servers and the API's origin), and the

@@ -9,10 +9,8 @@ behind the hub's /services/dockermpi prefix. Event streams are either scripted (
 them, silence them, resend output from offset 0) or made from the fake's own jobs."""
 
 import collections
-import datetime
 import http.server
 import io
-import ipaddress
 import json
 import pathlib
 import re
@@ -26,6 +24,8 @@ import time
 import urllib.parse
 
 import pytest
+
+from tests.cluster import tls
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "images" / "notebook"))
 
@@ -923,28 +923,7 @@ def test_a_missing_ca_file_is_named(api, monkeypatch, tmp_path):
 @pytest.fixture
 def https_api(api, tmp_path):
     """The fake API over TLS, with a self-signed certificate for 127.0.0.1; its file."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dockermpi test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256()))
-    cert_file, key_file = tmp_path / "api.pem", tmp_path / "api.key"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert_file, key_file = tls.self_signed_files(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)
     # Handshakes happen in the handler threads, so a failed one holds up no other.

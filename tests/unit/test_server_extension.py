@@ -11,10 +11,8 @@ the API (``FakeAPI``, threads of the test process; its certificate is the server
 timers are shortened in the server process (``LAUNCHER``): lingering, keepalives, idle
 detection and backoff take a second or two, not a minute."""
 
-import datetime
 import http.client
 import http.server
-import ipaddress
 import json
 import os
 import pathlib
@@ -29,6 +27,8 @@ import time
 import urllib.parse
 
 import pytest
+
+from tests.cluster import tls
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "images" / "notebook"
@@ -274,33 +274,6 @@ class FakeAPIHandler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-def self_signed_certificate(directory):
-    """A certificate for 127.0.0.1 and its key, as files; the certificate is its own CA."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dockermpi test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=2))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256()))
-    cert_file, key_file = directory / "api.pem", directory / "api.key"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_file, key_file
-
-
 # --- the notebook server -----------------------------------------------------------------
 def free_port():
     with socket.socket() as probe:
@@ -436,7 +409,7 @@ class Tab:
 # --- fixtures ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
-    return self_signed_certificate(tmp_path_factory.mktemp("tls"))
+    return tls.self_signed_files(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")
