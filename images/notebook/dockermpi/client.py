@@ -103,6 +103,20 @@ def one_line(text, limit=300):
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def api_tls_context(ca_file):
+    """The TLS context that checks the API's certificate against ``ca_file`` (the
+    system's CAs when None); APIUnreachableError when that file cannot be used."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ValueError) as error:  # a missing or unreadable CA file
+        raise APIUnreachableError(f"cannot use DOCKERMPI_API_CA {ca_file}: {error}") from None
+
+
+def unreachable_text(url, reason):
+    """Why a call did not reach the API at ``url``."""
+    return f"cannot reach the DockerMPI API at {url}: {reason or 'no reason given'}"
+
+
 def query_string(params):
     """``?a=1&b=x`` of the parameters that are set (None left out, so the API's defaults
     apply); a list of states becomes the comma-separated list the API takes."""
@@ -148,15 +162,11 @@ class Client:
     # --- transport -----------------------------------------------------------------
     def _tls_context(self):
         if self._tls is None:
-            try:
-                self._tls = ssl.create_default_context(cafile=self.ca_file)
-            except (OSError, ValueError) as error:  # a missing or unreadable CA file
-                raise APIUnreachableError(
-                    f"cannot use DOCKERMPI_API_CA {self.ca_file}: {error}") from None
+            self._tls = api_tls_context(self.ca_file)
         return self._tls
 
     def _unreachable(self, reason):
-        return f"cannot reach the DockerMPI API at {self.url}: {reason or 'no reason given'}"
+        return unreachable_text(self.url, reason)
 
     def _new_connection(self, timeout):
         """A connection to the API, opened by its first request."""

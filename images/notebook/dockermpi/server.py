@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import re
-import ssl
 import urllib.parse
 
 from jupyter_server.base.handlers import APIHandler
@@ -33,11 +32,12 @@ from jupyter_server.utils import url_path_join
 from tornado import httpclient, httputil, iostream, tcpclient, web
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
 
-from dockermpi.client import one_line, retry_after_seconds
+from dockermpi.client import (APIUnreachableError, api_tls_context, one_line,
+                              retry_after_seconds, unreachable_text)
 
 API_ROUTE = "dockermpi/api/v1/"
 SETTINGS_ROUTE = "dockermpi/settings"
-JOB_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
+JOB_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")  # dmpi.contract.JOB_ID_PATTERN
 ALLOWED = {
     "GET": re.compile(rf"whoami|images|jobs|jobs/{JOB_ID.pattern}|jobs/{JOB_ID.pattern}/logs"
                       r"|history|usage|events"),
@@ -129,8 +129,7 @@ class Upstream:
 
     def unreachable(self, reason):
         """The 502 for a call that could not reach the API, naming it and why."""
-        return ProxyError(502, f"cannot reach the DockerMPI API at {self.url}: "
-                               f"{reason or 'no reason given'}")
+        return ProxyError(502, unreachable_text(self.url, reason))
 
     def tls_context(self):
         """The TLS context checking the API's certificate (None for http)."""
@@ -138,10 +137,9 @@ class Upstream:
             return None
         if self._tls is None:
             try:
-                self._tls = ssl.create_default_context(cafile=self.ca_file)
-            except (OSError, ValueError) as error:  # a missing or unreadable CA file
-                raise self.unreachable(
-                    f"cannot use DOCKERMPI_API_CA {self.ca_file}: {error}") from None
+                self._tls = api_tls_context(self.ca_file)
+            except APIUnreachableError as error:
+                raise self.unreachable(error) from None
         return self._tls
 
     def headers(self, accept, content_type=None):
