@@ -553,9 +553,31 @@ for port in map(int, sys.argv[2:]):
                 return active, {}
         return active, self.no_leftovers(timeout)
 
+    #: Printed around a read-only command's output by ``read``.
+    _READ_MARK = "--dmpi-read-mark--"
+    _READ_TRIES = 3
+
+    def read(self, host, argv):
+        """The stdout of a read-only command on a host, whole.
+
+        Docker's exec sometimes hands back none of a quick command's output though the
+        command ran and exited 0; marks printed before and after it show the output came
+        whole, and the command runs again when they did not."""
+        mark = self._READ_MARK
+        wrapped = ["sh", "-c", f'echo {mark}; "$@"; code=$?; echo; echo {mark}; exit $code',
+                   "sh", *argv]
+        for _ in range(self._READ_TRIES):
+            _, output = self.exec(host, wrapped, stdout_only=True)
+            head, first, rest = output.partition(mark + "\n")
+            body, last, _ = rest.rpartition("\n" + mark + "\n")
+            if first and last and not head:
+                return body
+        raise ClusterError(f"{host}: {argv!r}: Docker's exec lost the output "
+                           f"{self._READ_TRIES} times in a row")
+
     def read_shared(self, path):
         """A file's text from the shared storage, as a node sees it."""
-        return self.exec(self.nodes[-1], ["cat", path])[1]
+        return self.read(self.nodes[-1], ["cat", path])
 
     def account(self, user):
         """``salt-run mpi.add_user``: the user's uid, gid and directory (made if needed)."""

@@ -69,7 +69,7 @@ def shell(script):
 def victim_files(cluster):
     """What B has on shared storage, as (path, owner, mode, size) rows, and B's secret
     (B's own jobs write only under mpi-jobs/, which is left out)."""
-    _, listing = cluster.exec(cluster.nodes[-1], [
+    listing = cluster.read(cluster.nodes[-1], [
         "find", f"{STORAGE}/{VICTIM}", "-maxdepth", "1", "!", "-name", "mpi-jobs",
         "-printf", "%p %u %m %s\n"])
     return sorted(listing.splitlines()), cluster.read_shared(SECRET)

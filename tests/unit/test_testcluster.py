@@ -88,3 +88,37 @@ def test_minions_still_silent_after_the_restart_fail_naming_them(silent_master):
                        match=r"minions not answering: \['master', 'storage', 'hub', 'node1'\]"):
         master.cluster.wait_for_minions(timeout=120)
     assert master.restarts == 1
+
+
+class LossyEngine:
+    """Runs a host's commands here, with a real shell, and loses the whole output of
+    the first ``losses`` of them as Docker's exec sometimes does."""
+
+    def __init__(self, losses):
+        self.losses = losses
+        self.runs = 0
+        self.cluster = object.__new__(testcluster.TestCluster)
+        self.cluster.exec = self.exec
+
+    def exec(self, host, argv, stdout_only=False):
+        import subprocess
+        done = subprocess.run(argv, capture_output=True, text=True, check=True)
+        self.runs += 1
+        if self.losses:
+            self.losses -= 1
+            return 0, ""
+        return 0, done.stdout
+
+
+@pytest.mark.parametrize("text", ["one line\n", "no newline at the end", "", "\n\n"])
+def test_a_read_whose_output_docker_lost_runs_again_and_comes_whole(tmp_path, text):
+    engine = LossyEngine(losses=2)
+    (tmp_path / "file").write_text(text)
+    assert engine.cluster.read("node1", ["cat", str(tmp_path / "file")]) == text
+    assert engine.runs == 3
+
+
+def test_a_read_that_keeps_losing_its_output_fails_saying_so(tmp_path):
+    engine = LossyEngine(losses=10)
+    with pytest.raises(ClusterError, match="lost the output 3 times in a row"):
+        engine.cluster.read("node1", ["true"])
