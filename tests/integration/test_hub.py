@@ -167,7 +167,7 @@ manager, kernel = start_new_kernel(kernel_name="python3")
 results = []
 for code, interrupt_when in json.loads(sys.argv[1]):
     msg_id = kernel.execute(code)
-    displays, order, text, error, interrupted = {}, [], [], None, False
+    displays, said, order, text, error, interrupted = {}, {}, [], [], None, False
     deadline = time.monotonic() + 600
     while True:
         msg = kernel.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
@@ -178,6 +178,7 @@ for code, interrupt_when in json.loads(sys.argv[1]):
             shown = content.get("transient", {}).get("display_id") or len(order)
             order += [] if shown in order else [shown]
             displays[shown] = content["data"]
+            said.setdefault(shown, []).append(content["data"].get("text/plain", ""))
         elif kind == "stream":
             text.append(content["text"])
         elif kind == "error":
@@ -188,8 +189,8 @@ for code, interrupt_when in json.loads(sys.argv[1]):
                 interrupt_when in d.get("text/plain", "") for d in displays.values()):
             manager.interrupt_kernel()
             interrupted = True
-    results.append({"displays": [displays[d] for d in order], "text": "".join(text),
-                    "error": error})
+    results.append({"displays": [displays[d] for d in order], "said": [said[d] for d in order],
+                    "text": "".join(text), "error": error})
 manager.shutdown_kernel(now=True)
 print("#cells " + json.dumps(results))  # the kernel's own warnings come on stderr too
 """
@@ -258,6 +259,42 @@ def test_a_notebook_cell_runs_as_an_mpi_job_under_the_mpi_magic(cluster, noteboo
     assert interrupted["error"]["ename"] == "CellJobFailed", interrupted
     assert "interrupted: mpi: job" in interrupted["error"]["traceback"][0], interrupted
     assert jobs["magic-interrupted"]["state"] == "cancelled", jobs["magic-interrupted"]
+
+
+LINE_RUN = "%mpi run -n 2 -t 5m -J line-run sh -c 'echo from-line; sleep 6'"
+CLIENT_RUN = """import dockermpi
+ran = dockermpi.Client().run(["sh", "-c", "echo from-client >&2; exit 4"], np=2,
+                             walltime="5m", name="client-run")"""
+
+
+def test_a_job_run_from_a_cell_shows_its_state_ticking_its_output_and_its_end(
+        cluster, notebooks):
+    cells = [[LINE_RUN, None], [CLIENT_RUN, None], ["print(ran['exit_code'])", None]]
+    code, output = cluster.notebook_exec(
+        ANN, ["python3", "-c", _RUN_CELLS, json.dumps(cells)],
+        environment={"JPY_SESSION_NAME": "/data/work/run.ipynb"})
+    assert code == 0, output
+    found = [line for line in output.splitlines() if line.startswith("#cells ")]
+    assert found, output
+    line_run, client_run, exit_code = json.loads(found[0][len("#cells "):])
+    # %mpi run: the state line went on by itself while the job ran, against the walltime.
+    head, body = line_run["displays"]
+    running = {said for said in line_run["said"][0]
+               if re.search(r" running on node\d:\d.*, \d:\d\d of 5:00$", said)}
+    assert len(running) >= 2, line_run["said"][0]
+    assert "succeeded" in head["text/plain"] and "Cancel job" not in head["text/html"], head
+    assert body["text/plain"] == "from-line\nfrom-line", body
+    assert line_run["error"] is None, line_run
+    # Client.run: the same view; the job failed, the cell did not (run returns the record).
+    head, body = client_run["displays"]
+    assert "failed, exit code 4" in head["text/plain"], head
+    assert body["text/plain"] == "from-client\nfrom-client", body
+    assert '<div style="color:#c00">from-client</div>' in body["text/html"], body
+    assert client_run["error"] is None and exit_code["text"] == "4\n", (client_run, exit_code)
+    _, ended = mpi_json(cluster, ANN, "history")
+    jobs = {j["name"]: j for j in ended if j["name"] in ("line-run", "client-run")}
+    _, record = mpi_json(cluster, ANN, "status", jobs["client-run"]["job_id"])
+    assert record["origin"] == {"notebook": "/data/work/run.ipynb", "cell": 2}, record
 
 
 def test_a_job_origin_is_checked_before_anything_is_queued(cluster, notebooks):

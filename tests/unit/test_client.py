@@ -21,6 +21,7 @@ import struct
 import sys
 import threading
 import time
+import types
 import urllib.parse
 
 import pytest
@@ -292,7 +293,7 @@ IMAGE_LIST = [
 ]
 LOG_BYTES = 1 << 20  # the API's default per-call log byte limit
 JOB_FIELDS = {"image", "np", "cmd", "name", "nodes", "slots_per_node", "walltime", "env",
-              "workdir"}
+              "workdir", "origin"}
 IDENTITY = {"user": "alice", "account": "alice", "uid": 20001, "gid": 20001,
             "dir": "/srv/dockermpi/users/alice", "dir_in_job": "/data"}
 
@@ -1193,6 +1194,86 @@ def test_interrupting_run_cancels_the_job(api, ctrl_c):
     assert api.jobs[JOB]["state"] == "cancelled"
     assert err.getvalue().splitlines()[-2:] == [f"mpi: interrupted: cancelling job {JOB}",
                                                 f"mpi: job {JOB} cancelled"]
+
+
+class CellDisplays:
+    """IPython's display() in a kernel's cell, recorded: each display's bundles in order."""
+
+    def __init__(self):
+        self.shown = []
+
+    def display(self, bundle, raw=False, display_id=False):
+        history = [bundle]
+        self.shown.append(history)
+        return types.SimpleNamespace(update=lambda new, raw=False: history.append(new))
+
+
+@pytest.fixture
+def in_a_cell(monkeypatch):
+    """``Client.run`` as cell 3 of /data/work/a.ipynb runs it in a Jupyter kernel."""
+    import IPython.display
+    shown = CellDisplays()
+    monkeypatch.setattr(IPython.display, "display", shown.display)
+    monkeypatch.setattr(client_module, "jupyter_shell",
+                        lambda: types.SimpleNamespace(execution_count=4))
+    monkeypatch.setattr(client_module, "kernel_id", lambda: "0b5f3a52-8f3e-4f4a-9b1e-2f6d7c8a9e10")
+    monkeypatch.setenv("JPY_SESSION_NAME", "/data/work/a.ipynb")
+    return shown
+
+
+def test_run_in_a_cell_shows_the_job_there_and_notes_the_cell(api, in_a_cell, capsys):
+    final = record("failed", exit_code=3, explanation="rank 1 exited with code 3",
+                   failure={"rank": 1, "exit_code": 3})
+    api.streams[JOB] = [[
+        state_event("queued", waiting_for="resources", queue_place=2),
+        state_event("running", ended=None),
+        *output_events("stdout", "rank 0 here\n"),
+        *output_events("stderr", "Traceback ...\n"),
+        ("end", final),
+    ]]
+    assert Client().run(["python3", "pi.py"], np=6, poll=0) == final
+    sent = json.loads(api.seen("POST", "/jobs")[0].body)
+    assert sent["origin"] == {"notebook": "/data/work/a.ipynb", "cell": 3}
+    head, body = in_a_cell.shown
+    said = [bundle["text/plain"] for bundle in head]
+    assert any("queued (resources; place 2 in the queue)" in line for line in said), said
+    running = [b for b in head if "running on node1:2,node2:2,node3:2" in b["text/plain"]]
+    assert running and "Cancel job" in running[-1]["text/html"], said
+    assert head[-1]["text/plain"] == render.progress_line(final, None)
+    assert "Cancel job" not in head[-1]["text/html"]
+    assert body[-1]["text/plain"] == "rank 0 here\nTraceback ..."
+    assert capsys.readouterr() == ("", "")  # the cell shows the view alone
+
+
+def test_interrupting_run_in_a_cell_cancels_the_job_and_says_so(api, in_a_cell, ctrl_c):
+    def interrupt():
+        wait_until(lambda: len(in_a_cell.shown) == 2 and "running" in
+                   in_a_cell.shown[0][-1]["text/plain"], "the cell shows running")
+        ctrl_c()
+    api.streams[JOB] = [[state_event("running", ended=None), interrupt, "hang"]]
+    with pytest.raises(KeyboardInterrupt):
+        Client().run("sleep 100", poll=0)
+    assert api.jobs[JOB]["state"] == "cancelled"
+    said = [bundle["text/plain"] for bundle in in_a_cell.shown[0]]
+    assert f"mpi: interrupted: cancelling job {JOB}" in said
+    assert said[-1].startswith(f"mpi: job {JOB} cancelled")
+
+
+def test_mpi_run_on_a_cells_line_fails_the_cell_as_the_job_failed(api, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from dockermpi import magic
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "dockermpi")
+        api.streams[JOB] = [[state_event("running"), *output_events("stdout", "hello\n"),
+                             end_event("failed", exit_code=7)]]
+        with pytest.raises(magic.CellJobFailed, match="mpi run: exit status 7"):
+            shell.run_line_magic("mpi", "run -n 2 ./a.out")
+        assert capsys.readouterr().out == "hello\n"
+        assert json.loads(api.seen("POST", "/jobs")[0].body)["cmd"] == ["./a.out"]
+    finally:
+        InteractiveShell.clear_instance()
 
 
 # --- the mpi command -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1].parent / "images" / "notebook"))
 
-from dockermpi import magic  # noqa: E402
+from dockermpi import magic, view  # noqa: E402
 
 IPython = pytest.importorskip("IPython")
 
@@ -179,45 +179,34 @@ def test_the_cell_number_is_the_running_cells_own(shell):
 
 def test_what_follow_writes_is_split_by_rank_and_printed_in_a_terminal(capsys):
     output = magic.RankOutput()
-    view = magic.CellView(output, rich=False)
-    sink = magic._DrawingSink(output, "stdout", view)
+    shown = view.JobView(output, rich=False)
+    sink = shown.sink("stdout")
     assert sink.write("\x1e0\x1ezero\n\x1e1\x1eon") == len("\x1e0\x1ezero\n\x1e1\x1eon")
     sink.write("e\n")
-    view.end({"job_id": "j", "state": "succeeded", "exit_code": 0})
+    shown.end({"job_id": "j", "state": "succeeded", "exit_code": 0})
     assert output.lines == {0: [("stdout", "zero")], 1: [("stdout", "one")]}
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == ["[0] zero", "[1] one"] and "succeeded" in printed[-1]
 
 
-KERNEL = "0b5f3a52-8f3e-4f4a-9b1e-2f6d7c8a9e10"
+def test_a_failing_ranks_traceback_is_shown_above_the_output(capsys):
+    output = magic.RankOutput()
+    shown = view.JobView(output, rich=False)
+    shown.sink("stderr").write("\x1e2!\x1eTraceback\n\x1e2!\x1eKeyError: 'x'\n")
+    shown.end({"job_id": "j", "state": "failed", "exit_code": 1, "failure": {"rank": 2}})
+    assert shown.head_bundle()["text/plain"].endswith("rank 2 failed:\nTraceback\nKeyError: 'x'")
+    assert "rank 2 failed:\nTraceback\nKeyError: 'x'" in capsys.readouterr().out
 
 
-def test_the_state_line_has_a_cancel_button_that_interrupts_this_kernel_until_the_job_ends(
-        capsys):
-    view = magic.CellView(magic.RankOutput(), rich=False, kernel=KERNEL)
-    view.set_state("mpi: job j running")
-    markup = view._head_bundle()["text/html"]
-    assert markup.count('class="dockermpi-cancel"') == 1, markup
-    assert f"api/kernels/{KERNEL}/interrupt" in markup and "X-XSRFToken" in markup, markup
-    view.end({"job_id": "j", "state": "cancelled", "reason": "cancelled by request"})
-    assert "dockermpi-cancel" not in view._head_bundle()["text/html"]
-    assert "cancelled" in capsys.readouterr().out
+def test_mpi_on_one_line_is_the_mpi_command(shell, capsys):
+    shell.run_line_magic("mpi", "--help")
+    assert "Run MPI jobs on the DockerMPI cluster" in capsys.readouterr().out
 
 
-def test_with_no_kernel_known_there_is_no_cancel_button():
-    view = magic.CellView(magic.RankOutput(), rich=False)
-    view.state = "mpi: job j queued"
-    assert "button" not in view._head_bundle()["text/html"]
-
-
-@pytest.mark.parametrize("path, expected", [
-    (f"/tmp/jupyter-runtime/kernel-{KERNEL}.json", KERNEL),
-    ("/tmp/jupyter-runtime/kernel-x');alert(1);('.json", None),
-    ("/tmp/other.json", None)])
-def test_the_kernel_id_comes_from_the_connection_files_name_and_nothing_else(
-        monkeypatch, path, expected):
-    connect = type(sys)("ipykernel.connect")
-    connect.get_connection_file = lambda: path
-    monkeypatch.setitem(sys.modules, "ipykernel", type(sys)("ipykernel"))
-    monkeypatch.setitem(sys.modules, "ipykernel.connect", connect)
-    assert magic.kernel_id() == expected
+@pytest.mark.parametrize("line, words", [
+    ("", "see the usage above"), ("frobnicate", "see the usage above"),
+    ("run -n 2 'echo", "No closing quotation")])
+def test_a_bad_mpi_command_line_is_a_usage_error(shell, line, words):
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match=words):
+        shell.run_line_magic("mpi", line)

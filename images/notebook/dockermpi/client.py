@@ -25,9 +25,9 @@ import threading
 import time
 import urllib.parse
 
-from dockermpi.render import outcome_line, state_detail
+from dockermpi.render import FINAL_STATES, outcome_line, state_detail
+from dockermpi.view import JobView, OutputTail, jupyter_shell, kernel_id, notebook_origin
 
-FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 STREAMS = ("stdout", "stderr")
 
 API = "/api/v1"
@@ -415,8 +415,14 @@ class Client:
         record. Interrupting (Ctrl-C, or the notebook's stop button) cancels the job.
 
         Output goes to ``out`` (stdout) and ``err`` (stderr and progress), by default
-        this process's: a notebook cell shows both.
+        this process's. In a Jupyter kernel, with neither given, the cell shows the job
+        instead (dockermpi.view: its state ticking against the walltime, a Cancel button,
+        the output under it), and the job's record names the notebook and cell.
         """
+        shell = jupyter_shell() if out is None and err is None else None
+        if shell is not None:
+            submit_args.setdefault("origin", notebook_origin(shell))
+            return self._run_in_cell(cmd, np, poll, submit_args)
         out = out or sys.stdout
         err = err or sys.stderr
         record = self.submit(cmd, np=np, **submit_args)
@@ -431,11 +437,27 @@ class Client:
         print(outcome_line(record), file=err, flush=True)
         return record
 
+    def _run_in_cell(self, cmd, np, poll, submit_args):
+        """``run`` in a Jupyter kernel: the job's view in the cell (view.JobView)."""
+        record = self.submit(cmd, np=np, **submit_args)
+        job_id = record["job_id"]
+        view = JobView(OutputTail(), rich=True, kernel=kernel_id())
+        try:
+            record = self.follow(job_id, poll=poll, out=view.sink("stdout"),
+                                 err=view.sink("stderr"), first=record, on_state=view.show)
+        except KeyboardInterrupt:
+            view.say(f"mpi: interrupted: cancelling job {job_id}")
+            view.end(self.cancel(job_id))
+            raise
+        view.end(record)
+        return record
+
     def follow(self, job_id, poll=1.0, out=None, err=None, first=None, streams=STREAMS,
-               progress=None):
+               progress=None, on_state=None):
         """Print the job's state changes (to ``progress``, default ``err``) and its
         ``streams`` as they grow (stdout to ``out``, stderr to ``err``), until the job has
-        ended; return the final record.
+        ended; return the final record. ``on_state``, if given, takes each state record
+        instead of the state lines being printed.
 
         Reads the job's event stream; when it breaks (a reset, ``stream_idle_timeout``
         seconds without a byte, closed before the job's end), it is reopened after
@@ -444,7 +466,7 @@ class Client:
         (``run`` passes the submit's), shown at once.
         """
         follower = _Follower(job_id, {"stdout": out or sys.stdout, "stderr": err or sys.stderr},
-                             streams, progress or err or sys.stderr)
+                             streams, progress or err or sys.stderr, on_state)
         if first:
             follower.show_state(first)
         failures = 0
@@ -504,16 +526,21 @@ class _Follower:
     stream, how many bytes of output were written, so that the output a reopened stream
     sends again from offset 0 is written once."""
 
-    def __init__(self, job_id, sinks, streams, progress):
+    def __init__(self, job_id, sinks, streams, progress, on_state=None):
         self.job_id = job_id
         self.sinks = sinks
         self.streams = streams
         self.progress = progress
+        self.on_state = on_state
         self.written = dict.fromkeys(STREAMS, 0)
         self.shown_state = None
 
     def show_state(self, record):
-        """A line for each new state, and for a queued job each new reason or place."""
+        """A line for each new state, and for a queued job each new reason or place
+        (or every state record to ``on_state``)."""
+        if self.on_state is not None:
+            self.on_state(record)
+            return
         shown = (record.get("state"), state_detail(record))
         if shown != self.shown_state:
             self.shown_state = shown

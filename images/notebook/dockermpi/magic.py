@@ -15,7 +15,11 @@ ends the job (``MPI_Abort`` when mpi4py is in use) and its traceback is shown ab
 output. Interrupting the kernel cancels the job (the cell fails, saying so); so does the
 cell's Cancel button, which asks the notebook server to interrupt this kernel. ``-o name``
 brings rank 0's variables back into the notebook once the job has succeeded. The job's
-record names the notebook and the cell (``origin``).
+record names the notebook and the cell (``origin``). Above the output, the job's state
+line ticks while it waits or runs (dockermpi.view).
+
+``%mpi command ...`` (one line) is the ``mpi`` command in the cell: ``%mpi run -n 4
+python3 pi.py`` shows its job the same way; ``%mpi list``, ``%mpi history`` print.
 
 DockerMPI's notebooks load this extension at start; elsewhere ``%load_ext dockermpi``.
 """
@@ -25,10 +29,12 @@ import os
 import pickle
 import re
 import secrets
+import shlex
 import time
 
 from dockermpi.client import Client, DockerMPIError
 from dockermpi.render import outcome_line
+from dockermpi.view import JobView, cell_number, jupyter_shell, kernel_id, notebook_origin
 
 CELL_DIR = ".dockermpi/cells"  # under the user's directory, as the notebook and jobs see it
 #: What the runner puts before each line a rank prints: MARK rank MARK, and MARK rank
@@ -36,19 +42,8 @@ CELL_DIR = ".dockermpi/cells"  # under the user's directory, as the notebook and
 MARK = "\x1e"
 FAILED = "!"
 LABELLED_RE = re.compile(r"\x1e(\d{1,7})(!?)\x1e(.*)\Z", re.S)
-KERNEL_FILE_RE = re.compile(r"kernel-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.json")
-#: The Cancel button's click: the notebook server's own interrupt of this kernel (the
-#: page's base URL and XSRF cookie, as JupyterLab itself calls it); the running magic
-#: takes the interrupt and cancels the job. KERNEL is the kernel's id.
-CANCEL_CLICK = (
-    "this.disabled=true;this.textContent='Cancelling...';"
-    "var c=JSON.parse(document.getElementById('jupyter-config-data').textContent);"
-    "var x=(document.cookie.match(/(?:^|; )_xsrf=([^;]*)/)||[])[1];"
-    "fetch(c.baseUrl+'api/kernels/KERNEL/interrupt',{method:'POST',credentials:'same-origin',"
-    "headers:x?{'X-XSRFToken':decodeURIComponent(x)}:{}});")
 OTHER = "mpirun"  # lines with no rank's label: the launcher's own messages
 LINES_SHOWN = 500  # a rank's last lines shown in the cell; its stdout file keeps all
-REDRAW_SECONDS = 0.5  # the cell's output is drawn again at most this often while it runs
 ANSI_COLOURS = (34, 32, 35, 36, 33, 31)
 HTML_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#bcbd22", "#d62728",
                 "#8c564b", "#e377c2")
@@ -278,152 +273,30 @@ class RankOutput:
         return "".join(parts)
 
 
-class _StateLines:
-    """Takes ``Client.follow``'s progress lines ("mpi: job ... running")."""
+def mpi_command(line):
+    """``%mpi command ...``: the ``mpi`` command run in this kernel, so that ``run`` shows
+    the job's view in the cell; a non-zero status fails the cell."""
+    from IPython.core.error import UsageError
 
-    def __init__(self, view):
-        self.view = view
-
-    def write(self, text):
-        for line in text.splitlines():
-            if line.strip():
-                self.view.set_state(line.strip())
-        return len(text)
-
-    def flush(self):
-        pass
-
-
-def kernel_id():
-    """This Jupyter kernel's id (from its connection file's name), or None."""
+    from dockermpi import cli
     try:
-        from ipykernel.connect import get_connection_file
-        name = os.path.basename(get_connection_file())
-    except (ImportError, RuntimeError, AttributeError):
-        return None
-    found = KERNEL_FILE_RE.fullmatch(name)
-    return found.group(1) if found else None
-
-
-class CellView:
-    """What the cell shows: a state line on top, with a Cancel button while the job may
-    run (then the first failing rank's traceback), and the ranks' output under it. In a
-    Jupyter kernel both are displays updated in place; in a terminal, lines are printed
-    as they come."""
-
-    def __init__(self, output, rich, kernel=None):
-        self.output = output
-        self.rich = rich
-        self.kernel = kernel
-        self.ended = False
-        self.state = ""
-        self.failure = None
-        self.drawn = 0.0
-        self.printed = {}
-        if rich:
-            from IPython.display import display
-            self.head = display(self._head_bundle(), raw=True, display_id=True)
-            self.body = display({"text/plain": ""}, raw=True, display_id=True)
-
-    def _head_bundle(self):
-        text = self.state
-        button = ""
-        if self.kernel and not self.ended:
-            click = html.escape(CANCEL_CLICK.replace("KERNEL", self.kernel), quote=True)
-            button = (f' <button class="dockermpi-cancel" title="interrupt the kernel: the '
-                      f'job is cancelled" onclick="{click}">Cancel job</button>')
-        markup = f"<div><b>{html.escape(self.state)}</b>{button}</div>"
-        if self.failure:
-            rank, lines = self.failure
-            text += f"\nrank {rank} failed:\n" + "\n".join(lines)
-            markup += (f'<div style="color:#c00"><b>rank {html.escape(str(rank))} failed:'
-                       f'</b><pre>{html.escape(chr(10).join(lines))}</pre></div>')
-        return {"text/plain": text, "text/html": markup}
-
-    def set_state(self, line):
-        self.state = line
-        if self.rich:
-            self.head.update(self._head_bundle(), raw=True)
-        else:
-            print(line, flush=True)
-
-    def progress(self):
-        return _StateLines(self)
-
-    def draw(self, final=False):
-        if not (final or self.output.changed) or (
-                not final and time.monotonic() - self.drawn < REDRAW_SECONDS):
+        argv = shlex.split(line)
+    except ValueError as error:
+        raise UsageError(f"%mpi: {error}") from None
+    try:
+        status = cli.main(argv)
+    except SystemExit as done:  # argparse has printed the help, or what is wrong
+        if done.code in (0, None):
             return
-        self.drawn = time.monotonic()
-        self.output.changed = False
-        if self.rich:
-            self.body.update({"text/plain": self.output.plain(), "text/html": self.output.html()},
-                             raw=True)
-            return
-        for rank in self.output.ordered_ranks():  # the new lines since the last draw
-            lines = self.output.lines[rank]
-            seen = self.printed.get(rank, 0)
-            total = len(lines) + self.output.dropped.get(rank, 0)
-            for _, text in lines[max(0, len(lines) - (total - seen)):]:
-                print(f"[{rank}] {text}", flush=True)
-            self.printed[rank] = total
-
-    def end(self, record):
-        self.ended = True
-        self.output.finish()
-        self.failure = None if record.get("state") == "succeeded" else \
-            self.output.first_failure(record)
-        self.draw(final=True)
-        self.set_state(outcome_line(record))
-        if self.failure and not self.rich:
-            rank, lines = self.failure
-            print(f"rank {rank} failed:\n" + "\n".join(lines), flush=True)
-
-
-class _DrawingSink:
-    """A file-like object for ``Client.follow``: takes ``stream``'s text into the job's
-    output and draws the cell again."""
-
-    def __init__(self, output, stream, view):
-        self.output, self.stream, self.view = output, stream, view
-
-    def write(self, text):
-        self.output.take(self.stream, text)
-        self.view.draw()
-        return len(text)
-
-    def flush(self):
-        pass
-
-
-def in_kernel(shell):
-    """Whether ``shell`` runs in a Jupyter kernel (rich displays) rather than a terminal."""
-    return type(shell).__name__ == "ZMQInteractiveShell"
-
-
-def notebook_origin(shell):
-    """The notebook (as Jupyter names the kernel's session) and cell the magic runs in."""
-    origin = {}
-    notebook = os.environ.get("JPY_SESSION_NAME")
-    if notebook and notebook.isprintable():
-        origin["notebook"] = notebook[-512:]
-    count = cell_number(shell)
-    if count is not None:
-        origin["cell"] = count
-    return origin or None
-
-
-def cell_number(shell):
-    """The running cell's number (its ``In [n]``): IPython counts the cell before it
-    runs, so ``execution_count`` is already the next one's."""
-    count = getattr(shell, "execution_count", None)
-    return count - 1 if isinstance(count, int) and count >= 1 else None
+        raise UsageError("%mpi: see the usage above, or %mpi --help") from None
+    if status:
+        raise CellJobFailed(f"mpi {argv[0]}: exit status {status}")
 
 
 def _magics():
     from IPython.core import magic_arguments
     from IPython.core.error import UsageError
-    from IPython.core.magic import Magics, cell_magic, magics_class
+    from IPython.core.magic import Magics, line_cell_magic, magics_class
 
     @magics_class
     class MPIMagics(Magics):
@@ -447,10 +320,17 @@ def _magics():
         @magic_arguments.argument("--ranks", default=None,
                                   help="show these ranks' output only: 0,2-4")
         @magic_arguments.argument("--name", default=None, help="the job's name")
-        @cell_magic
-        def mpi(self, line, cell):
-            """Run this cell as an MPI job: every rank runs it with python3; output
-            streams back labelled by rank; ``-o`` brings rank 0's variables back."""
+        @line_cell_magic
+        def mpi(self, line, cell=None):
+            """``%%mpi [options]``: run this cell as an MPI job: every rank runs it with
+            python3; output streams back labelled by rank; ``-o`` brings rank 0's
+            variables back.
+
+            ``%mpi command ...``: the ``mpi`` command in the cell (``%mpi run -n 4
+            python3 pi.py``, ``%mpi list``, ``%mpi --help``); ``run`` shows the job as
+            ``%%mpi`` does."""
+            if cell is None:
+                return mpi_command(line)
             args = magic_arguments.parse_argstring(self.mpi, line)
             try:
                 ranks = parse_ranks(args.ranks)
@@ -486,15 +366,13 @@ def _magics():
                 name=args.name or f"cell-{cell_number(self.shell) or 0}", workdir=workdir,
                 origin=notebook_origin(self.shell))
             output = RankOutput(ranks)
-            rich = in_kernel(self.shell)
-            view = CellView(output, rich, kernel_id() if rich else None)
+            rich = jupyter_shell() is self.shell
+            view = JobView(output, rich, kernel_id() if rich else None)
             try:
-                final = client.follow(record["job_id"], first=record,
-                                      out=_DrawingSink(output, "stdout", view),
-                                      err=_DrawingSink(output, "stderr", view),
-                                      progress=view.progress())
+                final = client.follow(record["job_id"], first=record, out=view.sink("stdout"),
+                                      err=view.sink("stderr"), on_state=view.show)
             except KeyboardInterrupt:
-                view.set_state(f"mpi: interrupted: cancelling job {record['job_id']}")
+                view.say(f"mpi: interrupted: cancelling job {record['job_id']}")
                 cancelled = client.cancel(record["job_id"])
                 view.end(cancelled)
                 raise CellJobFailed(f"interrupted: {outcome_line(cancelled)}") from None

@@ -1,6 +1,9 @@
 """Job records and job lists as people read them (the ``mpi`` command's output)."""
 
+import re
 import time
+
+FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 
 
 def clock(epoch):
@@ -61,6 +64,42 @@ def state_detail(record):
         parts.append(f"place {record['queue_place']} in the queue")
     shown = "; ".join(part for part in parts if part)
     return f" ({shown})" if shown else ""
+
+
+def failure_text(failure):
+    """Which rank failed first and how (a record's ``failure``), or None."""
+    if not isinstance(failure, dict) or not isinstance(failure.get("rank"), int):
+        return None
+    if failure.get("signal_name"):
+        return f"rank {failure['rank']} failed first, of {failure['signal_name']}"
+    if isinstance(failure.get("exit_code"), int):
+        return f"rank {failure['rank']} failed first, exit code {failure['exit_code']}"
+    return f"rank {failure['rank']} failed first"
+
+
+def progress_line(record, now):
+    """Where a job is, for a notebook cell's job view: why and how long it has waited,
+    where and how long it has run against its walltime, or how it ended and which rank
+    failed first. ``now`` (epoch seconds) None leaves the times out."""
+    state = record.get("state")
+    if state in FINAL_STATES:
+        line = outcome_line(record)
+        failed = failure_text(record.get("failure")) if state != "succeeded" else None
+        named = failed and re.search(rf"\brank {record['failure']['rank']}\b", line)
+        return f"{line}; {failed}" if failed and not named else line
+    line = f"mpi: job {record.get('job_id')} {state}"
+    if state == "queued":
+        line += state_detail(record)
+        if now is not None and record.get("submitted"):
+            line += f", waiting {duration(now - record['submitted'])}"
+        return line
+    line += f" on {placement_text(record['placement'])}" if record.get("placement") \
+        else state_detail(record)
+    if state == "running" and now is not None and record.get("started"):
+        line += f", {duration(now - record['started'])}"
+        if record.get("walltime"):
+            line += f" of {duration(record['walltime'])}"
+    return line
 
 
 def origin_text(origin):
