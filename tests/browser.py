@@ -109,6 +109,11 @@ class Browser:
         """Run ``script`` (a function body) in the page; returns what it returns."""
         return self._session("POST", "/execute/sync", {"script": script, "args": list(args)})
 
+    def set_permission(self, name, state):
+        """Set the page's permission ``name`` (``notifications``) to ``state`` (``granted``,
+        ``denied``, ``prompt``), as the user would in the browser's prompt or settings."""
+        self._session("POST", "/permissions", {"descriptor": {"name": name}, "state": state})
+
     def screenshot(self, path):
         """Save what the page shows now as a PNG at ``path``."""
         path = pathlib.Path(path)

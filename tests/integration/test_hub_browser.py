@@ -2,8 +2,9 @@
 as user B in B's browser, because every user's server has an origin of its own
 (mpi:hub:subdomain_host), apart from the hub's and the user API's. A ``%%mpi`` cell
 run in JupyterLab shows each rank's output in a section of its own, and its Cancel button
-ends the job. The jobs panel follows the user's jobs live, cancels one, and shows nothing
-of another user's.
+ends the job. The jobs panel follows the user's jobs live, cancels one, notifies the user
+(once she agreed) of a job that ends while her tab is hidden, and shows nothing of
+another user's.
 
 A's server is A's own process, so A can make it answer with any page: the tests take
 that as given and serve A's page the short way, from a process of A's uid in A's
@@ -343,6 +344,37 @@ return {
 """
 
 
+#: Records the panel's browser notifications (window.dmpiNotes) and lets the test hide the
+#: tab (window.dmpiHide): headless Chromium never hides a tab it shows. Headless
+#: Chromium also dismisses a permission prompt unanswered, so the prompt the panel's
+#: button opens waits for the test to answer it (WebDriver's Set Permission), as the
+#: user would click Allow; window.dmpiAsked counts the prompts.
+_NOTIFICATION_SPY = """
+const Real = window.Notification;
+window.dmpiNotes = [];
+window.dmpiAsked = 0;
+class Recorded extends Real {
+  constructor(title, options) {
+    super(title, options);
+    window.dmpiNotes.push({title: title, body: options.body, tag: options.tag});
+  }
+  static get permission() { return Real.permission; }
+  static requestPermission() {
+    window.dmpiAsked += 1;
+    return new Promise(resolve => {
+      const answered = setInterval(() => {
+        if (Real.permission !== 'default') { clearInterval(answered); resolve(Real.permission); }
+      }, 100);
+    });
+  }
+}
+window.Notification = Recorded;
+let hidden = false;
+Object.defineProperty(document, 'hidden', {configurable: true, get: () => hidden});
+window.dmpiHide = value => { hidden = value; };
+"""
+
+
 def _panel(browser, condition, timeout=120):
     """The panel as _PANEL reads it, once ``condition`` (JS, of ``p``) holds."""
     try:
@@ -392,6 +424,17 @@ def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one
             # A real click: Lumino's tab bars act on the pointer, not on click events.
             browser.click(browser.run(f"return document.querySelector('{tab}');")[ELEMENT])
             _panel(browser, "p.visible && p.stream === 'open'")
+            # Notifications: only once she agreed, from the panel's button.
+            browser.run(_NOTIFICATION_SPY)
+            notify = browser.run("return document.querySelector('#dockermpi-jobs-panel "
+                                 ".dmpi-notify');")[ELEMENT]
+            browser.wait_for("document.querySelector('.dmpi-notify').textContent === "
+                             "'Notify me when jobs end'")
+            browser.click(notify)
+            browser.wait_for("window.dmpiAsked === 1")
+            browser.set_permission("notifications", "granted")
+            browser.wait_for("document.querySelector('.dmpi-notify').textContent === "
+                             "'Notifying when jobs end'")
             # A job submitted from the terminal appears, runs, and succeeds live.
             held_job = _mpi_submit(cluster, notebook_user, "-n", "4", "-N", "2", "-J",
                                    "panel-held", "--", "sh", "-c",
@@ -409,14 +452,20 @@ def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one
             _row(browser, held_job, ".dmpi-output")
             browser.wait_for("[...document.querySelectorAll('.dmpi-output-view "
                              ".dmpi-output-text')].some(e => /released/.test(e.innerText))")
-            # Another job, cancelled from the panel.
+            # Another job, cancelled from the panel, while she looks at another tab: a
+            # notification says so (none came for the job that ended before her eyes).
             long_job = _mpi_submit(cluster, notebook_user, "-n", "2", "-J", "panel-long",
                                    "--", "sleep", "600")
             _panel(browser, f"p.rows.some(r => r.id === '{long_job}' && r.state === 'running')")
+            browser.run("window.dmpiHide(true);")
             _row(browser, long_job, ".dmpi-cancel")
             shown = _panel(browser, f"p.rows.some(r => r.id === '{long_job}' && "
                                     "r.state === 'cancelled')", timeout=60)
             assert shown["visible"], shown
+            notes = browser.wait_for("window.dmpiNotes.length && window.dmpiNotes")
+            assert [note["tag"] for note in notes] == [f"dockermpi-{long_job}"], notes
+            assert notes[0]["title"] == "panel-long cancelled", notes
+            browser.run("window.dmpiHide(false);")
             # The image's settings: no one is asked to fetch Jupyter's news.
             assert not browser.run("return /Jupyter news/.test(document.body.innerText);")
             browser.screenshot(ARTIFACTS / "jobs-panel-in-jupyterlab.png")
@@ -424,6 +473,8 @@ def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one
             assert {row["user"] for row in shown["rows"]} == {account["account"]}, shown
             assert not set(theirs) & {row["id"] for row in shown["rows"]}, shown
             assert not set(theirs) & set(shown["seen"]), shown
+            notes = browser.run("return window.dmpiNotes;")
+            assert [note["tag"] for note in notes] == [f"dockermpi-{long_job}"], notes
         record = cluster.run_json("mpi.status", job_id=long_job)[1]
         assert record["state"] == "cancelled", record
     finally:
