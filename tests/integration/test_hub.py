@@ -195,6 +195,19 @@ manager.shutdown_kernel(now=True)
 print("#cells " + json.dumps(results))  # the kernel's own warnings come on stderr too
 """
 
+
+def run_cells(cluster, notebook, cells):
+    """Ann's notebook's cells (``[code, interrupt when a display shows this]``) run in a
+    real kernel in her container, as ``notebook``; what each cell showed (_RUN_CELLS)."""
+    code, output = cluster.notebook_exec(
+        ANN, ["python3", "-c", _RUN_CELLS, json.dumps(cells)],
+        environment={"JPY_SESSION_NAME": notebook})
+    assert code == 0, output
+    found = [line for line in output.splitlines() if line.startswith("#cells ")]
+    assert found, output
+    return json.loads(found[0][len("#cells "):])
+
+
 MAGIC_SUCCEEDS = """%%mpi -n 4 -N 2 --name magic-allreduce -o total,hosts
 from mpi4py import MPI
 import socket
@@ -217,15 +230,10 @@ time.sleep(600)
 
 
 def test_a_notebook_cell_runs_as_an_mpi_job_under_the_mpi_magic(cluster, notebooks):
-    cells = [[MAGIC_SUCCEEDS, None], ["print('BACK', total, len(hosts))", None],
-             [MAGIC_RANK_RAISES, None], [MAGIC_SLEEPS, "running"]]
-    code, output = cluster.notebook_exec(
-        ANN, ["python3", "-c", _RUN_CELLS, json.dumps(cells)],
-        environment={"JPY_SESSION_NAME": "/data/work/magic.ipynb"})
-    assert code == 0, output
-    found = [line for line in output.splitlines() if line.startswith("#cells ")]
-    assert found, output
-    ran, back, raised, interrupted = json.loads(found[0][len("#cells "):])
+    ran, back, raised, interrupted = run_cells(
+        cluster, "/data/work/magic.ipynb",
+        [[MAGIC_SUCCEEDS, None], ["print('BACK', total, len(hosts))", None],
+         [MAGIC_RANK_RAISES, None], [MAGIC_SLEEPS, "running"]])
     _, ended = mpi_json(cluster, ANN, "history")
     jobs = {j["name"]: j for j in ended if j["name"] and j["name"].startswith("magic-")}
     # Loaded without %load_ext; each rank's lines come labelled, per rank in the HTML.
@@ -269,14 +277,9 @@ ran = dockermpi.Client().run(["sh", "-c", "echo from-client >&2; exit 4"], np=2,
 
 def test_a_job_run_from_a_cell_shows_its_state_ticking_its_output_and_its_end(
         cluster, notebooks):
-    cells = [[LINE_RUN, None], [CLIENT_RUN, None], ["print(ran['exit_code'])", None]]
-    code, output = cluster.notebook_exec(
-        ANN, ["python3", "-c", _RUN_CELLS, json.dumps(cells)],
-        environment={"JPY_SESSION_NAME": "/data/work/run.ipynb"})
-    assert code == 0, output
-    found = [line for line in output.splitlines() if line.startswith("#cells ")]
-    assert found, output
-    line_run, client_run, exit_code = json.loads(found[0][len("#cells "):])
+    line_run, client_run, exit_code = run_cells(
+        cluster, "/data/work/run.ipynb",
+        [[LINE_RUN, None], [CLIENT_RUN, None], ["print(ran['exit_code'])", None]])
     # %mpi run: the state line went on by itself while the job ran, against the walltime.
     head, body = line_run["displays"]
     running = {said for said in line_run["said"][0]

@@ -34,7 +34,7 @@ import time
 
 from dockermpi.client import Client, DockerMPIError
 from dockermpi.render import outcome_line
-from dockermpi.view import JobView, cell_number, jupyter_shell, kernel_id, notebook_origin
+from dockermpi.view import JobOutput, JobView, cell_number, jupyter_shell, kernel_id, notebook_origin
 
 CELL_DIR = ".dockermpi/cells"  # under the user's directory, as the notebook and jobs see it
 #: What the runner puts before each line a rank prints: MARK rank MARK, and MARK rank
@@ -176,7 +176,7 @@ def parse_names(values):
     return names
 
 
-class RankOutput:
+class RankOutput(JobOutput):
     """A job's stdout and stderr as the runner labels them, split by rank as it arrives.
 
     ``lines[rank]``: that rank's last LINES_SHOWN lines as ``(stream, text)``;
@@ -184,25 +184,12 @@ class RankOutput:
     ``tracebacks[rank]`` its lines. Lines with no label are the launcher's (OTHER)."""
 
     def __init__(self, ranks=None):
+        super().__init__()
         self.ranks = ranks
         self.lines = {}
         self.dropped = {}
         self.failed = []
         self.tracebacks = {}
-        self.partial = {"stdout": "", "stderr": ""}
-        self.changed = False
-
-    def take(self, stream, text):
-        lines = (self.partial[stream] + text).split("\n")
-        self.partial[stream] = lines.pop()
-        for line in lines:
-            self.add(stream, line)
-
-    def finish(self):
-        for stream, part in self.partial.items():
-            if part:
-                self.add(stream, part)
-            self.partial[stream] = ""
 
     def add(self, stream, line):
         found = LABELLED_RE.match(line)

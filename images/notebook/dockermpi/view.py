@@ -81,13 +81,11 @@ def cell_number(shell):
     return count - 1 if isinstance(count, int) and count >= 1 else None
 
 
-class OutputTail:
-    """A job's stdout and stderr as they come, in that order: the last LINES_SHOWN
-    lines as ``(stream, text)``, and how many earlier ones were dropped."""
+class JobOutput:
+    """A job's stdout and stderr, taken as they come and cut into lines, each given to
+    ``add(stream, line)``; ``changed`` says whether any came since the last drawing."""
 
     def __init__(self):
-        self.lines = []
-        self.dropped = 0
         self.partial = {"stdout": "", "stderr": ""}
         self.changed = False
 
@@ -97,18 +95,32 @@ class OutputTail:
         for line in lines:
             self.add(stream, line)
 
+    def finish(self):
+        """The job has ended: its last lines, even with no newline at their end."""
+        for stream, part in self.partial.items():
+            if part:
+                self.add(stream, part)
+            self.partial[stream] = ""
+
+    def add(self, stream, line):
+        raise NotImplementedError
+
+
+class OutputTail(JobOutput):
+    """A job's stdout and stderr as they come, in that order: the last LINES_SHOWN
+    lines as ``(stream, text)``, and how many earlier ones were dropped."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+        self.dropped = 0
+
     def add(self, stream, line):
         self.lines.append((stream, line))
         if len(self.lines) > LINES_SHOWN:
             del self.lines[0]
             self.dropped += 1
         self.changed = True
-
-    def finish(self):
-        for stream, part in self.partial.items():
-            if part:
-                self.add(stream, part)
-            self.partial[stream] = ""
 
     def first_failure(self, record):
         return None  # the state line names the rank; its traceback is in stderr above
@@ -289,5 +301,5 @@ class _Sink:
         pass
 
 
-__all__ = ["JobView", "OutputTail", "cell_number", "jupyter_shell",
+__all__ = ["JobOutput", "JobView", "OutputTail", "cell_number", "jupyter_shell",
            "kernel_id", "notebook_origin"]
