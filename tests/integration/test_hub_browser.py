@@ -209,6 +209,7 @@ const output = document.querySelectorAll(".jp-Notebook .jp-Cell")[0].querySelect
 if (!output) return null;
 return {
   text: output.innerText,
+  button: !!output.querySelector("button.dockermpi-cancel"),
   sections: [...output.querySelectorAll("details")].map(d => ({
     title: d.querySelector("summary").innerText,
     colour: getComputedStyle(d.querySelector("summary")).color,
@@ -223,7 +224,8 @@ return {
 _LONG_SHOWN = """
 const output = document.querySelectorAll(".jp-Notebook .jp-Cell")[1].querySelector(".jp-OutputArea");
 return output && {text: output.innerText,
-                  button: !!output.querySelector("button.dockermpi-cancel:not([disabled])")};
+                  button: !!output.querySelector("button.dockermpi-cancel:not([disabled])"),
+                  bar: !!output.querySelector("progress.dockermpi-walltime")};
 """
 
 
@@ -283,6 +285,7 @@ def test_a_magic_cell_shows_each_ranks_output_apart_and_its_cancel_button_ends_t
             f"(() => {{ const s = (() => {{ {_SHOWN} }})(); "
             "return s && /succeeded, exit code 0/.test(s.text) && s.sections.length === 4 && s; })()",
             timeout=240)
+        assert not shown["button"], shown  # the job is over: nothing left to cancel
         for rank, section in enumerate(shown["sections"]):
             assert section["title"].startswith(f"rank {rank}"), shown
             assert f"hello from {rank}" in section["text"], shown
@@ -295,11 +298,14 @@ def test_a_magic_cell_shows_each_ranks_output_apart_and_its_cancel_button_ends_t
         assert [s["open"] for s in shown["sections"]] == [True, False, True, True], shown
         assert not shown["sections"][1]["visible"], shown
         browser.screenshot(ARTIFACTS / "magic-cell-in-jupyterlab.png")
-        # The long cell's job runs until its Cancel button interrupts the kernel.
+        # The long cell's job runs, its time going on against the walltime, until its
+        # Cancel button interrupts the kernel.
         _run_cell(browser, 1)
         browser.wait_for(f"(() => {{ const s = (() => {{ {_LONG_SHOWN} }})(); "
-                         "return s && /started/.test(s.text) && s.button; })()",
+                         "return s && /started/.test(s.text) && s.button && s.bar && "
+                         "/ running on node.*, \\d+:\\d\\d of /.test(s.text); })()",
                          timeout=180)
+        browser.screenshot(ARTIFACTS / "magic-cell-running-in-jupyterlab.png")
         browser.run("document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
                     ".querySelector('button.dockermpi-cancel').click();")
         shown = browser.wait_for(f"(() => {{ const s = (() => {{ {_LONG_SHOWN} }})(); "

@@ -23,7 +23,7 @@ import re
 import threading
 import time
 
-from dockermpi.render import duration, progress_line
+from dockermpi.render import FINAL_STATES, duration, progress_line
 
 KERNEL_FILE_RE = re.compile(r"kernel-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.json")
 #: The Cancel button's click: the notebook server's own interrupt of this kernel (the
@@ -187,7 +187,7 @@ class JobView:
     def head_bundle(self):
         text = self.state_text(self.clock())
         button = ""
-        if self.kernel and not self.ended:
+        if self.kernel and not self.ended and self.record.get("state") not in FINAL_STATES:
             click = html.escape(CANCEL_CLICK.replace("KERNEL", self.kernel), quote=True)
             button = (f' <button class="dockermpi-cancel" title="interrupt the kernel: the '
                       f'job is cancelled" onclick="{click}">Cancel job</button>')
