@@ -306,6 +306,8 @@ def test_a_magic_cell_shows_each_ranks_output_apart_and_its_cancel_button_ends_t
                          "/ running on node.*, \\d+:\\d\\d of /.test(s.text); })()",
                          timeout=180)
         browser.screenshot(ARTIFACTS / "magic-cell-running-in-jupyterlab.png")
+        folded = [s["open"] for s in browser.run(_SHOWN)["sections"]]
+        assert folded == [True, False, True, True], folded  # the first cell kept its fold
         browser.run("document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
                     ".querySelector('button.dockermpi-cancel').click();")
         shown = browser.wait_for(f"(() => {{ const s = (() => {{ {_LONG_SHOWN} }})(); "

@@ -141,6 +141,23 @@ def test_the_output_comes_under_the_line_stderr_marked_and_escaped(displays):
         "mpi: job j1 failed, exit code 2: rank 0 exited with code 2")
 
 
+def test_the_streams_final_record_ends_the_view_and_the_same_end_draws_nothing_again(
+        displays):
+    shown = view.JobView(view.OutputTail(), rich=True, kernel=KERNEL, clock=Clock(1011.0))
+    shown.show(RUNNING)
+    shown.sink("stdout").write("last line, no newline")
+    final = job("succeeded", exit_code=0)
+    shown.show(final)  # the stream's last state: the view has ended
+    assert shown.ended and "button" not in displays.last(0)["text/html"]
+    assert displays.last(1)["text/plain"] == "last line, no newline"
+    drawn = [len(history) for history in displays.shown]
+    shown.end(final)  # following returns the same record: nothing is drawn anew
+    assert [len(history) for history in displays.shown] == drawn
+    shown.sink("stdout").write("late line\n")  # output after the final state
+    shown.end(final)
+    assert displays.last(1)["text/plain"] == "last line, no newline\nlate line"
+
+
 def test_an_interrupt_note_replaces_the_line_until_the_end(displays):
     shown = view.JobView(view.OutputTail(), rich=True, kernel=KERNEL, clock=Clock(1011.0))
     shown.show(RUNNING)

@@ -231,7 +231,10 @@ class JobView:
                 self._draw_head()
 
     def show(self, record):
-        """A state record of the job."""
+        """A state record of the job (a final one ends the view)."""
+        if record.get("state") in FINAL_STATES:
+            self.end(record)
+            return
         self.record = record
         self._draw_head()
 
@@ -273,18 +276,24 @@ class JobView:
             self.printed[rank] = total
 
     def end(self, record):
-        """The job's final record: the last output, how it ended, no more Cancel."""
+        """The job's final record: the last output, how it ended, no more Cancel. It
+        comes as the stream's last state and again when following returns: then only
+        what changed is drawn again (a drawing anew would unfold what the user folded)."""
+        again = self.ended
         self.stop.set()
         self.ended = True
         self.note = None
         self.output.finish()
-        self.failure = None if record.get("state") == "succeeded" else \
+        failure = None if record.get("state") == "succeeded" else \
             self.output.first_failure(record)
-        self.draw(final=True)
-        self.record = record
+        if not again or self.output.changed:
+            self.draw(final=True)
+        if again and (record, failure) == (self.record, self.failure):
+            return
+        self.record, self.failure = record, failure
         self._draw_head()
-        if self.failure and not self.rich:
-            rank, lines = self.failure
+        if failure and not self.rich:
+            rank, lines = failure
             print(f"rank {rank} failed:\n" + "\n".join(lines), flush=True)
 
 
