@@ -440,17 +440,7 @@ class Client:
     def _run_in_cell(self, cmd, np, poll, submit_args):
         """``run`` in a Jupyter kernel: the job's view in the cell (view.JobView)."""
         record = self.submit(cmd, np=np, **submit_args)
-        job_id = record["job_id"]
-        view = JobView(OutputTail(), rich=True, kernel=kernel_id())
-        try:
-            record = self.follow(job_id, poll=poll, out=view.sink("stdout"),
-                                 err=view.sink("stderr"), first=record, on_state=view.show)
-        except KeyboardInterrupt:
-            view.say(f"mpi: interrupted: cancelling job {job_id}")
-            view.end(self.cancel(job_id))
-            raise
-        view.end(record)
-        return record
+        return JobView(OutputTail(), rich=True, kernel=kernel_id()).follow(self, record, poll)
 
     def follow(self, job_id, poll=1.0, out=None, err=None, first=None, streams=STREAMS,
                progress=None, on_state=None):

@@ -34,7 +34,8 @@ import time
 
 from dockermpi.client import Client, DockerMPIError
 from dockermpi.render import outcome_line
-from dockermpi.view import JobOutput, JobView, cell_number, jupyter_shell, kernel_id, notebook_origin
+from dockermpi.view import (JobInterrupted, JobOutput, JobView, cell_number, jupyter_shell,
+                            kernel_id, notebook_origin)
 
 CELL_DIR = ".dockermpi/cells"  # under the user's directory, as the notebook and jobs see it
 #: What the runner puts before each line a rank prints: MARK rank MARK, and MARK rank
@@ -225,6 +226,11 @@ class RankOutput(JobOutput):
         return sorted((r for r in self.lines if r != OTHER)) + (
             [OTHER] if OTHER in self.lines else [])
 
+    def new_lines(self):
+        """The lines not printed yet, rank by rank, each labelled ``[rank]``."""
+        return [f"[{rank}] {text}" for rank in self.ordered_ranks()
+                for text in self._unprinted(rank, self.lines[rank], self.dropped.get(rank, 0))]
+
     def plain(self):
         """The output as labelled text lines, ANSI-coloured per rank."""
         out = []
@@ -356,14 +362,9 @@ def _magics():
             rich = jupyter_shell() is self.shell
             view = JobView(output, rich, kernel_id() if rich else None)
             try:
-                final = client.follow(record["job_id"], first=record, out=view.sink("stdout"),
-                                      err=view.sink("stderr"), on_state=view.show)
-            except KeyboardInterrupt:
-                view.say(f"mpi: interrupted: cancelling job {record['job_id']}")
-                cancelled = client.cancel(record["job_id"])
-                view.end(cancelled)
-                raise CellJobFailed(f"interrupted: {outcome_line(cancelled)}") from None
-            view.end(final)
+                final = view.follow(client, record)
+            except JobInterrupted as interrupted:
+                raise CellJobFailed(f"interrupted: {outcome_line(interrupted.record)}") from None
             if final.get("state") != "succeeded":
                 raise CellJobFailed(outcome_line(final))
             if names:

@@ -83,11 +83,14 @@ def cell_number(shell):
 
 class JobOutput:
     """A job's stdout and stderr, taken as they come and cut into lines, each given to
-    ``add(stream, line)``; ``changed`` says whether any came since the last drawing."""
+    ``add(stream, line)``; ``changed`` says whether any came since the last drawing.
+    ``new_lines()`` gives the lines to print that were not given before (a terminal's
+    view)."""
 
     def __init__(self):
         self.partial = {"stdout": "", "stderr": ""}
         self.changed = False
+        self.printed = {}  # per part of the output: how many of its lines were given
 
     def take(self, stream, text):
         lines = (self.partial[stream] + text).split("\n")
@@ -104,6 +107,14 @@ class JobOutput:
 
     def add(self, stream, line):
         raise NotImplementedError
+
+    def _unprinted(self, part, lines, dropped):
+        """Of ``part``'s kept ``lines`` (``dropped`` more went before them), the texts
+        not given yet."""
+        total = len(lines) + dropped
+        seen = self.printed.get(part, 0)
+        self.printed[part] = total
+        return [text for _, text in lines[max(0, len(lines) - (total - seen)):]]
 
 
 class OutputTail(JobOutput):
@@ -125,10 +136,8 @@ class OutputTail(JobOutput):
     def first_failure(self, record):
         return None  # the state line names the rank; its traceback is in stderr above
 
-    def new_lines(self, printed):
-        """The lines not yet printed after ``printed`` lines in all, and the new count."""
-        total = len(self.lines) + self.dropped
-        return [text for _, text in self.lines[max(0, len(self.lines) - (total - printed)):]], total
+    def new_lines(self):
+        return self._unprinted(None, self.lines, self.dropped)
 
     def plain(self):
         head = [f"... {self.dropped} earlier lines in the job's files"] if self.dropped else []
@@ -142,6 +151,15 @@ class OutputTail(JobOutput):
             body = f"<div><i>... {self.dropped} earlier lines in the job's files</i></div>" + body
         return ('<div class="dockermpi-output" style="font-family:monospace;'
                 f'white-space:pre-wrap">{body}</div>')
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """Following a job in its view was interrupted, and the job cancelled: ``record`` is
+    its record after the cancel."""
+
+    def __init__(self, record):
+        super().__init__(f"cancelled job {record.get('job_id')}")
+        self.record = record
 
 
 class JobView:
@@ -163,7 +181,6 @@ class JobView:
         self.ended = False
         self.failure = None
         self.drawn = 0.0
-        self.printed = {}
         self.said = None
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -243,6 +260,22 @@ class JobView:
         self.note = line
         self._draw_head()
 
+    def follow(self, client, record, poll=1.0):
+        """Follow the submitted job (``record``, as ``client.submit`` answered) in this
+        view until it has ended; its final record. An interrupt (the Cancel button, the
+        kernel's stop) cancels the job, shows so and raises JobInterrupted."""
+        job_id = record["job_id"]
+        try:
+            final = client.follow(job_id, poll=poll, out=self.sink("stdout"),
+                                  err=self.sink("stderr"), first=record, on_state=self.show)
+        except KeyboardInterrupt:
+            self.say(f"mpi: interrupted: cancelling job {job_id}")
+            cancelled = client.cancel(job_id)
+            self.end(cancelled)
+            raise JobInterrupted(cancelled) from None
+        self.end(final)
+        return final
+
     # ------------------------------------------------------------------ the output
     def sink(self, stream):
         """A file-like object taking ``stream``'s text into the output."""
@@ -258,22 +291,8 @@ class JobView:
             self.body.update({"text/plain": self.output.plain(), "text/html": self.output.html()},
                              raw=True)
             return
-        self.print_new_lines()
-
-    def print_new_lines(self):
-        output = self.output
-        if isinstance(output, OutputTail):
-            lines, self.printed[None] = output.new_lines(self.printed.get(None, 0))
-            for text in lines:
-                print(text, flush=True)
-            return
-        for rank in output.ordered_ranks():
-            lines = output.lines[rank]
-            seen = self.printed.get(rank, 0)
-            total = len(lines) + output.dropped.get(rank, 0)
-            for _, text in lines[max(0, len(lines) - (total - seen)):]:
-                print(f"[{rank}] {text}", flush=True)
-            self.printed[rank] = total
+        for line in self.output.new_lines():
+            print(line, flush=True)
 
     def end(self, record):
         """The job's final record: the last output, how it ended, no more Cancel. It
@@ -310,5 +329,5 @@ class _Sink:
         pass
 
 
-__all__ = ["JobOutput", "JobView", "OutputTail", "cell_number", "jupyter_shell",
+__all__ = ["JobInterrupted", "JobOutput", "JobView", "OutputTail", "cell_number", "jupyter_shell",
            "kernel_id", "notebook_origin"]
