@@ -894,6 +894,13 @@ for port in map(int, sys.argv[2:]):
                                 REPO / "tests/cluster/images/mpi-openmpi5",
                                 {"wheelhouse": WHEELHOUSE})
 
+    def mpi_intelmpi_image(self):
+        """An image with Intel MPI and mpi4py from PyPI in a virtualenv, no ssh
+        (tests/cluster/images/mpi-intelmpi)."""
+        return self.build_image("dockermpi/mpi-intelmpi",
+                                REPO / "tests/cluster/images/mpi-intelmpi",
+                                {"wheelhouse": WHEELHOUSE})
+
     def mpi_mpich_image(self):
         """An image with Debian's MPICH and mpi4py from PyPI in a virtualenv, no ssh
         (tests/cluster/images/mpi-mpich)."""

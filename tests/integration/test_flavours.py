@@ -1,6 +1,6 @@
 """Every MPI flavour DockerMPI launches, on the real cluster, in a site's own image with
 no ssh server: an older Debian's Open MPI 4, Open MPI 5 (PRRTE) from PyPI, Debian's
-MPICH and MPICH from PyPI (the second notebook image). For each: mpi4py's allreduce over
+MPICH, MPICH from PyPI (the second notebook image) and Intel MPI from PyPI. For each: mpi4py's allreduce over
 three nodes, a failing rank named from that MPI's own messages, a partition that ends
 the job, and another user's job of the same flavour that reaches nothing of it (with
 test_tenants' check after each test that the victim's files are untouched and nothing
@@ -31,6 +31,7 @@ FLAVOURS = {
     "openmpi5": ("openmpi5", "5.0.11", "/opt/venv/bin/mpirun", "2.36"),
     "mpich": ("mpich", "4.0.2", "/usr/bin/mpirun", "2.36"),
     "notebook-mpich": ("mpich", "5.0.2", "/opt/venv/bin/mpirun", "2.36"),
+    "intelmpi": ("intelmpi", "2021.18.1", "/opt/venv/bin/mpirun", "2.36"),
 }
 
 #: Images whose jobs keep to one node, and the start of the probe's reason: Debian 12's
@@ -75,7 +76,8 @@ def flavour_images(cluster):
 
     built = {"bullseye": cluster.mpi_bullseye_image(),
              "openmpi5": cluster.mpi_openmpi5_image(),
-             "mpich": cluster.mpi_mpich_image()}
+             "mpich": cluster.mpi_mpich_image(),
+             "intelmpi": cluster.mpi_intelmpi_image()}
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
               for name, tag in built.items()}
     _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
@@ -152,7 +154,7 @@ FAILURES = {
 def test_a_failing_rank_is_named_from_each_flavours_own_messages(cluster, flavour_images):
     def programs(flavour):
         return [RANK_1_EXITS_3, RANK_1_SEGFAULTS] + (
-            [RANK_1_ABORTS_3] if flavour == "mpich" else [])
+            [RANK_1_ABORTS_3] if flavour in ("mpich", "intelmpi") else [])
 
     for (image, program), job_id in _submit_all(cluster, programs).items():
         job = wait_for(cluster, job_id, ("succeeded", "failed"), 240)

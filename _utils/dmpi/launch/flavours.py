@@ -7,16 +7,17 @@ run_dir, keepalive, launcher)`` (its mpirun or mpiexec command, which
 then its standard output); a
 flavour whose launcher reads settings from its environment only also offers
 ``launcher_environment(oob_ports, ssh_port)``, and one whose launcher can exit 0 after
-losing a node ``lost_daemon(stderr_text)``.
+losing a node ``lost_daemon(stderr_text)``; one whose launcher needs more of the
+launcher container than its argv gives a ``LAUNCHER_PRELUDE`` to that container's script.
 """
 
 import ipaddress
 
-from dmpi.launch import mpich, openmpi, openmpi5
+from dmpi.launch import intelmpi, mpich, openmpi, openmpi5
 from dmpi.launch.values import check_output_paths
 
 #: Flavour (probe's name) -> its launch module.
-MODULES = {"openmpi4": openmpi, "openmpi5": openmpi5, "mpich": mpich}
+MODULES = {"openmpi4": openmpi, "openmpi5": openmpi5, "mpich": mpich, "intelmpi": intelmpi}
 #: The flavour of a job whose image was never probed: DockerMPI's own job image's.
 DEFAULT = "openmpi4"
 #: The launcher container's fixed wrapper script. User strings only ever arrive as
@@ -92,12 +93,14 @@ def launcher_argv(module, stdout_path, stderr_path, *mpi_args, **mpi_kwargs):
     mpi_args, mpi_kwargs
         The module's ``mpi_argv`` arguments.
 
-    The script is a constant (:data:`LAUNCHER_SCRIPT`); the paths and the MPI's whole
-    command arrive as positional parameters, so no user string is parsed by a shell.
-    The script ``exec``\ s the launcher, so the container's exit code is its.
+    The script is a constant (:data:`LAUNCHER_SCRIPT`, after the module's own
+    ``LAUNCHER_PRELUDE`` if it has one); the paths and the MPI's whole command arrive as positional
+    parameters, so no user string is parsed by a shell. The script ``exec``\ s the
+    launcher, so the container's exit code is its.
     """
     check_output_paths(stdout_path, stderr_path)
-    return (["/bin/sh", "-c", LAUNCHER_SCRIPT, "sh", stdout_path, stderr_path]
+    script = getattr(module, "LAUNCHER_PRELUDE", "") + LAUNCHER_SCRIPT
+    return (["/bin/sh", "-c", script, "sh", stdout_path, stderr_path]
             + module.mpi_argv(*mpi_args, **mpi_kwargs))
 
 
@@ -118,8 +121,9 @@ def parse_failure(stderr_text):
     """Which rank made a job fail, from its launcher's standard error and output, whatever
     its MPI (each flavour's messages are its own; the node that reads them does not know
     the job's flavour): the first flavour's verdict found, or None. Never raises."""
-    for flavour in MODULES.values():
-        found = flavour.parse_failure(stderr_text)
+    # Flavours that share a launcher's words share its parser: each is tried once.
+    for parse in dict.fromkeys(flavour.parse_failure for flavour in MODULES.values()):
+        found = parse(stderr_text)
         if found is not None:
             return found
     return None

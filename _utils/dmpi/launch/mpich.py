@@ -201,6 +201,11 @@ _RE_EXIT_CODES = re.compile(r"\] Exit codes: ")
 _RE_BANNER = re.compile(
     r"=   PID [0-9]{1,10} RUNNING AT (?P<host>[0-9]{1,3}(?:\.[0-9]{1,3}){3})\n"
     r"=   EXIT CODE: (?P<code>[0-9]{1,10})\n")
+# Intel MPI's Hydra prints one banner per rank, with its number (a rank that exited
+# non-zero gets none; the ones its clean-up killed get one each, "KILLED BY SIGNAL: 9").
+_RE_RANK_BANNER = re.compile(
+    r"=   RANK (?P<rank>[0-9]{1,9}) PID [0-9]{1,10} RUNNING AT \S{1,255}\n"
+    r"=   KILLED BY SIGNAL: (?P<signal>[0-9]{1,3})\b")
 _RE_PROXY_STATUSES = re.compile(r"\[[^\]\s]{1,255}\] (?P<statuses>[0-9]{1,10}(?:,[0-9]{1,10})*)\n")
 # The signal Hydra's clean-up kills the other ranks with: a rank dead of it may be a
 # victim, not the cause.
@@ -243,7 +248,8 @@ def _verdict_of_statuses(statuses):
 
 def parse_failure(stderr_text):
     """
-    Find which rank made an MPICH 4.0 job fail, from what ``mpiexec`` (Hydra) printed.
+    Find which rank made an MPICH or Intel MPI job fail, from what ``mpiexec`` (Hydra)
+    printed.
 
     stderr_text
         ``mpiexec``'s standard error *followed by its standard output*: Hydra prints the
@@ -259,9 +265,12 @@ def parse_failure(stderr_text):
     dead of SIGKILL: the cause and the clean-up's victims look alike). Ranks are counted
     through the proxies in hostfile order, which is how Hydra numbers them while ``np``
     does not exceed the hostfile's slots. When Hydra printed no exit statuses (its
-    proxies broke off), its "BAD TERMINATION" banner gives ``{"host": address, ...}``
-    instead of a rank (:func:`dmpi.launch.flavours.failed_rank_at` finds the rank). It
-    never raises: the text is written by the user's job.
+    proxies broke off), its "BAD TERMINATION" banners give the verdict: Intel MPI's
+    name each rank, MPICH's the node (``{"host": address, ...}`` instead of a rank;
+    :func:`dmpi.launch.flavours.failed_rank_at` finds the rank). Intel MPI's Hydra,
+    unlike MPICH's, follows ``MPI_Abort``'s message with every rank's exit status, each
+    the abort's code: that block is the abort's. It never raises: the text is written
+    by the user's job.
 
     Hydra prints its verdict after every rank has gone, so the *last* message wins
     (a last ``Exit codes`` block that pins nothing is a last word of None); a program
@@ -271,17 +280,42 @@ def parse_failure(stderr_text):
         return None
     text = stderr_text.replace("\r\n", "\n")
     found = []
-    for match in _RE_ABORT.finditer(text):
-        found.append((match.start(), {"rank": int(match.group("rank")),
-                                      "exit_code": int(match.group("code"))}))
+    aborts = list(_RE_ABORT.finditer(text))
+    abort = aborts and {"rank": int(aborts[-1].group("rank")),
+                        "exit_code": int(aborts[-1].group("code"))}
+    if abort:
+        found.append((aborts[-1].start(), abort))
     for match in _RE_EXIT_CODES.finditer(text):
         statuses = _rank_statuses(text, match.end())
-        if statuses:
+        if statuses and abort and _all_exited_with(statuses, abort["exit_code"]):
+            # Intel MPI's Hydra prints an MPI_Abort as every rank exiting with its code.
+            found.append((match.start(), abort))
+        elif statuses:
             found.append((match.start(), _verdict_of_statuses(statuses)))
     if not found:
-        banners = list(_RE_BANNER.finditer(text))
-        if not banners:
-            return None
-        said = status_failure(int(banners[-1].group("code")))
-        return {"host": banners[-1].group("host"), **said} if said else None
+        return _verdict_of_banners(text)
     return max(found, key=lambda item: item[0])[1]
+
+
+def _all_exited_with(statuses, code):
+    """Whether every wait status is an exit with ``code`` (as the low 8 bits it keeps)."""
+    return all(status & 0x7F == 0 and status >> 8 == code & 0xFF for status in statuses)
+
+
+def _verdict_of_banners(text):
+    """The verdict of Hydra's "BAD TERMINATION" banners when it printed no exit statuses:
+    Intel's name each rank (:func:`_verdict_of_statuses` of the signals they give),
+    MPICH's the node (``{"host": address, ...}``). None when there are none."""
+    ranks = {}
+    for match in _RE_RANK_BANNER.finditer(text):
+        rank = int(match.group("rank"))
+        if rank < _MAX_RANKS:
+            ranks.setdefault(rank, int(match.group("signal")))
+    if ranks:
+        statuses = [ranks.get(rank, 0) for rank in range(max(ranks) + 1)]
+        return _verdict_of_statuses([s if 0 < s < 0x7F else 0 for s in statuses])
+    banners = list(_RE_BANNER.finditer(text))
+    if not banners:
+        return None
+    said = status_failure(int(banners[-1].group("code")))
+    return {"host": banners[-1].group("host"), **said} if said else None

@@ -72,7 +72,7 @@ FLAVOUR_NAMES = {"openmpi4": "Open MPI 4", "openmpi5": "Open MPI 5", "openmpi": 
 _FAMILIES = {"openmpi4": "Open MPI", "openmpi5": "Open MPI", "openmpi": "Open MPI",
              "mpich": "MPICH", "intelmpi": "Intel MPI"}
 #: The flavours DockerMPI can launch jobs of, and what a job on such an image needs.
-LAUNCHABLE = ("openmpi4", "openmpi5", "mpich")
+LAUNCHABLE = ("openmpi4", "openmpi5", "mpich", "intelmpi")
 
 
 def _clean(text):

@@ -2,11 +2,13 @@
 launch module, and a job's failure is read whatever its MPI."""
 
 import inspect
+import os
 import pathlib
+import shutil
 import subprocess
 
 import pytest
-from dmpi.launch import flavours, mpich, openmpi, openmpi5, probe
+from dmpi.launch import flavours, intelmpi, mpich, openmpi, openmpi5, probe
 
 DATA = pathlib.Path(__file__).parent / "data"
 PLACEMENT = [("10.0.1.130", 2), ("10.0.1.131", 1)]
@@ -24,9 +26,9 @@ def test_every_flavour_jobs_may_run_on_has_a_launch_module():
 
 
 def test_a_flavour_it_cannot_launch_is_a_clear_error():
-    with pytest.raises(ValueError, match="cannot launch jobs of MPI flavour 'intelmpi' "
-                       r"\(it launches mpich, openmpi4, openmpi5\)"):
-        flavours.module("intelmpi")
+    with pytest.raises(ValueError, match="cannot launch jobs of MPI flavour 'openmpi' "
+                       r"\(it launches intelmpi, mpich, openmpi4, openmpi5\)"):
+        flavours.module("openmpi")
 
 
 @pytest.mark.parametrize("flavour", sorted(flavours.MODULES))
@@ -34,7 +36,8 @@ def test_each_flavour_launches_with_the_nodes_ssh_and_the_jobs_program(flavour):
     module = flavours.module(flavour)
     argv = flavours.launcher_argv(module, "/data/o", "/data/e", *ARGS, env_names=["PATH"],
                                   launcher="/opt/venv/bin/mpirun")
-    assert argv[:6] == ["/bin/sh", "-c", flavours.LAUNCHER_SCRIPT, "sh", "/data/o", "/data/e"]
+    script = getattr(module, "LAUNCHER_PRELUDE", "") + flavours.LAUNCHER_SCRIPT
+    assert argv[:6] == ["/bin/sh", "-c", script, "sh", "/data/o", "/data/e"]
     assert argv[6:] == module.mpi_argv(*ARGS, env_names=["PATH"],
                                        launcher="/opt/venv/bin/mpirun")
     assert argv[6] == "/opt/venv/bin/mpirun"
@@ -124,3 +127,20 @@ def test_the_nodes_addresses_are_read_back_from_every_flavours_hostfile(flavour)
 def test_hostfile_lines_that_are_no_address_are_skipped():
     text = "# comment\n\n10.0.0.1:2\nnode9 slots=1\n999.1.1.1:1\n10.0.0.2 slots=1\n\x00:\n"
     assert flavours.hostfile_addresses(text) == ["10.0.0.1", "10.0.0.2"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root to make a network namespace")
+def test_intel_mpis_launcher_names_the_namespaces_one_interface(tmp_path):
+    # A job's namespace as the kernel shows it: lo and one interface, whatever its name
+    # (a bridge here: this kernel has no dummy interfaces).
+    argv = flavours.launcher_argv(intelmpi, str(tmp_path / "out"), str(tmp_path / "err"),
+                                  *ARGS, launcher="/opt/venv/bin/mpirun")
+    shown = subprocess.run(
+        ["unshare", "--net", "--mount", "sh", "-c",
+         'mount -t sysfs sysfs /sys && ip link add eth7 type bridge && exec "$@"', "sh",
+         *argv[:6], "sh", "-c", 'echo "$I_MPI_HYDRA_IFACE"; echo said >&2'],
+        capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert (tmp_path / "out").read_text() == "eth7\n"
+    assert (tmp_path / "err").read_text() == "said\n"

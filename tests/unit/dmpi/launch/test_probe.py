@@ -74,11 +74,11 @@ def test_hydra_names_the_devices_mpich_was_built_with():
 
 def test_an_mpi_it_cannot_launch_is_refused_with_the_reason():
     facts = dict(probe.parse(_answer("mpich-debian12")),
-                 mpi={"flavour": "intelmpi", "version": "2021.13",
-                      "launcher": "/opt/intel/mpi/bin/mpirun"})
+                 mpi={"flavour": "openmpi", "version": "3.1.6",
+                      "launcher": "/opt/ompi3/bin/mpirun"})
     assert probe.why_no_jobs(facts) == (
-        "it holds Intel MPI 2021.13 (/opt/intel/mpi/bin/mpirun); DockerMPI launches jobs "
-        "of Open MPI 4, Open MPI 5, MPICH (Hydra) images")
+        "it holds Open MPI 3.1.6 (/opt/ompi3/bin/mpirun); DockerMPI launches jobs "
+        "of Open MPI 4, Open MPI 5, MPICH (Hydra), Intel MPI images")
 
 
 def test_image_without_mpi():

@@ -325,8 +325,8 @@ OPEN_MPI_4 = {"mpi": {"flavour": "openmpi4", "version": "4.1.4", "launcher": "/u
               "commands": {"mpirun": "/usr/bin/mpirun", "sshd": "/usr/sbin/sshd"},
               "python3": "/usr/bin/python3", "python_version": "3.11.2", "mpi4py": "3.1.4",
               "os": "Debian GNU/Linux 12 (bookworm)", "glibc": "2.36", "problem": None}
-INTEL_MPI = dict(OPEN_MPI_4, mpi={"flavour": "intelmpi", "version": "2021.13",
-                                  "launcher": "/opt/intel/mpi/bin/mpirun"}, mpi4py=None)
+OPEN_MPI_3 = dict(OPEN_MPI_4, mpi={"flavour": "openmpi", "version": "3.1.6",
+                                   "launcher": "/opt/ompi3/bin/mpirun"}, mpi4py=None)
 
 
 def _probed(site, facts, nodes=("node1", "node2")):
@@ -351,19 +351,19 @@ def test_images_say_what_the_probe_found(site):
 
 
 def test_a_job_on_an_image_jobs_cannot_run_on_is_refused_with_the_reason(site):
-    _probed(site, INTEL_MPI)
-    with pytest.raises(RequestError, match=r"^image 'mpi' cannot run jobs: it holds Intel MPI "
-                                           r"2021.13 \(/opt/intel/mpi/bin/mpirun\); DockerMPI "
+    _probed(site, OPEN_MPI_3)
+    with pytest.raises(RequestError, match=r"^image 'mpi' cannot run jobs: it holds Open MPI "
+                                           r"3.1.6 \(/opt/ompi3/bin/mpirun\); DockerMPI "
                                            r"launches jobs of Open MPI 4, Open MPI 5, MPICH "
-                                           r"\(Hydra\) images$"):
+                                           r"\(Hydra\), Intel MPI images$"):
         _submit(site, ALICE)
     assert site.store().jobs(["queued"]) == [] and site.events == []
     [found] = user_calls.images(site, ALICE)["images"]
-    assert found["runs_jobs"] is False and "Intel MPI" in found["why_no_jobs"]
+    assert found["runs_jobs"] is False and "Open MPI 3.1.6" in found["why_no_jobs"]
 
 
 def test_pillar_says_what_mpi_an_image_holds(site):
-    _probed(site, INTEL_MPI)
+    _probed(site, OPEN_MPI_3)
     config = dict(CONFIG, image_facts={"mpi": {"flavour": "openmpi4", "version": "4.1.6",
                                                 "launcher": "/opt/ompi/bin/mpirun"}})
     site.settings = site.node_settings = lambda *a, **k: config
