@@ -21,7 +21,7 @@ Prints, per user count: calls a second, p50/p95/p99 of status and list calls, er
 master), and the launch time (submit to the end, median) under load against idle, with
 their ratio. The load generator runs on this machine too, sharing its cores.
 
-``--short`` (what CI runs): 10 users, 8 seconds, one follower, one launch each way.
+``--short`` (what CI runs): 4 users, 5 seconds, one follower, one launch each way.
 Exits non-zero when a call failed or a launched job did not succeed.
 """
 
@@ -342,10 +342,10 @@ def parse():
                         help="every poller calls at the same instants (bursts), not spread "
                              "over the period")
     parser.add_argument("--short", action="store_true",
-                        help="what CI runs: 10 users, 8 s, 1 follower, 1 launch each way")
+                        help="what CI runs: 4 users, 5 s, 1 follower, 1 launch each way")
     args = parser.parse_args()
     if args.short:
-        args.users, args.seconds, args.followers, args.launches = [10], 8, 1, 1
+        args.users, args.seconds, args.followers, args.launches = [4], 5, 1, 1
     if os.geteuid() != 0:
         parser.error("run as root (it drives the test cluster's containers)")
     return args

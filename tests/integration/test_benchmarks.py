@@ -23,7 +23,7 @@ def _bench(argv, timeout=900):
 @pytest.mark.cluster
 def test_api_load_short_mode_runs_and_prints_its_figures(cluster):
     output = _bench(["bench/api_load.py", "--short"])
-    assert "api_load_10_users_calls_per_s" in output and "launch idle s" in output, output
+    assert "api_load_4_users_calls_per_s" in output and "launch idle s" in output, output
 
 
 @pytest.mark.cluster
