@@ -145,18 +145,21 @@ def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_name
 # Numbers are ASCII and bounded ([0-9]{1,9}): the text is the job's, and a rank of 5000
 # digits, or Unicode digits, must make the verdict vaguer, never raise.
 _TOOL = r"[A-Za-z0-9_.-]{1,64}"
+# Where PRRTE wraps a message, a daemon's own log lines ("[node1:00007] PMIX ERROR: ...")
+# can land in it when ranks fail at once: up to 4 such lines are skipped.
+_GAP = r"\s{1,80}(?:\[[^\n]{0,400}\n\s{0,80}){0,4}"
 _RE_SIGNAL = re.compile(
     _TOOL + r" noticed that process rank (?P<rank>[0-9]{1,9}) with PID [0-9]{1,12} on node "
-    r"\S{1,255}\s{1,80}exited on\s{1,80}signal (?P<signal>[0-9]{1,3})"
+    r"\S{1,255}" + _GAP + r"exited on" + _GAP + r"signal (?P<signal>[0-9]{1,3})"
     r"(?: \((?P<name>[^)\n]{0,40})\))?\."
 )
 # The process name is ``[<namespace>,<rank>]``, the namespace like
 # ``prterun-<host>-<pid>@1``; the rank is after its last comma.
 _RE_EXIT = re.compile(
-    _TOOL + r" detected that one or more processes exited with non-zero status,\s{1,80}"
-    r"thus causing\s{1,80}the job to be terminated\. The first process to do so was:\s{1,80}"
-    r"Process name:\s{1,80}\[[^\],\s]{1,300},(?P<rank>[0-9]{1,9})\]\s{1,80}"
-    r"Exit code:\s{1,80}(?P<code>[0-9]{1,9})\b"
+    _TOOL + r" detected that one or more processes exited with non-zero status," + _GAP
+    + r"thus causing" + _GAP + r"the job to be terminated\. The first process to do so was:"
+    + _GAP + r"Process name:\s{1,80}\[[^\],\s]{1,300},(?P<rank>[0-9]{1,9})\]" + _GAP
+    + r"Exit code:\s{1,80}(?P<code>[0-9]{1,9})\b"
 )
 # The aborting rank prints this itself: the rank in the communicator it aborted, then its
 # process name ``[[<job>,<step>],<world rank>]`` and the error code.

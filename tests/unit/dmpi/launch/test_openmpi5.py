@@ -135,6 +135,9 @@ EXPECTED = {
     "exit3": {"rank": 1, "exit_code": 3},
     "exit3os": {"rank": 1, "exit_code": 3},
     "ssh_exit3": {"rank": 3, "exit_code": 3},
+    # rank 1 of 3 os._exit(3) while the others wait in a barrier (test cluster): the
+    # others' connections to it fail, and prterun's daemon logs a line inside its message
+    "ssh_exit3_interleaved": {"rank": 1, "exit_code": 3},
     # rank 1 sends itself SIGSEGV (with Open MPI's backtrace), or really faults (C)
     "segv": {"rank": 1, "signal": 11, "signal_name": "SIGSEGV"},
     "segvc": {"rank": 1, "signal": 11, "signal_name": "SIGSEGV"},
