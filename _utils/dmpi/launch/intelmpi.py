@@ -21,8 +21,8 @@ Where it differs from MPICH's Hydra, and what is used:
   *name*, which is the same in every container of a job (each node resolves it to its
   own container); ``-localhost`` does not change that, ``I_MPI_HYDRA_IFACE`` does, and it
   takes an interface *name*, which differs between a job's namespaces (``eth0`` or
-  ``eth1``). So :data:`LAUNCHER_PRELUDE` names the namespace's one interface besides
-  ``lo`` before it runs ``mpiexec``.
+  ``eth1``). So :data:`LAUNCHER_PRELUDE` names the namespace's one Ethernet interface
+  before it runs ``mpiexec``.
 - **Control port**: ``I_MPI_PORT_RANGE=low:high`` (``mpiexec``'s environment) puts the
   port ``mpiexec`` listens on, which the proxies connect back to, in the job's range.
 - **Ranks' fabric**: ``I_MPI_FABRICS=shm:ofi`` (shared memory within a node, libfabric
@@ -58,11 +58,13 @@ from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, che
 #: Intel's Hydra kills the other ranks when one exits non-zero.
 ENDS_JOB_ON_RANK_EXIT = True
 #: What the launcher container's script does first (before
-#: :data:`dmpi.launch.flavours.LAUNCHER_SCRIPT`): name the job namespace's one interface
-#: besides ``lo`` in ``I_MPI_HYDRA_IFACE``, read from the kernel's /sys, never from the
-#: user.
-LAUNCHER_PRELUDE = ('for net in /sys/class/net/*; do [ "${net##*/}" = lo ] '
-                    '|| I_MPI_HYDRA_IFACE=${net##*/}; done; export I_MPI_HYDRA_IFACE; ')
+#: :data:`dmpi.launch.flavours.LAUNCHER_SCRIPT`): name the job namespace's one Ethernet
+#: interface (``type`` 1 in the kernel's /sys, never what the user says; not ``lo``, nor
+#: the ``tunl0`` or ``sit0`` a host's tunnel modules put in every namespace) in
+#: ``I_MPI_HYDRA_IFACE``.
+LAUNCHER_PRELUDE = ('unset I_MPI_HYDRA_IFACE; for net in /sys/class/net/*; do '
+                    'read -r type 2>/dev/null <"$net/type" && [ "$type" = 1 ] '
+                    '&& export I_MPI_HYDRA_IFACE="${net##*/}"; done; ')
 #: The hostfile (``host:N``) and the words ``mpiexec`` prints are MPICH Hydra's.
 hostfile_text = mpich.hostfile_text
 parse_failure = mpich.parse_failure

@@ -206,6 +206,9 @@ _RE_BANNER = re.compile(
 _RE_RANK_BANNER = re.compile(
     r"=   RANK (?P<rank>[0-9]{1,9}) PID [0-9]{1,10} RUNNING AT \S{1,255}\n"
     r"=   KILLED BY SIGNAL: (?P<signal>[0-9]{1,3})\b")
+# Intel MPI's Hydra when a proxy's connection closed (its node lost): the statuses it
+# still prints are those of the other nodes' ranks, which its clean-up killed.
+_RE_LOST_PROXY = re.compile(r"\] Error: Downstream from host \S{1,255} exited abnormally\n")
 _RE_PROXY_STATUSES = re.compile(r"\[[^\]\s]{1,255}\] (?P<statuses>[0-9]{1,10}(?:,[0-9]{1,10})*)\n")
 # The signal Hydra's clean-up kills the other ranks with: a rank dead of it may be a
 # victim, not the cause.
@@ -226,11 +229,12 @@ def _rank_statuses(text, at):
     return statuses
 
 
-def _verdict_of_statuses(statuses):
+def _verdict_of_statuses(statuses, lost_proxy=False):
     """Which rank failed how, from the ranks' wait statuses: the first rank that exited
     non-zero; else the first killed by a signal other than the clean-up's SIGKILL; else
     the one rank killed by SIGKILL. None when all succeeded, or when several ranks died
-    of SIGKILL and nothing tells the cause from the clean-up's victims."""
+    of SIGKILL and nothing tells the cause from the clean-up's victims, or when
+    ``lost_proxy`` (a node was lost: its ranks are missing, a SIGKILL is the clean-up's)."""
     exited, signalled, killed = [], [], []
     for rank, status in enumerate(statuses):
         if status > 0xFFFF:
@@ -243,7 +247,7 @@ def _verdict_of_statuses(statuses):
             (killed if number == _CLEANUP_SIGNAL else signalled).append(verdict)
     if exited or signalled:
         return (exited or signalled)[0]
-    return killed[0] if len(killed) == 1 else None
+    return killed[0] if len(killed) == 1 and not lost_proxy else None
 
 
 def parse_failure(stderr_text):
@@ -274,32 +278,44 @@ def parse_failure(stderr_text):
 
     Hydra prints its verdict after every rank has gone, so the *last* message wins
     (a last ``Exit codes`` block that pins nothing is a last word of None); a program
-    that prints look-alike text earlier cannot mask the real one.
+    that prints look-alike text earlier cannot mask the real one. Intel MPI's Hydra
+    prints an ``MPI_Abort`` as exits with its code (the aborting rank's node) and the
+    clean-up's SIGKILLs (the other nodes), read as the abort; after it lost a node
+    ("Downstream from host ... exited abnormally"), a SIGKILL is pinned on no rank.
     """
     if not isinstance(stderr_text, str):
         return None
     text = stderr_text.replace("\r\n", "\n")
     found = []
-    aborts = list(_RE_ABORT.finditer(text))
-    abort = aborts and {"rank": int(aborts[-1].group("rank")),
-                        "exit_code": int(aborts[-1].group("code"))}
-    if abort:
-        found.append((aborts[-1].start(), abort))
+    aborts = [(match.start(), {"rank": int(match.group("rank")),
+                               "exit_code": int(match.group("code"))})
+              for match in _RE_ABORT.finditer(text)]
+    found += aborts[-1:]
+    lost_proxy = _RE_LOST_PROXY.search(text) is not None
     for match in _RE_EXIT_CODES.finditer(text):
         statuses = _rank_statuses(text, match.end())
-        if statuses and abort and _all_exited_with(statuses, abort["exit_code"]):
-            # Intel MPI's Hydra prints an MPI_Abort as every rank exiting with its code.
-            found.append((match.start(), abort))
-        elif statuses:
-            found.append((match.start(), _verdict_of_statuses(statuses)))
+        if statuses:
+            abort = _abort_of_statuses(statuses, [said for _, said in aborts])
+            found.append((match.start(),
+                          abort or _verdict_of_statuses(statuses, lost_proxy)))
     if not found:
         return _verdict_of_banners(text)
     return max(found, key=lambda item: item[0])[1]
 
 
-def _all_exited_with(statuses, code):
-    """Whether every wait status is an exit with ``code`` (as the low 8 bits it keeps)."""
-    return all(status & 0x7F == 0 and status >> 8 == code & 0xFF for status in statuses)
+def _abort_of_statuses(statuses, aborts):
+    """The last of ``aborts`` the wait statuses show as Intel MPI's Hydra prints an
+    MPI_Abort, or None: the aborting rank (and the others of its node) exited with its
+    code (the low 8 bits an exit keeps), every other rank too or killed by the clean-up's
+    SIGKILL (the other nodes' ranks). An abort message of the program's own with another
+    rank or code than the statuses show is passed over."""
+    kinds = set(statuses)
+    for abort in reversed(aborts):
+        exited = (abort["exit_code"] & 0xFF) << 8
+        if (kinds <= {exited, _CLEANUP_SIGNAL} and abort["rank"] < len(statuses)
+                and statuses[abort["rank"]] == exited):
+            return abort
+    return None
 
 
 def _verdict_of_banners(text):

@@ -132,14 +132,17 @@ def test_hostfile_lines_that_are_no_address_are_skipped():
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                     reason="needs root to make a network namespace")
 def test_intel_mpis_launcher_names_the_namespaces_one_interface(tmp_path):
-    # A job's namespace as the kernel shows it: lo and one interface, whatever its name
-    # (a bridge here: this kernel has no dummy interfaces).
+    # A job's namespace as the kernel shows it: lo and one Ethernet interface, whatever
+    # its name (a bridge here: this kernel has no dummy interfaces), and a device of
+    # another type that sorts after it (a host's tunnel modules add tunl0 and sit0).
     argv = flavours.launcher_argv(intelmpi, str(tmp_path / "out"), str(tmp_path / "err"),
                                   *ARGS, launcher="/opt/venv/bin/mpirun")
     shown = subprocess.run(
         ["unshare", "--net", "--mount", "sh", "-c",
-         'mount -t sysfs sysfs /sys && ip link add eth7 type bridge && exec "$@"', "sh",
+         'mount -t sysfs sysfs /sys && ip link add eth7 type bridge '
+         '&& ip tuntap add dev tun9 mode tun && exec "$@"', "sh",
          *argv[:6], "sh", "-c", 'echo "$I_MPI_HYDRA_IFACE"; echo said >&2'],
+        env=dict(os.environ, I_MPI_HYDRA_IFACE="users-own"),
         capture_output=True, text=True, timeout=30)
     assert shown.returncode == 0, shown.stderr
     assert (tmp_path / "out").read_text() == "eth7\n"
