@@ -43,6 +43,9 @@ Where it differs from MPICH's Hydra, and what is used:
 - **A lost node or a partition**: as for MPICH, ``mpiexec`` fails when a proxy's
   connection closes; a partition is caught by DockerMPI's peer probes (no keepalive is
   set: libfabric's tcp provider has none to set).
+- **A start that fails**: four ranks in one container, started in a loop, failed in
+  ``MPI_Init`` in 1 of 200 starts ("OFI EP enable failed ... Address already in use",
+  with or without the port range): the job fails with mpirun's code, no rank named.
 - **Which rank failed**: what ``mpiexec`` prints is MPICH Hydra's, read by
   :func:`dmpi.launch.mpich.parse_failure` (``-print-all-exitcodes``'s wait statuses,
   ``MPI_Abort``'s message, the "BAD TERMINATION" banners, which Intel's Hydra prints per
@@ -53,7 +56,7 @@ from dmpi.contract import AGENT_SSH
 from dmpi.launch import mpich
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
 from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, check_keepalive,
-                                check_port, check_range, check_ranks)
+                                check_oob_and_ssh_ports, check_range, check_ranks)
 
 #: Intel's Hydra kills the other ranks when one exits non-zero.
 ENDS_JOB_ON_RANK_EXIT = True
@@ -80,10 +83,7 @@ def launcher_environment(oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR):
     ssh_port, run_dir
         See :func:`dmpi.launch.ssh.ssh_args`: the options Hydra gives ``AGENT_SSH``.
     """
-    oob_low, oob_high = check_range(oob_ports, "OOB port range")
-    check_port(ssh_port, "ssh port")
-    if oob_low <= ssh_port <= oob_high:
-        raise ValueError(f"ssh port {ssh_port} lies inside the OOB port range")
+    oob_low, oob_high = check_oob_and_ssh_ports(oob_ports, ssh_port)
     return {
         "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": " ".join(ssh_args(ssh_port, run_dir)),
         "I_MPI_HYDRA_BRANCH_COUNT": "-1",

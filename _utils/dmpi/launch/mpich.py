@@ -79,7 +79,7 @@ from dmpi.contract import AGENT_SSH
 from dmpi.launch import openmpi
 from dmpi.launch.ssh import DEFAULT_RUN_DIR, ssh_args
 from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, check_keepalive,
-                                check_port, check_range, check_ranks,
+                                check_oob_and_ssh_ports, check_range, check_ranks,
                                 signal_name, status_failure)
 
 #: Hydra ends a job when a rank is killed by a signal, not when one exits non-zero (the
@@ -112,10 +112,7 @@ def launcher_environment(oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR):
     ssh_port, run_dir
         See :func:`dmpi.launch.ssh.ssh_args`: the options Hydra gives ``AGENT_SSH``.
     """
-    oob_low, oob_high = check_range(oob_ports, "OOB port range")
-    check_port(ssh_port, "ssh port")
-    if oob_low <= ssh_port <= oob_high:
-        raise ValueError(f"ssh port {ssh_port} lies inside the OOB port range")
+    oob_low, oob_high = check_oob_and_ssh_ports(oob_ports, ssh_port)
     return {
         "HYDRA_LAUNCHER_EXTRA_ARGS": " ".join(ssh_args(ssh_port, run_dir)),
         # The first of the eleven names Hydra tries, so no other one set in the image wins.

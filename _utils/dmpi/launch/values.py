@@ -84,6 +84,15 @@ def check_cidr(value):
     return str(net)
 
 
+def check_oob_and_ssh_ports(oob_ports, ssh_port):
+    """The OOB range ``(low, high)``, which must not hold the job's ssh port."""
+    oob_low, oob_high = check_range(oob_ports, "OOB port range")
+    check_port(ssh_port, "ssh port")
+    if oob_low <= ssh_port <= oob_high:
+        raise ValueError(f"ssh port {ssh_port} lies inside the OOB port range")
+    return oob_low, oob_high
+
+
 def check_job_ports(oob_ports, btl_ports, ssh_port):
     """The job's port ranges, apart: ``((oob low, high), (btl low, high))``; the
     launcher's and daemons' (OOB) and the ranks' (BTL) ranges may not overlap, nor hold
