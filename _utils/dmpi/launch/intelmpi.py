@@ -23,13 +23,19 @@ Where it differs from MPICH's Hydra, and what is used:
   takes an interface *name*, which differs between a job's namespaces (``eth0`` or
   ``eth1``). So :data:`LAUNCHER_PRELUDE` names the namespace's one Ethernet interface
   before it runs ``mpiexec``.
-- **Control port**: ``I_MPI_PORT_RANGE=low:high`` (``mpiexec``'s environment) puts the
-  port ``mpiexec`` listens on, which the proxies connect back to, in the job's range.
 - **Ranks' fabric**: ``I_MPI_FABRICS=shm:ofi`` (shared memory within a node, libfabric
   between nodes) with libfabric's ``tcp`` provider only (``I_MPI_OFI_PROVIDER``,
-  ``FI_PROVIDER``: never an RDMA device a node might have), its listeners in the BTL
-  range (``FI_TCP_PORT_LOW_RANGE``, ``FI_TCP_PORT_HIGH_RANGE``). A DockerMPI job's
-  network namespace has one interface besides ``lo``, on the cluster network.
+  ``FI_PROVIDER``: never an RDMA device a node might have). A DockerMPI job's network
+  namespace has one interface besides ``lo``, on the cluster network.
+- **Ports**: the kernel's, for ``mpiexec``'s control port and the ranks' listeners
+  alike, not the job's OOB and BTL ranges. Intel MPI hands ``I_MPI_PORT_RANGE`` (the
+  control port's) to the ranks too, and each listener takes a random port of a range
+  set so: ranks on one node then draw the same port and fail in ``MPI_Init`` ("OFI EP
+  enable failed ... Address already in use"). With ``FI_TCP_PORT_LOW_RANGE`` and
+  ``FI_TCP_PORT_HIGH_RANGE`` set to the BTL range, 3 of 150 starts of four ranks on one
+  host failed, and 1 of 150 of two; without a range, 0 of 150 of four. A range adds no
+  isolation: the job's namespace firewall lets only the job's own containers reach any
+  of its ports (:func:`dmpi.node.netns.job_firewall_rules`).
 - **No pinning**: ``I_MPI_PIN=0``. A job's containers are limited in CPU time, not given
   cores of their own, so Intel MPI's pinning of each node's ranks to cores 0, 1, ...
   would put the ranks of every job on a node on the same cores.
@@ -43,9 +49,6 @@ Where it differs from MPICH's Hydra, and what is used:
 - **A lost node or a partition**: as for MPICH, ``mpiexec`` fails when a proxy's
   connection closes; a partition is caught by DockerMPI's peer probes (no keepalive is
   set: libfabric's tcp provider has none to set).
-- **A start that fails**: four ranks in one container, started in a loop, failed in
-  ``MPI_Init`` in 1 of 200 starts ("OFI EP enable failed ... Address already in use",
-  with or without the port range): the job fails with mpirun's code, no rank named.
 - **Which rank failed**: what ``mpiexec`` prints is MPICH Hydra's, read by
   :func:`dmpi.launch.mpich.parse_failure` (``-print-all-exitcodes``'s wait statuses,
   ``MPI_Abort``'s message, the "BAD TERMINATION" banners, which Intel's Hydra prints per
@@ -79,15 +82,15 @@ def launcher_environment(oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR):
     ``mpiexec``: what Intel's Hydra reads from its environment only.
 
     oob_ports
-        ``(low, high)`` or ``"low-high"``: ``mpiexec``'s control port is taken from it.
+        ``(low, high)`` or ``"low-high"``: checked against ``ssh_port`` as for the other
+        flavours (``mpiexec`` listens on a port of the kernel's, see above).
     ssh_port, run_dir
         See :func:`dmpi.launch.ssh.ssh_args`: the options Hydra gives ``AGENT_SSH``.
     """
-    oob_low, oob_high = check_oob_and_ssh_ports(oob_ports, ssh_port)
+    check_oob_and_ssh_ports(oob_ports, ssh_port)
     return {
         "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": " ".join(ssh_args(ssh_port, run_dir)),
         "I_MPI_HYDRA_BRANCH_COUNT": "-1",
-        "I_MPI_PORT_RANGE": f"{oob_low}:{oob_high}",
     }
 
 
@@ -98,20 +101,17 @@ def rank_settings(cluster_cidr, btl_ports, keepalive=(2, 1, 3)):
     cluster_cidr
         IPv4 network of the cluster links (checked; libfabric is steered by the
         namespace's one interface, see the module's description).
-    btl_ports
-        ``(low, high)`` or ``"low-high"``: ports of the ranks' TCP listeners.
-    keepalive
-        Checked as for the other flavours; libfabric's tcp provider takes none.
+    btl_ports, keepalive
+        Checked as for the other flavours; the ranks listen on the kernel's ports and
+        libfabric's tcp provider takes no keepalive (see the module's description).
     """
     check_cidr(cluster_cidr)
-    btl_low, btl_high = check_range(btl_ports, "BTL port range")
+    check_range(btl_ports, "BTL port range")
     check_keepalive(keepalive)
     return [
         ("I_MPI_FABRICS", "shm:ofi"),
         ("I_MPI_OFI_PROVIDER", "tcp"),
         ("FI_PROVIDER", "tcp"),
-        ("FI_TCP_PORT_LOW_RANGE", str(btl_low)),
-        ("FI_TCP_PORT_HIGH_RANGE", str(btl_high)),
         ("I_MPI_PIN", "0"),
     ]
 

@@ -76,8 +76,6 @@ def test_mpirun_argv_exactly():
         "-genv", "I_MPI_FABRICS", "shm:ofi",
         "-genv", "I_MPI_OFI_PROVIDER", "tcp",
         "-genv", "FI_PROVIDER", "tcp",
-        "-genv", "FI_TCP_PORT_LOW_RANGE", "20200",
-        "-genv", "FI_TCP_PORT_HIGH_RANGE", "20999",
         "-genv", "I_MPI_PIN", "0",
         "/bin/sh", "/run/dockermpi/program",
     ]
@@ -154,7 +152,6 @@ def test_launcher_environment_gives_ssh_exactly_the_jobs_options():
     assert env == {
         "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": " ".join(ssh.ssh_args(SSH_PORT)),
         "I_MPI_HYDRA_BRANCH_COUNT": "-1",
-        "I_MPI_PORT_RANGE": "20100:20199",
     }
     # Hydra splits the value on spaces: it must give back ssh_args' list.
     assert env["I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS"].split(" ") == ssh.ssh_args(SSH_PORT)
@@ -271,16 +268,16 @@ def test_ranks_placed_per_machinefile_slots_and_environment_forwarded():
 
 
 def test_ports_as_the_capture_saw_them():
-    # mpiexec's control port first in the OOB range, every rank's listener in the BTL range.
+    # mpiexec's control port and every rank's listener are the kernel's (ephemeral), none
+    # in the job's OOB or BTL range, where Intel MPI's listeners draw ports at random.
     for name, prefix in (("hello", "listen "), ("ssh_hello", "rank ")):
         ports = [int(line.split()[-2].rsplit(":", 1)[1])
                  for line in (DATA / f"{name}.stdout").read_text().splitlines()
                  if line.startswith(prefix) and " LISTEN " in line
                  and not line.split()[-2].startswith(("127.0.0.11:", "0.0.0.0:20022",
                                                       "[::]:20022"))]
-        assert 20100 in ports
-        assert all(p == 20100 or 20200 <= p <= 20999 for p in ports)
-        assert len(ports) == 5
+        assert len(ports) == 5 and len(set(ports)) == 5, ports
+        assert all(32768 <= p <= 60999 for p in ports), ports
 
 
 def test_without_the_interface_the_worker_dials_itself():
@@ -350,8 +347,8 @@ def test_a_lost_node_pins_no_sigkill_but_a_real_failure_stands():
         "rank": 0, "signal": 9, "signal_name": "SIGKILL"}
 
 
-#: The first capture's exit3: MPI_Init itself failed in rank 0 (about 1 start in 100 of
-#: four ranks in one container, with or without FI_TCP_PORT_*); mpirun exited 143.
+#: A first capture's exit3, with the listeners' ports in a range: MPI_Init itself failed
+#: in rank 0 (two listeners drew the same port); mpirun exited 143.
 INIT_FAILED = (
     "Abort(69354639) on node 0 (rank 0 in comm 0): Fatal error in internal_Init_thread: "
     "Other MPI error, error stack:\n"
