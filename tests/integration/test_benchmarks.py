@@ -1,7 +1,8 @@
 """Every benchmark keeps working: its short mode (``--short``) runs here, so a change that
 breaks one fails CI. The figures are printed, never asserted on (speed is measured by
 bench/, not by tests): a test checks that the run exits 0 and prints its figure lines.
-``api_cpu.py``, ``engine_scale.py`` and ``sched_scale.py`` need no cluster; the others drive it."""
+``api_cpu.py``, ``engine_scale.py`` and ``sched_scale.py`` need no cluster, and come first:
+they run while the cluster is still being built. The others drive it."""
 
 import os
 import subprocess
@@ -18,6 +19,25 @@ def _bench(argv, timeout=900):
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
+
+
+def test_engine_scale_short_mode_runs_and_prints_its_figures():
+    output = _bench(["bench/engine_scale.py", "--short"])
+    for figure in ("engine_idle_cpu_20_nodes", "engine_pass_20_nodes_ms",
+                   "engine_busy_cpu_100_nodes"):
+        assert figure in output, output
+
+
+def test_api_cpu_short_mode_runs_and_prints_its_figures():
+    output = _bench(["bench/api_cpu.py", "--short"])
+    for figure in ("api_cpu_paced_50_p95_ms", "api_cpu_call_list_cpu_ms_per_call"):
+        assert figure in output, output
+
+
+def test_sched_scale_short_mode_runs_and_prints_its_figures():
+    output = _bench(["bench/sched_scale.py", "--short"])
+    assert "sched_pass_100_nodes_ms" in output, output
+    assert "sched_pass_100_nodes_shared_lists_ms" in output, output
 
 
 @pytest.mark.cluster
@@ -50,13 +70,6 @@ def test_detection_short_mode_runs_and_prints_its_figures(cluster):
     assert "detection_peer_failed_median_s" in output, output
 
 
-def test_engine_scale_short_mode_runs_and_prints_its_figures():
-    output = _bench(["bench/engine_scale.py", "--short"])
-    for figure in ("engine_idle_cpu_20_nodes", "engine_pass_20_nodes_ms",
-                   "engine_busy_cpu_100_nodes"):
-        assert figure in output, output
-
-
 @pytest.mark.cluster
 def test_fuzz_short_mode_runs_and_prints_its_figures(cluster):
     output = _bench(["bench/fuzz.py", "--short"])
@@ -79,18 +92,6 @@ def test_launch_overhead_short_mode_runs_and_prints_its_figures(cluster):
     for figure in ("launch_overhead_salt_run_3_nodes_s", "launch_overhead_api_3_nodes_s",
                    "launch_overhead_user_api_3_nodes_s"):
         assert figure in output, output
-
-
-def test_api_cpu_short_mode_runs_and_prints_its_figures():
-    output = _bench(["bench/api_cpu.py", "--short"])
-    for figure in ("api_cpu_paced_50_p95_ms", "api_cpu_call_list_cpu_ms_per_call"):
-        assert figure in output, output
-
-
-def test_sched_scale_short_mode_runs_and_prints_its_figures():
-    output = _bench(["bench/sched_scale.py", "--short"])
-    assert "sched_pass_100_nodes_ms" in output, output
-    assert "sched_pass_100_nodes_shared_lists_ms" in output, output
 
 
 @pytest.mark.cluster
