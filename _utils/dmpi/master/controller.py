@@ -472,9 +472,11 @@ class JobController:
         if not queued:
             return []
         active = list(self.active.values())
+        # A node not heard since this controller started (its minion still reconnecting
+        # after a master restart) takes no new job: a publish to it would be lost.
         free, running, usage, problems, returning = planner.capacity(
-            active, self.closing, self.node_book.seen, self.drains, sorted(self.alive(now)),
-            node_slots, now, CLEANUP_TIMEOUT)
+            active, self.closing, self.node_book.seen, self.drains,
+            sorted(self.alive(now) & self.node_book.heard), node_slots, now, CLEANUP_TIMEOUT)
         seen = self.node_book.seen
         any_node = sorted(seen)  # one list shared by every job that takes any node
         selftest_settings = site_config.get("selftest") or {}

@@ -60,9 +60,11 @@ class NodeBook:
     def report(self, node, report, now):
         """Record a node's full report; ``(was_alive, health_changed)``. A report the
         node could not build (``error``) makes it alive without evidence; health
-        travels with reports when the node has it, else the last is kept."""
+        travels with reports when the node has it, else the last is kept. A node not
+        heard since the controller started was not alive to the scheduler."""
         seen = self.seen.get(node)
-        was_alive = seen is not None and node in rules.alive({node: seen}, now)
+        was_alive = (seen is not None and node in self.heard
+                     and node in rules.alive({node: seen}, now))
         health = report.get("health")
         changed = False
         if not isinstance(health, dict):
@@ -78,8 +80,10 @@ class NodeBook:
     def heartbeat(self, node, evidence_digest, now):
         """Record that a node is alive and its evidence is still the report with this
         fingerprint (``digest``); True when that may change what the queue can start
-        (a node new to the controller, or back from silence)."""
+        (a node new to the controller, first heard since it started, or back from
+        silence)."""
         seen = self.seen.get(node)
+        first = node not in self.heard
         self.heard.add(node)
         self.unflushed.add(node)
         if seen is None:
@@ -92,7 +96,7 @@ class NodeBook:
         seen["last_seen"] = now
         if evidence_digest != seen["digest"]:
             seen["usable"] = False  # a change we missed: wait for the full report
-        return back
+        return back or first
 
     def alive(self, now):
         return rules.alive(self.seen, now)

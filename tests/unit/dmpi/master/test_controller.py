@@ -705,6 +705,23 @@ def test_after_a_restart_a_node_not_heard_again_is_lost_only_after_the_grace(wor
     assert record["state"] == "failed" and "node2 stopped answering" in record["reason"]
 
 
+def test_after_a_restart_no_job_starts_on_a_node_until_it_is_heard_again(world):
+    # Its minion may not have reconnected yet: a start published to it would be lost.
+    store, transport, clock, engine = world
+    clock.now += controller.FLUSH_SECONDS
+    engine.tick()  # flushes the nodes' reports to the store
+    engine = _restart(engine, store, transport, clock)
+    transport.calls.clear()
+    job_id = _submit(store, clock, np=2, spec=dict(_spec(), candidates=["node2"]))
+    engine.job_requested(job_id)
+    _seconds(engine, clock, 2, heard=("node1", "node3"))
+    assert store.get(job_id)["state"] == "queued" and transport.funs() == []
+    _seconds(engine, clock, 1, heard=("node2",))
+    assert store.get(job_id)["state"] != "queued"
+    assert transport.funs() == ["mpi_job.start_worker"]
+    assert list(transport.calls[0][1]) == ["node2"]
+
+
 def test_a_stalled_engine_gives_nodes_a_grace_before_judging_silence(world):
     store, transport, clock, engine = world
     job_id = _started(store, clock, engine, np=4)
@@ -893,6 +910,7 @@ def test_a_restarted_engine_knows_the_nodes_health_from_the_store(world):
     engine.tick()  # flushes the nodes' reports to the store
     clock.now += 1
     engine = _restart(engine, store, transport, clock)
+    _seconds(engine, clock, 1, heard=NODES)  # heartbeats only: no new full report
     job_id = _started(store, clock, engine, np=2)
     assert store.get(job_id)["state"] == "running"
 
