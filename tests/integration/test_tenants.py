@@ -198,9 +198,11 @@ def test_a_link_in_place_of_the_job_directories_fails_the_start_and_leads_nowher
     home = f"{STORAGE}/{ATTACKER}"
     escape = "/tmp/dmpi-escape"
     cluster.exec("node1", ["sh", "-c", f"rm -rf {escape} && mkdir -m 1777 {escape}"])
+    # Both swaps are made on node1: another host's change to the shared storage reaches
+    # node1's FUSE lookup cache only after its timeout (a relaunch failed on the stale link).
     cluster.as_user(ATTACKER, ["sh", "-c", f"mkdir -p {home}/mpi-jobs && "
                                f"mv {home}/mpi-jobs {home}/mpi-jobs.real && "
-                               f"ln -s {escape} {home}/mpi-jobs"])
+                               f"ln -s {escape} {home}/mpi-jobs"], node="node1")
     try:
         code, job = launch(cluster, ATTACKER, "hostname", nodes="node1", walltime="60s")
         assert code == 1 and job["state"] == "failed", job
@@ -210,7 +212,7 @@ def test_a_link_in_place_of_the_job_directories_fails_the_start_and_leads_nowher
         assert made.strip() == ""
     finally:
         cluster.as_user(ATTACKER, ["sh", "-c", f"rm -f {home}/mpi-jobs && "
-                                   f"mv {home}/mpi-jobs.real {home}/mpi-jobs"])
+                                   f"mv {home}/mpi-jobs.real {home}/mpi-jobs"], node="node1")
         cluster.exec("node1", ["rm", "-rf", escape])
     code, job = launch(cluster, ATTACKER, "hostname", nodes="node1")
     assert code == 0 and job["state"] == "succeeded", job
