@@ -880,6 +880,14 @@ for port in map(int, sys.argv[2:]):
         return self.build_image("dockermpi/mpi-pi", REPO / "tests/cluster/images/mpi-pi",
                                 buildargs={"RUNTIME": self.mpi_image()})
 
+    def mpi_pi_hydra_image(self, runtime):
+        """The MPI Operator's pi example image of MPICH or Intel MPI, on ``runtime`` (a
+        test image with that MPI's wheel in /opt/venv), built offline
+        (tests/cluster/images/mpi-pi-hydra)."""
+        return self.build_image("dockermpi/mpi-pi-hydra",
+                                REPO / "tests/cluster/images/mpi-pi-hydra",
+                                buildargs={"RUNTIME": runtime})
+
     def mpi_bullseye_image(self):
         """An Open MPI image of an older Debian (glibc 2.31) with no ssh server
         (tests/cluster/images/mpi-bullseye)."""

@@ -3,7 +3,7 @@ A Kubeflow MPI Operator job (``kind: MPIJob``, ``kubeflow.org/v2beta1``, and
 ``kubeflow.org/v1`` where it differs) as a DockerMPI job request.
 
 What maps: the image (to an approved image by its reference or digest, or the one the
-user names), the launcher's command with its ``mpirun -n N`` wrapper removed (``N`` must
+user names, whose probed MPI must be the manifest's ``mpiImplementation``), the launcher's command with its ``mpirun -n N`` wrapper removed (``N`` must
 be Worker replicas x slotsPerWorker), Worker replicas and slotsPerWorker (nodes and
 ranks per node), the launcher container's environment, ``activeDeadlineSeconds`` (the
 walltime) and the containers' resources, checked against what a slot gets. The worker's
@@ -21,9 +21,14 @@ import yaml
 
 from dmpi.contract import DATA_MOUNT
 from dmpi.errors import RequestError
+from dmpi.launch.flavours import DEFAULT as UNPROBED_FLAVOUR
+from dmpi.launch.probe import FLAVOUR_NAMES
 
 MAX_MANIFEST_BYTES = 256 * 1024
 API_VERSIONS = ("kubeflow.org/v2beta1", "kubeflow.org/v1")
+#: spec.mpiImplementation -> the probed MPI flavours (dmpi.launch.flavours) it runs on.
+IMPLEMENTATIONS = {"OpenMPI": ("openmpi4", "openmpi5"), "Intel": ("intelmpi",),
+                   "MPICH": ("mpich",)}
 #: The launcher commands whose wrapper is removed, and the options of theirs that map.
 LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra", "prterun", "orterun")
 _NP_OPTIONS = ("-n", "-np", "--np", "-c", "--n")
@@ -43,6 +48,9 @@ _REPLICA_FIELDS = {"replicas", "template", "restartPolicy"}
 _POD_FIELDS = {"containers", "restartPolicy"}
 _CONTAINER_FIELDS = {"name", "image", "command", "args", "env", "resources",
                      "securityContext", "imagePullPolicy", "workingDir"}
+#: A worker's readiness probe waits for the operator's sshd, which DockerMPI replaces by
+#: its own readiness check.
+_WORKER_CONTAINER_FIELDS = _CONTAINER_FIELDS | {"readinessProbe"}
 #: What a container may ask of its security context: no more than DockerMPI gives
 #: (its own unprivileged uid, no capabilities, no new privileges).
 _SECURITY_OK = {"runAsUser": None, "runAsGroup": None, "runAsNonRoot": True,
@@ -139,7 +147,8 @@ def _container(replica, role, main):
         container = containers[0]
     field = f"{role}.template.spec.containers[{containers.index(container)}]"
     container = _mapping(container, field)
-    _only(container, _CONTAINER_FIELDS, field)
+    _only(container, _WORKER_CONTAINER_FIELDS if role == "Worker" else _CONTAINER_FIELDS,
+          field)
     security = _mapping(container.get("securityContext"), f"{field}.securityContext")
     for key, value in security.items():
         if key not in _SECURITY_OK or (_SECURITY_OK[key] is not None
@@ -247,7 +256,29 @@ def _resources(container, field, slots, limits):
                     f"{'cpus_per_slot' if name == 'cpu' else 'memory_per_slot_mb'})")
 
 
-def to_request(manifest, approved, limits, image=None):
+def _implementation(spec):
+    implementation = spec.get("mpiImplementation", "OpenMPI")
+    if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
+        raise RequestError(f"mpijob spec.mpiImplementation {_shown(implementation)} cannot be "
+                           f"honoured: DockerMPI launches {', '.join(IMPLEMENTATIONS)}")
+    return implementation
+
+
+def _check_implementation(implementation, name, flavour):
+    """Refuse an image whose probed MPI (``flavour``; None: not probed, launched as
+    :data:`UNPROBED_FLAVOUR`) is not the manifest's ``spec.mpiImplementation``."""
+    if (flavour or UNPROBED_FLAVOUR) in IMPLEMENTATIONS[implementation]:
+        return
+    if flavour is None:
+        raise RequestError(f"mpijob spec.mpiImplementation {implementation}: image {name!r} "
+                           f"has not been probed by a node yet, and an image not probed is "
+                           f"launched as {FLAVOUR_NAMES[UNPROBED_FLAVOUR]}; submit again "
+                           "once `mpi.images` shows its MPI")
+    raise RequestError(f"mpijob spec.mpiImplementation {implementation} does not match image "
+                       f"{name!r}, whose MPI is {FLAVOUR_NAMES.get(flavour, flavour)}")
+
+
+def to_request(manifest, approved, limits, image=None, flavour_of=None):
     """
     The submit arguments (``image``, ``np``, ``cmd``, ``nodes``, ``slots_per_node``,
     ``walltime``, ``env``, ``name``) of an MPIJob ``manifest`` (YAML text or mapping).
@@ -258,6 +289,9 @@ def to_request(manifest, approved, limits, image=None):
         The site's ``mpi:limits`` (per-slot CPU and memory).
     image
         The approved image to run it in, instead of mapping the manifest's.
+    flavour_of
+        The MPI flavour the nodes' probe found in an approved image, by its short name
+        (None: not probed); without it no image counts as probed.
 
     RequestError naming the field for anything it cannot honour.
     """
@@ -270,9 +304,7 @@ def to_request(manifest, approved, limits, image=None):
     metadata = _mapping(job.get("metadata"), "metadata")
     spec = _mapping(job.get("spec"), "spec")
     _only(spec, _SPEC_FIELDS, "spec")
-    if spec.get("mpiImplementation", "OpenMPI") != "OpenMPI":
-        raise RequestError(f"mpijob spec.mpiImplementation {_shown(spec['mpiImplementation'])}"
-                           " cannot be honoured: DockerMPI launches Open MPI jobs")
+    implementation = _implementation(spec)
     policy = _mapping(spec.get("runPolicy"), "spec.runPolicy")
     _only(policy, _RUN_POLICY_FIELDS, "spec.runPolicy")
     if policy.get("suspend"):
@@ -304,6 +336,7 @@ def to_request(manifest, approved, limits, image=None):
     if image is None and _image(work_container, work_field, approved, None) != name:
         raise RequestError(f"mpijob {work_field}.image differs from the launcher's: DockerMPI "
                            "runs one image for the whole job")
+    _check_implementation(implementation, name, flavour_of(name) if flavour_of else None)
     np = nodes * slots
     program = _launcher_command(launch_container, launch_field, np)
     env = _environment(launch_container, launch_field)

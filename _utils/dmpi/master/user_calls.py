@@ -141,11 +141,16 @@ def submit(site, caller, user=None, image=None, np=None, cmd=None, nodes=None,
 def submit_mpijob(site, caller, mpijob=None, image=None, user=None):
     """Queue a Kubeflow MPI Operator job (``mpijob``: its YAML text or mapping) as a
     DockerMPI job (:mod:`dmpi.jobs.mpijob`), in ``image`` (an approved short name) when
-    given, else in the approved image its manifest names by reference or digest; the
-    job's public record. Nothing is queued when it raises."""
+    given, else in the approved image its manifest names by reference or digest, whose
+    probed MPI must be its ``spec.mpiImplementation``; the job's public record. Nothing is queued when it raises."""
     config = site.node_settings(site.mpi_nodes_required()[0])
+    seen = site.store().nodes()
+
+    def flavour_of(name):
+        return (((image_facts(config, seen, name) or {}).get("mpi")) or {}).get("flavour")
+
     request = mpi_operator.to_request(mpijob, config.get("images") or {}, config["limits"],
-                                      image=image)
+                                      image=image, flavour_of=flavour_of)
     return submit(site, caller, user=user, **request)
 
 

@@ -41,6 +41,43 @@ def test_the_operators_pi_example_maps_in_the_image_named():
         "env": None, "walltime": None, "name": "pi"}
 
 
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+PROBED = {"pi": "openmpi4", "mpi": "openmpi5", "impi": "intelmpi", "hydra": "mpich"}
+
+
+@pytest.mark.parametrize("example, image", [("pi", "pi"), ("pi", "mpi"),
+                                            ("pi-intel", "impi"), ("pi-mpich", "hydra")])
+def test_each_of_the_operators_pi_examples_maps_to_an_image_of_its_mpi(example, image):
+    text = (DATA / f"mpi-operator-{example}.yaml").read_text()
+    approved = dict(APPROVED, impi=APPROVED["pi"], hydra=APPROVED["pi"])
+    assert mpijob.to_request(text, approved, LIMITS, image=image,
+                             flavour_of=PROBED.get) == {
+        "image": image, "np": 2, "cmd": ["/home/mpiuser/pi"], "nodes": 2,
+        "slots_per_node": 1, "env": None, "walltime": None, "name": "pi"}
+
+
+@pytest.mark.parametrize("example, image, message", [
+    ("pi-intel", "pi", "spec.mpiImplementation Intel does not match image 'pi', whose MPI is "
+                       "Open MPI 4"),
+    ("pi-mpich", "impi", "spec.mpiImplementation MPICH does not match image 'impi', whose MPI "
+                         "is Intel MPI"),
+    ("pi", "hydra", "spec.mpiImplementation OpenMPI does not match image 'hydra', whose MPI "
+                    r"is MPICH \(Hydra\)"),
+    ("pi-intel", "new", r"spec.mpiImplementation Intel: image 'new' has not been probed by a "
+                        r"node yet, and an image not probed is launched as Open MPI 4"),
+])
+def test_an_image_of_another_mpi_than_the_manifests_is_refused(example, image, message):
+    text = (DATA / f"mpi-operator-{example}.yaml").read_text()
+    approved = dict(APPROVED, impi=APPROVED["pi"], hydra=APPROVED["pi"], new=APPROVED["pi"])
+    with pytest.raises(RequestError, match="^mpijob " + message):
+        mpijob.to_request(text, approved, LIMITS, image=image, flavour_of=PROBED.get)
+
+
+def test_an_open_mpi_job_runs_on_an_image_not_probed_yet_as_open_mpi_4():
+    # What submit does for any job: an image no node has probed is launched as Open MPI 4.
+    assert mpijob.to_request(PI_TEXT, APPROVED, LIMITS, image="pi")["image"] == "pi"
+
+
 def test_the_image_maps_by_reference_or_digest():
     by_digest = _changed(lambda j: [c.update(image=f"registry.example/mpi-pi@{DIGEST}")
                                     for c in (_launcher(j), _worker(j))])
@@ -115,8 +152,15 @@ def test_a_launcher_run_as_worker_holds_slots_too():
     (lambda j: _worker(j)["resources"]["limits"].update(memory="lots"),
      "is not a Kubernetes memory quantity"),
     (lambda j: _worker(j)["resources"].update(claims=[]), "resources.claims cannot be honoured"),
+    (lambda j: j["spec"].update(mpiImplementation="MVAPICH"),
+     r"spec.mpiImplementation 'MVAPICH' cannot be honoured: DockerMPI launches OpenMPI, "
+     r"Intel, MPICH$"),
+    (lambda j: j["spec"].update(mpiImplementation=["Intel"]),
+     r"spec.mpiImplementation \['Intel'\] cannot be honoured"),
     (lambda j: j["spec"].update(mpiImplementation="MPICH"),
-     "spec.mpiImplementation 'MPICH' cannot be honoured"),
+     r"^mpijob spec.mpiImplementation MPICH: image 'pi' has not been probed by a node yet"),
+    (lambda j: _launcher(j).update(readinessProbe={"tcpSocket": {"port": 2222}}),
+     r"Launcher.template.spec.containers\[0\].readinessProbe cannot be honoured"),
     (lambda j: j["spec"]["runPolicy"].update(backoffLimit=6),
      "backoffLimit 6 cannot be honoured: DockerMPI does not restart a failed job"),
     (lambda j: j["spec"]["runPolicy"].update(suspend=True), "suspend: true cannot be honoured"),

@@ -452,3 +452,19 @@ def test_an_mpijob_cannot_name_another_user_and_a_refused_one_queues_nothing(sit
     with pytest.raises(RequestError, match="is no approved image"):
         user_calls.submit_mpijob(site, ALICE, mpijob=PI_YAML)
     assert site.store().jobs(["queued"]) == [] and site.events == []
+
+
+def test_an_mpijob_runs_only_on_an_image_whose_probed_mpi_is_its_implementation(site):
+    intel = (REPO / "tests/unit/dmpi/jobs/data/mpi-operator-pi-intel.yaml").read_text()
+    with pytest.raises(RequestError, match="image 'mpi' has not been probed by a node yet"):
+        user_calls.submit_mpijob(site, ALICE, mpijob=intel, image="mpi")
+    _probed(site, OPEN_MPI_4)
+    with pytest.raises(RequestError, match="does not match image 'mpi', whose MPI is Open "
+                                           "MPI 4"):
+        user_calls.submit_mpijob(site, ALICE, mpijob=intel, image="mpi")
+    assert site.store().jobs(["queued"]) == [] and site.events == []
+    _probed(site, dict(OPEN_MPI_4, mpi={"flavour": "intelmpi", "version": "2021.18.1",
+                                        "launcher": "/opt/venv/bin/mpirun"}))
+    queued = user_calls.submit_mpijob(site, ALICE, mpijob=intel, image="mpi")
+    record = site.store().get(queued["job_id"])
+    assert record["spec"]["launch"]["flavour"] == "intelmpi" and record["np"] == 2
