@@ -114,6 +114,9 @@ SYSTEMD_HOST_OPTIONS = {
     "environment": {"container": "docker"},
     # The GlusterFS client mounts the shared storage through FUSE.
     "devices": ["/dev/fuse:/dev/fuse:rwm"],
+    # Below 1024 only root binds, as on a real host (Docker lowers it to 0 in its
+    # containers): GlusterFS's bricks serve only clients bound to such a port.
+    "sysctls": {"net.ipv4.ip_unprivileged_port_start": "1024"},
 }
 
 
@@ -432,6 +435,81 @@ for port in map(int, sys.argv[2:]):
                 raise ClusterError(f"GlusterFS port {port} of the storage host is not open "
                                    "from node1's host")
         return ports
+
+    #: A userspace GlusterFS client (libgfapi through ctypes), as an attacker runs it:
+    #: ``python3 -c GLUSTERFS_CLIENT <server> <volume> <path in the volume> <uid> <gid>``,
+    #: with LD_LIBRARY_PATH the client's libraries. It fetches the volume from glusterd,
+    #: claims the uid and gid, and reads the file. One JSON line: ``init`` (glfs_init's
+    #: return), ``error`` (its errno's text), and ``read`` (the text) or ``open_error``.
+    GLUSTERFS_CLIENT = """
+import ctypes, json, os, sys
+server, volume, path = sys.argv[1:4]
+uid, gid = int(sys.argv[4]), int(sys.argv[5])
+api = ctypes.CDLL("libgfapi.so.0", use_errno=True)
+api.glfs_new.restype = api.glfs_open.restype = ctypes.c_void_p
+api.glfs_new.argtypes = [ctypes.c_char_p]
+api.glfs_set_volfile_server.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
+                                        ctypes.c_int]
+api.glfs_set_logging.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+api.glfs_init.argtypes = [ctypes.c_void_p]
+api.glfs_open.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+api.glfs_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+fs = api.glfs_new(volume.encode())
+api.glfs_set_volfile_server(fs, b"tcp", server.encode(), 24007)
+api.glfs_set_logging(fs, b"-", 4)
+result = {"init": api.glfs_init(fs), "error": os.strerror(ctypes.get_errno())}
+if result["init"] == 0:
+    api.glfs_setfsuid(uid)
+    api.glfs_setfsgid(gid)
+    fd = api.glfs_open(fs, path.encode(), os.O_RDONLY)
+    if fd:
+        data = ctypes.create_string_buffer(4096)
+        count = api.glfs_read(fd, data, 4096, 0)
+        result["read"] = data.raw[:max(count, 0)].decode(errors="replace")
+    else:
+        result["open_error"] = os.strerror(ctypes.get_errno())
+print(json.dumps(result), flush=True)
+"""
+
+    #: Run on a host with GlusterFS's client, as ``python3 -c _GLUSTERFS_KIT <kit dir>
+    #: <where jobs see it>``: copies libgfapi, the libraries it needs (but glibc) and its
+    #: plugins (translators, transports) into the kit, and rewrites the plugins' directory
+    #: compiled into the libraries to the kit's (a shorter path, padded): what a user
+    #: brings to run the client from a container whose root they cannot write.
+    _GLUSTERFS_KIT = """
+import os, re, shutil, subprocess, sys
+kit, seen_as = sys.argv[1], sys.argv[2].encode()
+lib = "/usr/lib/x86_64-linux-gnu"
+plugins = re.escape(f"{lib}/glusterfs/10.3".encode())
+shutil.rmtree(kit, ignore_errors=True)
+shutil.copytree(f"{lib}/glusterfs/10.3", f"{kit}/gfs", ignore=shutil.ignore_patterns("*.py*"))
+needed = subprocess.run(["ldd", f"{lib}/libgfapi.so.0"], capture_output=True, text=True,
+                        check=True).stdout
+for path in [f"{lib}/libgfapi.so.0"] + re.findall(r"=> (/\\S+)", needed):
+    if not re.search(r"/(libc|ld-linux[^/]*)\\.so", path):
+        shutil.copy(path, kit)
+def shorter(match):
+    return (seen_as + b"/gfs" + match.group(1)).ljust(len(match.group(0)), b"\\0")
+for root, _, files in os.walk(kit):
+    for name in files:
+        with open(os.path.join(root, name), "r+b") as library:
+            data = library.read()
+            changed = re.sub(plugins + rb"([^\\0]*)\\0", shorter, data)
+            assert len(changed) == len(data)
+            library.seek(0)
+            library.write(changed)
+print("kit ready", flush=True)
+"""
+
+    def glusterfs_client_kit(self, user):
+        """:data:`GLUSTERFS_CLIENT`'s libraries, brought by ``user`` into their own
+        directory (made by them from node1's host's GlusterFS client); where their jobs
+        and notebooks see it (for LD_LIBRARY_PATH)."""
+        seen_as = "/data/gfapi-kit"  # the user's directory in jobs and notebooks
+        home = self.account(user)["dir"]
+        self.as_user(user, ["python3", "-c", self._GLUSTERFS_KIT, f"{home}/gfapi-kit",
+                            seen_as], node="node1")
+        return seen_as
 
     def salt(self, argv, check=True, stdout_only=False):
         """Run a salt CLI (``salt``, ``salt-run``, ``salt-key``) on the master."""

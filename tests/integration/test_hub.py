@@ -824,6 +824,23 @@ def test_a_notebook_reaches_no_port_of_the_glusterfs_server(cluster, notebooks):
     assert cluster.storage_unanswered(output) == ports, output
 
 
+def test_a_userspace_glusterfs_client_in_a_notebook_reads_nothing(cluster, notebooks):
+    # Ann brings a working GlusterFS client (libgfapi and its plugins, test_tenants shows
+    # it reading from a host as root) into her directory and runs it in her notebook,
+    # claiming Bob's uid: her notebook reaches no port of the storage host.
+    mine, bobs = account(cluster, ANN), account(cluster, BOB)
+    kit = cluster.glusterfs_client_kit(mine["account"])
+    cluster.as_user(bobs["account"], ["sh", "-c", f"echo bob > {bobs['dir']}/gfapi.txt"])
+    code, output = cluster.notebook_exec(ANN, [
+        "timeout", "120", "python3", "-c", cluster.GLUSTERFS_CLIENT, STORAGE_ADDR,
+        "dockermpi", f"/users/{bobs['account']}/gfapi.txt", str(bobs["uid"]),
+        str(bobs["gid"])], environment={"LD_LIBRARY_PATH": kit})
+    assert code == 0, output
+    answer = [line for line in output.splitlines() if line.startswith("{")]
+    assert answer and json.loads(answer[-1]) == {
+        "init": -1, "error": "Transport endpoint is not connected"}, output
+
+
 # ------------------------------------------------------------- who runs what, where
 
 

@@ -368,6 +368,50 @@ def test_a_job_reaches_no_port_of_the_glusterfs_server(cluster, victim):
                                    for port in ports for _ in range(2)), lines
 
 
+VOLUME = "dockermpi"  # pillar/testcluster.sls: mpi:storage:glusterfs:volume
+
+
+def _glusterfs_client_on_host(cluster, host, kit, image, target, uid=None):
+    """:data:`GLUSTERFS_CLIENT` (``kit``: the user's libraries, in their directory) run on
+    ``host``'s own network in ``image``, as root or ``uid``, after ``target`` = (path in
+    the volume, uid, gid) to claim; its answer."""
+    home = cluster.account(ATTACKER)["dir"]
+    user = ["--user", f"{uid}:{uid}"] if uid is not None else []
+    _, out = cluster.exec(host, [
+        "docker", "run", "--rm", "--net=host", *user, "-e", f"LD_LIBRARY_PATH={kit}",
+        "-v", f"{home}/{kit.rsplit('/', 1)[1]}:{kit}:ro", image,
+        "python3", "-c", cluster.GLUSTERFS_CLIENT, STORAGE_ADDR, VOLUME, *map(str, target)],
+        stdout_only=True)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_userspace_glusterfs_client_reads_as_any_uid_from_a_hosts_root_only(cluster,
+                                                                              victim):
+    # GlusterFS believes the uid a client claims. A brings a working client (libgfapi,
+    # its plugins) in A's directory: from a host's network as root it reads B's file,
+    # which shows the client works and what is at stake; from a host as an unprivileged
+    # uid (it cannot bind the privileged port the bricks require), from A's job on two
+    # nodes and from A's notebook (test_hub), it gets nothing.
+    kit = cluster.glusterfs_client_kit(ATTACKER)
+    _, pillar = cluster.exec("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
+    image = yaml.safe_load(pillar)["mpi"]["images"]["mpi"]
+    target = (f"/users/{VICTIM}/secret.txt", victim["uid"], victim["gid"])
+    as_root = _glusterfs_client_on_host(cluster, "node1", kit, image, target)
+    assert as_root["init"] == 0 and as_root.get("read") == SECRET_TEXT, as_root
+    as_nobody = _glusterfs_client_on_host(cluster, "node1", kit, image, target, uid=65534)
+    assert "read" not in as_nobody, as_nobody
+    code, job = launch(cluster, ATTACKER, ["env", f"LD_LIBRARY_PATH={kit}", "python3", "-c",
+                                           cluster.GLUSTERFS_CLIENT, STORAGE_ADDR, VOLUME,
+                                           *map(str, target)],
+                       np=2, nodes="node1,node2", slots_per_node=1)
+    assert code == 0, job
+    results = [json.loads(line) for line in
+               cluster.read_shared(job["output"]["stdout"]).splitlines()]
+    # Refused at its first connection, to glusterd: nothing of the volume is learnt.
+    assert results == [{"init": -1, "error": "Transport endpoint is not connected"}] * 2, \
+        results
+
+
 def _job_reaches_no_host(cluster, services):
     for address, port in services:
         deadline = time.monotonic() + 30  # a listener just started may not be up yet
