@@ -369,20 +369,40 @@ def test_a_job_reaches_no_port_of_the_glusterfs_server(cluster, victim):
 
 
 VOLUME = "dockermpi"  # pillar/testcluster.sls: mpi:storage:glusterfs:volume
+#: What libgfapi logs when a brick refuses it (a client not bound to a privileged port).
+BRICK_REFUSED = "client_dump_version_cbk] 0-dockermpi-client-0: received RPC status error"
 
 
 def _glusterfs_client_on_host(cluster, host, kit, image, target, uid=None):
     """:data:`GLUSTERFS_CLIENT` (``kit``: the user's libraries, in their directory) run on
     ``host``'s own network in ``image``, as root or ``uid``, after ``target`` = (path in
-    the volume, uid, gid) to claim; its answer."""
+    the volume, uid, gid) to claim: its output once it answers, or once a brick refused
+    it (the client then keeps trying, and is stopped)."""
     home = cluster.account(ATTACKER)["dir"]
+    name = f"dmpi-test-gfapi-{uuid.uuid4().hex[:8]}"
     user = ["--user", f"{uid}:{uid}"] if uid is not None else []
-    _, out = cluster.exec(host, [
-        "docker", "run", "--rm", "--net=host", *user, "-e", f"LD_LIBRARY_PATH={kit}",
-        "-v", f"{home}/{kit.rsplit('/', 1)[1]}:{kit}:ro", image,
-        "python3", "-c", cluster.GLUSTERFS_CLIENT, STORAGE_ADDR, VOLUME, *map(str, target)],
-        stdout_only=True)
-    return json.loads(out.strip().splitlines()[-1])
+    cluster.exec(host, [
+        "docker", "run", "-d", "--name", name, "--net=host", *user,
+        "-e", f"LD_LIBRARY_PATH={kit}", "-v", f"{home}/{kit.rsplit('/', 1)[1]}:{kit}:ro",
+        image, "python3", "-c", cluster.GLUSTERFS_CLIENT, STORAGE_ADDR, VOLUME,
+        *map(str, target)])
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            _, output = cluster.exec(host, ["docker", "logs", name], check=False)
+            if "{" in output or BRICK_REFUSED in output:
+                return output
+            assert time.monotonic() < deadline, f"the client neither answered nor was " \
+                                                f"refused: {output}"
+            time.sleep(0.5)
+    finally:
+        cluster.exec(host, ["docker", "rm", "-f", name], check=False)
+
+
+def _answer(output):
+    """The client's JSON answer in its output (its log lines around it), or None."""
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
 
 
 def test_a_userspace_glusterfs_client_reads_as_any_uid_from_a_hosts_root_only(cluster,
@@ -396,10 +416,11 @@ def test_a_userspace_glusterfs_client_reads_as_any_uid_from_a_hosts_root_only(cl
     _, pillar = cluster.exec("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
     image = yaml.safe_load(pillar)["mpi"]["images"]["mpi"]
     target = (f"/users/{VICTIM}/secret.txt", victim["uid"], victim["gid"])
-    as_root = _glusterfs_client_on_host(cluster, "node1", kit, image, target)
+    as_root = _answer(_glusterfs_client_on_host(cluster, "node1", kit, image, target))
     assert as_root["init"] == 0 and as_root.get("read") == SECRET_TEXT, as_root
+    # glusterd hands anyone the volume's layout; its brick refuses the client.
     as_nobody = _glusterfs_client_on_host(cluster, "node1", kit, image, target, uid=65534)
-    assert "read" not in as_nobody, as_nobody
+    assert BRICK_REFUSED in as_nobody and _answer(as_nobody) is None, as_nobody
     code, job = launch(cluster, ATTACKER, ["env", f"LD_LIBRARY_PATH={kit}", "python3", "-c",
                                            cluster.GLUSTERFS_CLIENT, STORAGE_ADDR, VOLUME,
                                            *map(str, target)],
