@@ -456,7 +456,7 @@ api.glfs_open.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
 api.glfs_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 fs = api.glfs_new(volume.encode())
 api.glfs_set_volfile_server(fs, b"tcp", server.encode(), 24007)
-api.glfs_set_logging(fs, b"-", 4)
+api.glfs_set_logging(fs, b"-", 5)  # warnings and worse
 result = {"init": api.glfs_init(fs), "error": os.strerror(ctypes.get_errno())}
 if result["init"] == 0:
     api.glfs_setfsuid(uid)
