@@ -7,13 +7,14 @@ bad argument ``SaltInvocationError``, anything gluster refuses
 ``CommandExecutionError``.
 
 :depends: gluster (Debian package glusterfs-server) for everything but :func:`clients`
+    and :func:`port_floor_problem`
 """
 
 import functools
 
 import dmpi.settings
 from dmpi.errors import DockerMPIError, RequestError
-from dmpi.storage import glusterfs
+from dmpi.storage import glusterfs, hosts
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 __virtualname__ = "mpi_storage"
@@ -135,3 +136,19 @@ def set_user_quotas(volume, mount, limits, test=False):
         salt storage mpi_storage.set_user_quotas dockermpi /srv/dockermpi '{size_mb: 102400, files: 1000000}'
     """
     return glusterfs.set_user_quotas(volume, mount, limits, test=test)
+
+
+@_salt_errors
+def port_floor_problem():
+    """
+    Why this host's unprivileged accounts could speak to the shared storage as any uid
+    (``net.ipv4.ip_unprivileged_port_start`` below 1024 lets them bind a privileged
+    port, which GlusterFS and NFS ``sec=sys`` trust), or None when they cannot.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_storage.port_floor_problem
+    """
+    return hosts.port_floor_problem()

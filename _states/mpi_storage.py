@@ -1,6 +1,6 @@
 """
-DockerMPI's shared storage on the host serving it: the GlusterFS volume and the users'
-quotas on it.
+DockerMPI's shared storage: on the host serving it, the GlusterFS volume and the users'
+quotas on it; on every host that speaks to it, that only root binds a privileged port.
 
 .. code-block:: yaml
 
@@ -9,6 +9,10 @@ quotas on it.
         - name: dockermpi
         - bricks: [10.251.1.6:/export/dockermpi-brick]
         - clients: [10.251.1.5, 10.251.1.11, 10.251.1.12]
+
+    mpi-storage-privileged-ports-root-only:
+      mpi_storage.privileged_ports_root_only:
+        - name: net.ipv4.ip_unprivileged_port_start
 
     mpi-storage-glusterfs-user-quotas:
       mpi_storage.user_quotas:
@@ -95,3 +99,21 @@ def user_quotas(name, mount, limits):
     return _applied(name, __salt__["mpi_storage.set_user_quotas"],
                     "Every user directory has its quota",
                     volume=name, mount=mount, limits=limits)
+
+
+def privileged_ports_root_only(name):
+    """
+    Check that only root can bind a port below 1024 on this host (``name``: the sysctl,
+    ``net.ipv4.ip_unprivileged_port_start``), which the shared storage's trust in a
+    host's privileged ports relies on. A check: it changes nothing, and fails (with
+    test=True too) naming the setting and how to set it back.
+    """
+    ret = {"name": name, "result": False, "changes": {}, "comment": ""}
+    try:
+        problem = __salt__["mpi_storage.port_floor_problem"]()
+    except CommandExecutionError as exc:
+        ret["comment"] = str(exc)
+        return ret
+    ret["result"] = problem is None
+    ret["comment"] = problem or "Below 1024 only root binds on this host"
+    return ret

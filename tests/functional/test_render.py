@@ -268,6 +268,16 @@ def test_glusterfs_server_mounts_its_volume_before_the_node_and_lays_out_users(
         "dockermpi.storage.glusterfs-server"
 
 
+@pytest.mark.parametrize("high", ["nfs_high", "glusterfs_high", "preshared_high"])
+def test_every_storage_host_checks_that_only_root_binds_a_privileged_port(request, high):
+    found = request.getfixturevalue(high)
+    check = _args(found, "mpi-storage-privileged-ports-root-only",
+                  "mpi_storage.privileged_ports_root_only")
+    assert check["name"] == "net.ipv4.ip_unprivileged_port_start"
+    assert found["mpi-storage-privileged-ports-root-only"]["__sls__"] == \
+        "dockermpi.storage.hosts"
+
+
 def test_preshared_checks_path_without_creating_it(preshared_high):
     exists = _args(preshared_high, "mpi-storage-preshared-path-exists", "file.exists")
     assert exists["name"] == "/data/cluster"

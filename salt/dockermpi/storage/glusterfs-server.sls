@@ -14,6 +14,7 @@
 include:
   - {{ tplroot }}.config
   - {{ tplroot }}.guest
+  - .hosts
 
 mpi-storage-glusterfs-server-package-installed:
   pkg.installed:

@@ -9,6 +9,7 @@
 
 include:
   - {{ tplroot }}.config
+  - .hosts
 {%- if kind %}
   - {{ kind }}
 {%- endif %}

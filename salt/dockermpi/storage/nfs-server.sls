@@ -13,6 +13,7 @@
 include:
   - {{ tplroot }}.config
   - {{ tplroot }}.guest
+  - .hosts
 
 mpi-storage-nfs-server-package-installed:
   pkg.installed:
