@@ -129,12 +129,8 @@ def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_name
     env_names = check_ranks(np, workdir, env_names, launcher, "mpirun")
     check_abs_path(run_dir, "run_dir")
     check_job_ports(oob_ports, btl_ports, ssh_port)
-    argv = [launcher, "-launcher", "ssh", "-launcher-exec", AGENT_SSH,
-            "-machinefile", f"{run_dir}/hostfile", "-n", str(np), "-wdir", workdir,
-            # Each rank's wait status: what tells which rank failed how.
-            "-print-all-exitcodes"]
-    argv += ["-genvlist", ",".join(env_names)] if env_names else ["-genvnone"]
-    for name, value in rank_settings(cluster_cidr, btl_ports, keepalive):
-        argv += ["-genv", name, value]
-    return argv + ["/bin/sh", f"{run_dir}/program"]
+    return mpich.hydra_argv([launcher, "-launcher", "ssh", "-launcher-exec", AGENT_SSH,
+                             "-machinefile", f"{run_dir}/hostfile"],
+                            np, workdir, env_names,
+                            rank_settings(cluster_cidr, btl_ports, keepalive), run_dir)
 

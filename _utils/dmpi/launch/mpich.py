@@ -163,13 +163,23 @@ def mpi_argv(np, cluster_cidr, oob_ports, btl_ports, ssh_port, workdir, env_name
     env_names = check_ranks(np, workdir, env_names, launcher, "mpiexec")
     check_abs_path(run_dir, "run_dir")
     check_job_ports(oob_ports, btl_ports, ssh_port)
-    argv = [launcher, "-configfile", "/dev/null",
-            "-launcher", "ssh", "-launcher-exec", AGENT_SSH,
-            "-f", f"{run_dir}/hostfile", "-n", str(np), "-wdir", workdir,
+    return hydra_argv([launcher, "-configfile", "/dev/null",
+                       "-launcher", "ssh", "-launcher-exec", AGENT_SSH,
+                       "-f", f"{run_dir}/hostfile"],
+                      np, workdir, env_names,
+                      rank_settings(cluster_cidr, btl_ports, keepalive), run_dir)
+
+
+def hydra_argv(head, np, workdir, env_names, settings, run_dir):
+    """A Hydra launcher's argv (MPICH's or Intel MPI's; arguments checked): ``head`` (the
+    launcher and its own options), then ``np`` ranks in ``workdir`` with the names
+    ``env_names`` forwarded and every ``(name, value)`` of ``settings`` set, each running
+    ``/bin/sh <run_dir>/program``."""
+    argv = [*head, "-n", str(np), "-wdir", workdir,
             # Each rank's wait status, the only place Hydra says which rank failed how.
             "-print-all-exitcodes"]
     argv += ["-genvlist", ",".join(env_names)] if env_names else ["-genvnone"]
-    for name, value in rank_settings(cluster_cidr, btl_ports, keepalive):
+    for name, value in settings:
         argv += ["-genv", name, value]
     return argv + ["/bin/sh", f"{run_dir}/program"]
 
