@@ -1140,7 +1140,7 @@ print("kit ready", flush=True)
     @functools.cached_property
     def tls(self):
         """The cluster's CA and the hub's certificate (PEM): {"ca": ..., "hub_cert": ...}."""
-        _, text = self.exec("master", ["cat", TLS_PILLAR], stdout_only=True)
+        text = self.read("master", ["cat", TLS_PILLAR])
         hub = yaml.safe_load(text)["mpi"]["hub"]["tls"]
         return {"ca": hub["ca"], "hub_cert": hub["cert"]}
 

@@ -49,7 +49,7 @@ def _until_node_slots(cluster, slots, timeout=120):
 def test_a_pillar_change_reaches_the_idle_engine_without_a_submit(cluster):
     """Nothing is submitted: the engine reads the site's settings itself (every 5 s on
     this cluster), so an idle queue plans with what the pillar says now."""
-    _, original = cluster.exec("master", ["cat", SITE_PILLAR])
+    original = cluster.read("master", ["cat", SITE_PILLAR])
     (slots,) = _node_slots(cluster)
     changed = yaml.safe_load(original)
     changed["mpi"]["slots_per_node"] = slots + 1
@@ -64,7 +64,7 @@ def test_a_pillar_change_reaches_the_idle_engine_without_a_submit(cluster):
 
 
 def test_a_bad_pillar_fails_submit_and_highstate_with_a_clear_message(cluster):
-    _, original = cluster.exec("master", ["cat", SITE_PILLAR])
+    original = cluster.read("master", ["cat", SITE_PILLAR])
     bad = yaml.safe_load(original)
     bad["mpi"]["ports"] = {"sshd": [20000, 20000], "oob": [20100, 20299],
                            "btl": [20250, 20999]}

@@ -80,7 +80,7 @@ def flavour_images(cluster):
              "intelmpi": cluster.mpi_intelmpi_image()}
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
               for name, tag in built.items()}
-    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    original = cluster.read("master", ["cat", IMAGES_PILLAR])
     approved = yaml.safe_load(original) or {}
     approved["mpi"]["images"].update(pushed)
     try:

@@ -364,7 +364,7 @@ def _selftest_pillar(cluster, original, **selftest_settings):
 
 
 def test_with_exclusion_a_node_that_failed_the_self_test_takes_no_job_until_it_passes(cluster):
-    _, original = cluster.exec("master", ["cat", SITE_PILLAR])
+    original = cluster.read("master", ["cat", SITE_PILLAR])
     small = {"nodes": "node1", "lat_iters": 50, "bw_iters": 2, "size": 65536}
     try:
         # node2's and node3's verdicts start clean: an earlier self-test under load may

@@ -46,7 +46,7 @@ def pi_images(cluster):
              "mpi-pi-intel": cluster.mpi_pi_hydra_image(cluster.mpi_intelmpi_image())}
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
               for name, tag in built.items()}
-    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    original = cluster.read("master", ["cat", IMAGES_PILLAR])
     approved = yaml.safe_load(original) or {}
     approved["mpi"]["images"].update(pushed)
     approved["mpi"].setdefault("limits", {})["memory_per_slot_mb"] = MEMORY_PER_SLOT_MB

@@ -25,7 +25,7 @@ def _dockerd_pid(cluster, node):
 
 
 def test_a_highstate_that_restarts_dockerd_leaves_a_running_job_running(cluster):
-    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    original = cluster.read("master", ["cat", IMAGES_PILLAR])
     pillar = yaml.safe_load(original) or {}
     changed = json.loads(json.dumps(pillar))
     changed.setdefault("mpi", {}).setdefault("docker", {})["log_max_file"] = 4
@@ -138,7 +138,7 @@ def test_an_image_no_longer_approved_is_removed_by_highstate_once_unused(cluster
     tag = f"dockermpi/retired:{int(time.time())}"
     cluster.docker.images.get(BASE_IMAGE).tag(*tag.split(":"))
     reference = cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
-    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    original = cluster.read("master", ["cat", IMAGES_PILLAR])
     pillar = yaml.safe_load(original) or {}
     approved = json.loads(json.dumps(pillar))
     approved["mpi"]["images"]["retired"] = reference
@@ -234,7 +234,7 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         tag=tooled_tag, rm=True, network_mode="none")
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
               for name, tag in (("plain", plain_tag), ("tooled", tooled_tag))}
-    _, original = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    original = cluster.read("master", ["cat", IMAGES_PILLAR])
     approved = yaml.safe_load(original) or {}
     approved["mpi"]["images"].update(pushed)
     node = "node1"
@@ -381,7 +381,7 @@ def test_the_registry_is_read_only_for_the_cluster_network(cluster):
     (the retired-image test above does)."""
     from tests.cluster.testcluster import MASTER_ADDR
 
-    _, pillar = cluster.exec("master", ["cat", IMAGES_PILLAR], stdout_only=True)
+    pillar = cluster.read("master", ["cat", IMAGES_PILLAR])
     reference = yaml.safe_load(pillar)["mpi"]["images"]["mpi"]
     repository, digest = reference.split("/", 1)[1].split("@")
     code, out = cluster.exec("node1", ["/opt/saltstack/salt/bin/python3", "-c",

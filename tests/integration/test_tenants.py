@@ -326,7 +326,7 @@ def test_a_job_reaches_no_host_of_the_cluster_and_binds_no_privileged_port(clust
     services = [(MASTER_ADDR, port) for port in (4505, 4506, 8001, 5000)]
     services += [(HUB_ADDR, port) for port in (8000, 8081)]
     listener = "dmpi-test-host-listener"
-    _, pillar = cluster.exec("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
+    pillar = cluster.read("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
     image = yaml.safe_load(pillar)["mpi"]["images"]["mpi"]
     for index, node in enumerate(cluster.nodes, start=1):
         cluster.exec(node, ["docker", "rm", "-f", listener], check=False)
@@ -413,7 +413,7 @@ def test_a_userspace_glusterfs_client_reads_as_any_uid_from_a_hosts_root_only(cl
     # uid (it cannot bind the privileged port the bricks require), from A's job on two
     # nodes and from A's notebook (test_hub), it gets nothing.
     kit = cluster.glusterfs_client_kit(ATTACKER)
-    _, pillar = cluster.exec("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
+    pillar = cluster.read("master", ["cat", "/srv/pillar-local/testcluster_images.sls"])
     image = yaml.safe_load(pillar)["mpi"]["images"]["mpi"]
     target = (f"/users/{VICTIM}/secret.txt", victim["uid"], victim["gid"])
     as_root = _answer(_glusterfs_client_on_host(cluster, "node1", kit, image, target))
