@@ -3,8 +3,9 @@ A Kubeflow MPI Operator job (``kind: MPIJob``, ``kubeflow.org/v2beta1``, and
 ``kubeflow.org/v1`` where it differs) as a DockerMPI job request.
 
 What maps: the image (to an approved image by its reference or digest, or the one the
-user names, whose probed MPI must be the manifest's ``mpiImplementation``), the launcher's command with its ``mpirun -n N`` wrapper removed (``N`` must
-be Worker replicas x slotsPerWorker), Worker replicas and slotsPerWorker (nodes and
+user names, whose probed MPI must be the manifest's ``mpiImplementation``), the
+launcher's command with its ``mpirun -n N`` wrapper removed (``N`` must be Worker
+replicas x slotsPerWorker), Worker replicas and slotsPerWorker (nodes and
 ranks per node), the launcher container's environment, ``activeDeadlineSeconds`` (the
 walltime) and the containers' resources, checked against what a slot gets. The worker's
 command (the operator's sshd) and the ssh settings are DockerMPI's own. Whatever else it
