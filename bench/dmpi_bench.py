@@ -193,6 +193,14 @@ class RunnerSession:
             raise BenchError(str(exc)) from exc
         return reply["seconds"], reply["ret"]
 
+    def closed(self, job_id, timeout):
+        """``mpi.status`` of the job once its clean-up is done, woken by its event (as it
+        is after ``timeout`` seconds)."""
+        try:
+            return self.session.closed(job_id, timeout)
+        except runner_session.SessionError as exc:
+            raise BenchError(str(exc)) from exc
+
     def close(self):
         self.session.close()
 

@@ -19,7 +19,7 @@ MASTER_PYTHON = "/opt/saltstack/salt/bin/python3"  # the Python that has Salt on
 
 _PROGRAM = r"""
 import json, sys, time, traceback
-import salt.client, salt.config, salt.runner
+import salt.client, salt.config, salt.runner, salt.utils.event
 opts = salt.config.master_config("/etc/salt/master")
 runner = salt.runner.RunnerClient(opts)
 local = salt.client.LocalClient(mopts=opts)
@@ -37,12 +37,30 @@ def exit_code(data):
     return 0
 
 
+def closed(job_id, timeout):
+    # The job's record once its clean-up is done: the controller's "closed" event wakes
+    # this (a status read after subscribing catches one that came before), never a poll.
+    deadline = time.monotonic() + timeout
+    tag = f"mpi/job/{job_id}/closed"
+    with salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=True) as bus:
+        bus.subscribe(tag)
+        while True:
+            job = runner.cmd("mpi.status", kwarg={"job_id": job_id}, pub_data={"user": "root"},
+                             print_event=False)
+            left = deadline - time.monotonic()
+            if not isinstance(job, dict) or job.get("closed") or left <= 0:
+                return job
+            bus.get_event(wait=min(left, 5), tag=tag)
+
+
 for line in sys.stdin:
     request = json.loads(line)
     start = time.monotonic()
     answer = {}
     try:
-        if "targets" in request:
+        if "closed" in request:
+            answer["ret"] = closed(request["closed"], request["timeout"])
+        elif "targets" in request:
             answer["ret"] = local.cmd(request["targets"], request["fun"], tgt_type="list",
                                       timeout=request["timeout"])
         else:
@@ -97,6 +115,13 @@ class RunnerSession:
         gives them; a minion that did not answer is missing."""
         self.send({"targets": list(targets), "fun": fun, "timeout": timeout})
         return self.answer(fun, timeout + 120)["ret"]
+
+    def closed(self, job_id, timeout=60):
+        """``mpi.status`` of job ``job_id`` once its clean-up is done (``closed``), woken
+        by the job's ``closed`` event on the master's bus rather than by polling, so that
+        waiting costs the master nothing; as it is when ``timeout`` seconds passed."""
+        self.send({"closed": job_id, "timeout": timeout})
+        return self.answer("waiting for the job to close", timeout + 60)["ret"]
 
     def send(self, request):
         """Ask for one call and return at once; :meth:`answer` waits for it."""
