@@ -50,8 +50,8 @@ import threading
 import time
 
 import dmpi.settings
-from dmpi.contract import (API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
-                           JOB_TAG_RE, STATES)
+from dmpi.contract import (ACTIVE, API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
+                           JOB_TAG_RE, QUEUED, STATES)
 from dmpi.errors import DockerMPIError, NoSuchJob, RequestError
 from dmpi.master import user_calls
 from dmpi.master.site import Site
@@ -75,6 +75,9 @@ TOKEN_CACHE_ENTRIES = 10000
 HUB_TIMEOUT = 10
 CALLS_PER_USER = 4  # of the worker threads, one user's calls hold at most this many
 POLLED = ("status", "list")  # what users poll: reads of the job store only
+#: What ``GET /jobs`` lists without ``state`` (squeue's view): ended jobs are the history's,
+#: so what a polled list costs does not grow with everything a user ever ran.
+LISTED_BY_DEFAULT = ",".join((QUEUED,) + ACTIVE)
 POLLED_WORKERS = 2  # threads of their own for those
 DISCARD_BYTES = 1 << 30  # a body past the limit is read and dropped up to this size
 _JOB_ID = f"({JOB_ID_PATTERN})"
@@ -388,7 +391,8 @@ def _openapi():
                                   "nodes' probe found in it (MPI, launcher, python3, "
                                   "mpi4py, OS)")},
             "/jobs": {
-                "get": op("your jobs, oldest first (or only those in state)",
+                "get": op("your queued, starting and running jobs, oldest first (or those "
+                          "in state; ended jobs: /history)",
                           params=[query("state", {"type": "string"}, "states, comma-separated")]),
                 "post": {**op("queue a job", ok=record, errors=(400, 401, 403, 413, 429),
                               body={"required": True, "content": {"application/json": {
@@ -603,7 +607,7 @@ def make_app(site, functions, settings):
     class JobList(Handler):
         async def get(self):
             self.answer({"jobs": await self.call("list", state=self.get_query_argument(
-                "state", None))})
+                "state", None) or LISTED_BY_DEFAULT)})
 
         async def post(self):
             body = self.json_body()
