@@ -22,8 +22,13 @@ HISTORY_FIELDS = ("job_id", "name", "user", "state", "exit_code", "reason", "np"
                   "submitted", "started", "ended", "queue_wait", "elapsed", "core_hours")
 
 
+#: The fields of a job's record :func:`history_row` reads: the store picks out only these.
+RECORD_FIELDS = ("job_id", "name", "user", "state", "exit_code", "reason", "np", "placement",
+                 "submitted", "started", "ended")
+
+
 def history_row(record):
-    """The accounting row of an ended job's record."""
+    """The accounting row of an ended job's record (its :data:`RECORD_FIELDS` are enough)."""
     ended = record.get("ended") or record.get("submitted")
     started = record.get("started")
     elapsed = round(ended - started, 3) if started else 0.0

@@ -25,6 +25,14 @@ def test_history_row_core_hours_are_ranks_times_elapsed():
     assert set(row) == set(accounting.HISTORY_FIELDS)
 
 
+def test_a_history_row_needs_only_the_record_fields_the_store_picks_out():
+    record = _job("j", "alice", "failed", 4, 100.0, 160.0, 1960.0, exit_code=3, name="sim",
+                  reason="rank 1 exited 3", spec={"cmd": ["a"]}, history=[], timings={})
+    picked = {key: record.get(key) for key in accounting.RECORD_FIELDS}
+    assert accounting.history_row(picked) == accounting.history_row(record)
+    assert accounting.history_row(picked)["nodes"] == ["node1", "node2"]
+
+
 def test_a_job_cancelled_in_the_queue_used_nothing():
     row = accounting.history_row(_job("j", "alice", "cancelled", 8, 100.0, None, 400.0))
     assert (row["elapsed"], row["core_hours"], row["queue_wait"]) == (0.0, 0.0, 300.0)
