@@ -50,8 +50,8 @@ import threading
 import time
 
 import dmpi.settings
-from dmpi.contract import (ACTIVE, API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
-                           JOB_TAG_RE, QUEUED, STATES)
+from dmpi.contract import (API_SERVICE_NAME, FINAL, JOB_ID_PATTERN, JOB_TAG_PREFIX,
+                           JOB_TAG_RE, STATES, UNENDED)
 from dmpi.errors import DockerMPIError, NoSuchJob, RequestError
 from dmpi.master import user_calls
 from dmpi.master.site import Site
@@ -75,10 +75,10 @@ TOKEN_CACHE_ENTRIES = 10000
 HUB_TIMEOUT = 10
 CALLS_PER_USER = 4  # of the worker threads, one user's calls hold at most this many
 POLLED = ("status", "list")  # what users poll: reads of the job store only
+POLLED_WORKERS = 2  # threads of their own for those
 #: What ``GET /jobs`` lists without ``state`` (squeue's view): ended jobs are the history's,
 #: so what a polled list costs does not grow with everything a user ever ran.
-LISTED_BY_DEFAULT = ",".join((QUEUED,) + ACTIVE)
-POLLED_WORKERS = 2  # threads of their own for those
+LISTED_BY_DEFAULT = ",".join(UNENDED)
 DISCARD_BYTES = 1 << 30  # a body past the limit is read and dropped up to this size
 _JOB_ID = f"({JOB_ID_PATTERN})"
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}\Z")

@@ -51,7 +51,8 @@ DEFAULT_JOB_ROOT = "/var/lib/dockermpi/jobs"
 QUEUED = "queued"
 ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
-STATES = (QUEUED,) + ACTIVE + FINAL
+UNENDED = (QUEUED,) + ACTIVE  # what squeue shows: a job's states before its end
+STATES = UNENDED + FINAL
 #: The tag every job transition is fired under on the master's event bus.
 JOB_EVENT_TAG = "mpi/job/{job_id}/{state}"
 

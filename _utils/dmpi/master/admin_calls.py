@@ -15,7 +15,7 @@ import os
 import posixpath
 import time
 
-from dmpi.contract import ACTIVE
+from dmpi.contract import ACTIVE, UNENDED
 from dmpi.errors import ClusterError, RequestError, StoreError
 from dmpi.jobs import request as job_request
 from dmpi.jobs import rules
@@ -163,7 +163,7 @@ def _prune_job_dirs(site, days, now):
     config = (store.get_meta("site") or {}).get("config") or site.settings()
     minion, path = site.storage_owner(config)
     keep = {}
-    for record in store.jobs(["queued"] + list(ACTIVE)):
+    for record in store.jobs(UNENDED):
         keep.setdefault(record["user"], []).append(record["job_id"])
     removed = {}
     for user, info in sorted(store.users().items()):

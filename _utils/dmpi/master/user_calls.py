@@ -21,7 +21,8 @@ import secrets
 import time
 
 import dmpi.settings
-from dmpi.contract import ACTIVE, DATA_MOUNT, FINAL, JOB_ID_RE, JOB_TAG_PREFIX
+from dmpi.contract import (ACTIVE, DATA_MOUNT, FINAL, JOB_ID_RE, JOB_TAG_PREFIX, STATES,
+                           UNENDED)
 from dmpi.errors import ClusterError, NoSuchJob, RequestError
 from dmpi.jobs import accounting, fairshare, sched
 from dmpi.jobs import mpijob as mpi_operator
@@ -250,7 +251,7 @@ def usage(site, caller, user=None, since=None, until=None):
     if end is not None:
         return accounting.usage(rows)
     store = site.store()
-    active = store.jobs(["queued"] + list(ACTIVE), user=user)
+    active = store.jobs(UNENDED, user=user)
     found = accounting.usage(rows, active)
     found["fair_share"] = fair_share_now(store, time.time(), user)
     storage = storage_now(site, user)
@@ -391,7 +392,7 @@ def job_states(state):
     if not state:
         return None
     states = [s.strip() for s in (state if isinstance(state, list) else str(state).split(","))]
-    unknown = sorted(set(states) - set(("queued",) + ACTIVE + FINAL))
+    unknown = sorted(set(states) - set(STATES))
     if unknown:
         raise RequestError(f"unknown job states: {str(unknown)[:200]}")
     return states
