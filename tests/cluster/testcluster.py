@@ -813,6 +813,14 @@ print("kit ready", flush=True)
         env = [f"--env={k}={v}" for k, v in (environment or {}).items()]
         return self.exec("hub", ["docker", "exec", *env, container, *argv], check=False)
 
+    def notebook_read(self, name, argv):
+        """The stdout of a read-only command in hub user ``name``'s notebook, as its user,
+        whole (:meth:`read`: run again when Docker's exec lost it)."""
+        container = self.notebook_container(name)
+        if container is None:
+            raise ClusterError(f"{name} has no running notebook")
+        return self.read("hub", ["docker", "exec", container, *argv])
+
     def stop_notebook(self, name, timeout=60):
         """Stop hub user ``name``'s notebook server and wait until its container is gone."""
         quoted = urllib.parse.quote(name, safe="")

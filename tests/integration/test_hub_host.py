@@ -122,14 +122,13 @@ def test_no_tcp_docker_socket_on_the_hub_host(hub):
 
 @pytest.mark.parametrize("name", [ALICE, BOB])
 def test_notebook_runs_as_the_uid_the_master_gave(hub, notebooks, name):
-    container, found = notebooks[name]
+    _, found = notebooks[name]
     owner = hub.read("hub", ["stat", "-c", "%u:%g", _data_dir(found)])
     uid, gid = owner.strip().split(":")
     assert int(uid) >= 100000  # the master's uid range, never root or a system account
     assert found["Config"]["User"] == f"{uid}:{gid}"
-    # The notebook's own account, as its user: read through the hub's Docker.
-    assert hub.read("hub", ["docker", "exec", container, "id", "-u"]).strip() == uid
-    assert hub.read("hub", ["docker", "exec", container, "id", "-g"]).strip() == gid
+    assert hub.notebook_read(name, ["id", "-u"]).strip() == uid
+    assert hub.notebook_read(name, ["id", "-g"]).strip() == gid
 
 
 def test_alice_uid_is_the_one_the_master_records(hub, notebooks):
