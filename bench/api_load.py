@@ -18,10 +18,16 @@ the load, ``--launches`` of the launching user's jobs are timed on the idle clus
 
 Prints, per user count: calls a second, p50/p95/p99 of status and list calls, errors
 (any answer but 200, 429 included), the API process's CPU (cores, from /proc on the
-master), and the launch time (submit to the end, median) under load against idle, with
+master), the node hosts' CPU (cores, their cgroups: Salt, Docker and systemd there, where
+following jobs costs the reads of their output; not the jobs' own), and the launch time (submit to the end, median) under load against idle, with
 their ratio. The load generator runs on this machine too, sharing its cores.
 
-``--short`` (what CI runs): 4 users, 5 seconds, one follower, one launch on the idle cluster.
+Before the rounds, ``--follow-cost`` users follow a job each with nothing else running, and
+it prints what that costs the nodes and the master (their hosts' CPU while the jobs are
+followed less while they run unfollowed), per follower.
+
+``--short`` (what CI runs): 4 users, 5 seconds, one follower, one launch on the idle
+cluster; the follow cost of one follower over 5 s.
 Exits non-zero when a call failed or a launched job did not succeed.
 """
 
@@ -42,7 +48,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import tornado.httpclient  # noqa: E402  (a dependency of Salt, in .venv)
 
 from bench import figures  # noqa: E402
-from bench.dmpi_bench import MASTER, fmt, log, run, table  # noqa: E402
+from bench.dmpi_bench import (MASTER, NODES, cgroup_seconds, fmt, host_cpu_files,  # noqa: E402
+                              log, run, table)
 from tests.cluster.testcluster import (API_NOTEBOOK_URL, API_PUBLIC_URL,  # noqa: E402
                                        HUB_ADDR, HUB_API_URL, TestCluster, api_process,
                                        hub_admin_token)
@@ -177,6 +184,18 @@ def api_cpu_seconds():
         "cpu_seconds"]
 
 
+def nodes_cpu_seconds(hosts=NODES):
+    """CPU seconds the node hosts (or ``hosts``) have used (Salt, Docker, systemd: not
+    the jobs')."""
+    files, _ = host_cpu_files(hosts)
+    return sum(cgroup_seconds(path) for path in files.values())
+
+
+def master_cpu_seconds():
+    """CPU seconds the master host has used (Salt, the job engine, the API)."""
+    return nodes_cpu_seconds([MASTER.removeprefix("dmpi-")])
+
+
 async def launch_time(user):
     """Seconds from submit to the end of one 2-node job."""
     started = time.perf_counter()
@@ -242,16 +261,54 @@ async def follow(user, job_id, until, errors):
     return seen["output"]
 
 
+def ticker(seconds):
+    """A job that prints a line a second for ``seconds``."""
+    return ["/bin/sh", "-c", f"for i in $(seq {int(seconds)}); do echo $i; sleep 1; done"]
+
+
+async def follow_cost(users, seconds, errors):
+    """What following jobs costs the nodes: their CPU while each of ``users`` follows a
+    job of their own that prints a line a second, less their CPU while the same jobs run
+    unfollowed, over ``seconds`` each; nothing else runs meanwhile. ([nodes' cores,
+    master's cores], output events)."""
+    ticking = {u.name: await u.submit(ticker(2 * seconds + 60)) for u in users}
+    while True:
+        states = [(await u.call("GET", f"/jobs/{ticking[u.name]}"))[1]["state"] for u in users]
+        if all(state == "running" for state in states):
+            break
+        if any(state in FINAL for state in states):
+            raise RuntimeError(f"a followed job ended before it was followed: {states}")
+        await asyncio.sleep(0.5)
+    def used():
+        return time.monotonic(), nodes_cpu_seconds(), master_cpu_seconds()
+
+    def cores(before):
+        after = used()
+        return [(a - b) / (after[0] - before[0]) for a, b in zip(after[1:], before[1:])]
+
+    before = used()
+    await asyncio.sleep(seconds)
+    unfollowed = cores(before)
+    before = used()
+    outputs = await asyncio.gather(*(follow(u, ticking[u.name], before[0] + seconds, errors)
+                                     for u in users))
+    followed = cores(before)
+    for user in users:
+        await user.call("POST", f"/jobs/{ticking[user.name]}/cancel")
+    for user in users:
+        await user.wait(ticking[user.name])
+    return [f - u for f, u in zip(followed, unfollowed)], sum(outputs)
+
+
 async def one_round(users, launcher, own, seconds, followers, launches, rate, in_step=False):
     """One measured run with ``users`` calling; its figures. The pollers' calls are spread
     evenly over each period (users' notebooks do not poll in step), or, ``in_step``,
     all made at the same instants (the worst case: every period starts with a burst)."""
     # The followers follow a job of their own that prints a line a second.
-    ticker = ["/bin/sh", "-c", f"for i in $(seq {int(seconds) + 60}); do echo $i; sleep 1; done"]
-    ticking = {u.name: await u.submit(ticker) for u in users[:followers]}
+    ticking = {u.name: await u.submit(ticker(seconds + 60)) for u in users[:followers]}
     idle = await launch_times(launcher, launches)
     latencies, errors = [], []
-    cpu_before, started = api_cpu_seconds(), time.monotonic()
+    cpu_before, nodes_before, started = api_cpu_seconds(), nodes_cpu_seconds(), time.monotonic()
     own_before = time.process_time()
     until = started + seconds
     loaded = asyncio.ensure_future(launches_until(launcher, until))
@@ -262,6 +319,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
           for i, u in enumerate(users[followers:])))
     wall = time.monotonic() - started
     cpu = (api_cpu_seconds() - cpu_before) / wall
+    nodes = (nodes_cpu_seconds() - nodes_before) / wall
     own = (time.process_time() - own_before) / wall
     under_load = await loaded  # the launch under way at the end finishes after the load
     for user in users[:followers]:
@@ -272,7 +330,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
         return ms[min(len(ms) - 1, int(p / 100 * len(ms)))]
 
     return {"users": len(users), "calls_per_s": len(latencies) / wall, "p50": pct(50),
-            "p95": pct(95), "p99": pct(99), "errors": errors, "cpu": cpu, "own": own,
+            "p95": pct(95), "p99": pct(99), "errors": errors, "cpu": cpu, "nodes": nodes, "own": own,
             "idle": statistics.median(idle), "loaded": statistics.median(under_load),
             "launches": f"{len(idle)}/{len(under_load)}",
             "outputs": sum(outputs[:followers])}
@@ -311,6 +369,17 @@ async def main(args):
         own = {u.name: await u.submit(["true"]) for u in users}
         for user in users:
             await user.wait(own[user.name])
+        if args.follow_cost:
+            log(f"{args.follow_cost} users following a job each, for {args.seconds:g} s, "
+                f"after as long unfollowed")
+            (nodes, master), outputs = await follow_cost(users[:args.follow_cost],
+                                                         args.seconds, failed)
+            print(f"following {args.follow_cost} jobs costs the nodes {fmt(nodes)} cores and "
+                  f"the master {fmt(master)} ({outputs} output events)")
+            figures.record("api_load_follow_nodes_ms_per_follower_s",
+                           nodes * 1000 / args.follow_cost, 0)
+            figures.record("api_load_follow_master_ms_per_follower_s",
+                           master * 1000 / args.follow_cost, 0)
         for count in args.users:
             log(f"{count} users for {args.seconds:g} s ({args.followers} following a job), "
                 f"{'through the proxy' if args.through_proxy else 'directly'}, "
@@ -320,7 +389,8 @@ async def main(args):
             failed += found["errors"]
             rows.append([count, fmt(found["calls_per_s"], 1), fmt(found["p50"], 1),
                          fmt(found["p95"], 1), fmt(found["p99"], 1), len(found["errors"]),
-                         fmt(found["cpu"]), fmt(found["own"]), found["launches"], fmt(found["idle"]),
+                         fmt(found["cpu"]), fmt(found["nodes"]), fmt(found["own"]),
+                         found["launches"], fmt(found["idle"]),
                          fmt(found["loaded"]), fmt(found["loaded"] / found["idle"]),
                          found["outputs"]])
             fifty = count == 50
@@ -334,7 +404,8 @@ async def main(args):
         for name in names:
             await hub.remove(name)
     print(table(["users", "calls/s", "p50 ms", "p95 ms", "p99 ms", "errors", "API cores",
-                 "load generator cores", "launches idle/loaded", "launch idle s", "launch loaded s", "ratio", "output events"], rows))
+                 "nodes' cores", "load generator cores", "launches idle/loaded",
+                 "launch idle s", "launch loaded s", "ratio", "output events"], rows))
     for problem in failed[:20]:
         print("error:", problem)
     figures.save(__file__, sys.argv[1:], args.short)
@@ -349,6 +420,10 @@ def parse():
     # Each follower's job holds a slot: the test cluster's 6 leave the launcher's 2-node
     # job two nodes with a slot free only with at most 3 of them running (pack placement).
     parser.add_argument("--followers", type=int, default=2)
+    parser.add_argument("--follow-cost", type=int, default=4,
+                        help="users who follow a job each, alone on the cluster, to measure "
+                             "what following costs the nodes (0: not measured; at most the "
+                             "cluster's 6 slots)")
     parser.add_argument("--launches", type=int, default=5,
                         help="2-node jobs timed on the idle cluster before each load (under "
                              "load, the launching user launches for the whole run)")
@@ -367,6 +442,7 @@ def parse():
     args = parser.parse_args()
     if args.short:
         args.users, args.seconds, args.followers, args.launches = [4], 5, 1, 1
+        args.follow_cost = 1
     if os.geteuid() != 0:
         parser.error("run as root (it drives the test cluster's containers)")
     return args

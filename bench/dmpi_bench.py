@@ -111,6 +111,35 @@ def secret_dirs(node, job_root="/var/lib/dockermpi/jobs", timeout=T_SHORT):
     return sorted(result.stdout.split())
 
 
+def host_cpu_files(hosts):
+    """``({host: its cgroup's CPU usage file}, {container id: host})`` for those of the
+    cluster's host containers ``hosts`` that exist (what a host's systemd services, Salt,
+    Docker engine and commands use; the jobs' containers are in cgroups of their own)."""
+    found, ids = {}, {}
+    for host in hosts:
+        result = run(["docker", "inspect", "-f", "{{.Id}}", f"dmpi-{host}"], 30, check=False)
+        cid = result.stdout.strip()
+        if result.returncode != 0 or not cid:
+            continue
+        ids[cid] = host
+        for path in (f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage",
+                     f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"):
+            if os.path.exists(path):
+                found[host] = path
+                break
+        else:
+            raise BenchError(f"no CPU accounting found for dmpi-{host} ({cid[:12]})")
+    return found, ids
+
+
+def cgroup_seconds(path):
+    """CPU seconds a cgroup has used (``cpuacct.usage`` or cgroup v2's ``cpu.stat``)."""
+    with open(path, encoding="ascii") as usage:
+        if path.endswith("cpuacct.usage"):
+            return int(usage.read()) / 1e9
+        return int(dict(line.split() for line in usage)["usage_usec"]) / 1e6
+
+
 def median(values):
     return statistics.median(values) if values else float("nan")
 

@@ -48,8 +48,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import datapath  # noqa: E402
 import figures  # noqa: E402
 from dmpi_bench import (  # noqa: E402
-    MASTER, BenchError, Jobs, RunnerSession, Terminated, log, median, node_exec, run, table,
-    trap_sigterm, verdict, check_common_args, parse_args,
+    MASTER, BenchError, Jobs, RunnerSession, Terminated, cgroup_seconds, host_cpu_files, log,
+    median, node_exec, table, trap_sigterm, verdict, check_common_args, parse_args,
 )
 from launch_overhead import wait_closed  # noqa: E402
 
@@ -76,20 +76,7 @@ def machine_busy():
 def host_cgroups():
     """``({host: its cgroup's CPU usage file}, {container id: host})`` for the cluster's
     host containers."""
-    found, ids = {}, {}
-    for host in HOSTS:
-        result = run(["docker", "inspect", "-f", "{{.Id}}", f"dmpi-{host}"], 30, check=False)
-        cid = result.stdout.strip()
-        if result.returncode != 0 or not cid:
-            continue
-        ids[cid] = host
-        for path in (f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage",
-                     f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"):
-            if os.path.exists(path):
-                found[host] = path
-                break
-        else:
-            raise BenchError(f"no CPU accounting found for dmpi-{host} ({cid[:12]})")
+    found, ids = host_cpu_files(HOSTS)
     if MASTER.removeprefix("dmpi-") not in found or not set(PAIR) <= set(found):
         raise BenchError(f"the test cluster is not up (hosts found: {sorted(found)})")
     return found, ids
@@ -166,13 +153,6 @@ def by_process(table, ids):
             part = "(containers)" if contained else name
             found[(pid, start)] = (f"proc:{host}:{part}", seconds)
     return found
-
-
-def cgroup_seconds(path):
-    with open(path, encoding="ascii") as usage:
-        if path.endswith("cpuacct.usage"):
-            return int(usage.read()) / 1e9
-        return int(dict(line.split() for line in usage)["usage_usec"]) / 1e6
 
 
 def outer_docker_seconds():
