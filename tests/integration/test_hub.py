@@ -12,6 +12,7 @@ hub whose token it is.
 import json
 import re
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -483,6 +484,28 @@ def test_a_users_events_and_answers_carry_nothing_of_another_users_job(cluster, 
         status, answer = api(cluster, ANN, "GET", path)
         assert status == 200 and secret not in json.dumps(answer)
         assert "secretive" not in json.dumps(answer), answer
+
+
+def test_two_users_following_at_once_each_get_only_their_own_jobs_output(cluster, notebooks):
+    # Ann's and Bob's `mpi run` follow their jobs at the same time, Bob's printing a secret.
+    secret = "s3cr3t-" + "f0110w" * 4
+    lines = {ANN: "ann-line", BOB: secret}
+    followed = {}
+
+    def follow(user):
+        followed[user] = mpi(cluster, user, "run", "-n", "1", "/bin/sh", "-c",
+                             f"for i in 1 2 3 4 5 6; do echo {lines[user]}-$i; sleep 1; done")
+
+    runs = [threading.Thread(target=follow, args=(user,)) for user in lines]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    for user, line in lines.items():
+        code, output = followed[user]
+        other = lines[BOB if user == ANN else ANN]
+        assert code == 0 and all(f"{line}-{i}" in output for i in range(1, 7)), output
+        assert other not in output, output
 
 
 #: Everything on the master's event bus, one line per event (tag, then the data as
