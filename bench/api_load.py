@@ -19,8 +19,9 @@ the load, ``--launches`` of the launching user's jobs are timed on the idle clus
 Prints, per user count: calls a second, p50/p95/p99 of status and list calls, errors
 (any answer but 200, 429 included), the API process's CPU (cores, from /proc on the
 master), the node hosts' CPU (cores, their cgroups: Salt, Docker and systemd there, where
-following jobs costs the reads of their output; not the jobs' own), and the launch time (submit to the end, median) under load against idle, with
-their ratio. The load generator runs on this machine too, sharing its cores.
+following jobs costs the reads of their output; not the jobs' own), and the launch time
+(submit to the end, median) under load against idle, with their ratio. The load
+generator runs on this machine too, sharing its cores.
 
 Before the rounds, ``--follow-cost`` users follow a job each with nothing else running, and
 it prints what that costs the nodes and the master (their hosts' CPU while the jobs are
@@ -184,16 +185,11 @@ def api_cpu_seconds():
         "cpu_seconds"]
 
 
-def nodes_cpu_seconds(hosts=NODES):
-    """CPU seconds the node hosts (or ``hosts``) have used (Salt, Docker, systemd: not
-    the jobs')."""
-    files, _ = host_cpu_files(hosts)
-    return sum(cgroup_seconds(path) for path in files.values())
-
-
-def master_cpu_seconds():
-    """CPU seconds the master host has used (Salt, the job engine, the API)."""
-    return nodes_cpu_seconds([MASTER.removeprefix("dmpi-")])
+def hosts_cpu(hosts):
+    """A function giving the CPU seconds the cluster hosts ``hosts`` have used (Salt,
+    Docker, systemd and the API there: not the jobs'); their cgroups are found once."""
+    files = list(host_cpu_files(hosts)[0].values())
+    return lambda: sum(cgroup_seconds(path) for path in files)
 
 
 async def launch_time(user):
@@ -267,10 +263,11 @@ def ticker(seconds):
 
 
 async def follow_cost(users, seconds, errors):
-    """What following jobs costs the nodes: their CPU while each of ``users`` follows a
-    job of their own that prints a line a second, less their CPU while the same jobs run
-    unfollowed, over ``seconds`` each; nothing else runs meanwhile. ([nodes' cores,
-    master's cores], output events)."""
+    """What following jobs costs the nodes and the master: their hosts' CPU while each
+    of ``users`` follows a job of their own that prints a line a second, less their CPU
+    while the same jobs run unfollowed, over ``seconds`` each; nothing else runs
+    meanwhile. ([nodes' cores, master's cores], output events)."""
+    nodes_cpu, master_cpu = hosts_cpu(NODES), hosts_cpu([MASTER.removeprefix("dmpi-")])
     ticking = {u.name: await u.submit(ticker(2 * seconds + 60)) for u in users}
     while True:
         states = [(await u.call("GET", f"/jobs/{ticking[u.name]}"))[1]["state"] for u in users]
@@ -279,8 +276,9 @@ async def follow_cost(users, seconds, errors):
         if any(state in FINAL for state in states):
             raise RuntimeError(f"a followed job ended before it was followed: {states}")
         await asyncio.sleep(0.5)
+
     def used():
-        return time.monotonic(), nodes_cpu_seconds(), master_cpu_seconds()
+        return time.monotonic(), nodes_cpu(), master_cpu()
 
     def cores(before):
         after = used()
@@ -308,7 +306,8 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
     ticking = {u.name: await u.submit(ticker(seconds + 60)) for u in users[:followers]}
     idle = await launch_times(launcher, launches)
     latencies, errors = [], []
-    cpu_before, nodes_before, started = api_cpu_seconds(), nodes_cpu_seconds(), time.monotonic()
+    nodes_cpu = hosts_cpu(NODES)
+    cpu_before, nodes_before, started = api_cpu_seconds(), nodes_cpu(), time.monotonic()
     own_before = time.process_time()
     until = started + seconds
     loaded = asyncio.ensure_future(launches_until(launcher, until))
@@ -319,7 +318,7 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
           for i, u in enumerate(users[followers:])))
     wall = time.monotonic() - started
     cpu = (api_cpu_seconds() - cpu_before) / wall
-    nodes = (nodes_cpu_seconds() - nodes_before) / wall
+    nodes = (nodes_cpu() - nodes_before) / wall
     own = (time.process_time() - own_before) / wall
     under_load = await loaded  # the launch under way at the end finishes after the load
     for user in users[:followers]:
@@ -330,7 +329,8 @@ async def one_round(users, launcher, own, seconds, followers, launches, rate, in
         return ms[min(len(ms) - 1, int(p / 100 * len(ms)))]
 
     return {"users": len(users), "calls_per_s": len(latencies) / wall, "p50": pct(50),
-            "p95": pct(95), "p99": pct(99), "errors": errors, "cpu": cpu, "nodes": nodes, "own": own,
+            "p95": pct(95), "p99": pct(99), "errors": errors, "cpu": cpu, "nodes": nodes,
+            "own": own,
             "idle": statistics.median(idle), "loaded": statistics.median(under_load),
             "launches": f"{len(idle)}/{len(under_load)}",
             "outputs": sum(outputs[:followers])}
