@@ -22,26 +22,23 @@ message names the path relative to ``root``. Bad arguments from the caller (a ``
 that is not a list, a ``max_bytes`` out of range) raise ``TypeError`` or ``ValueError``.
 
 This file is both a module of the node's library (``dmpi.node.userfs.write_file`` ...)
-and the whole program the confined child runs (``python3 -I -S -c <this file>``, with a
-JSON request on stdin), so it imports nothing but the standard library.
+and the whole program the confined child runs (this file compiled by the caller, with a
+JSON request on stdin), so it imports nothing but the standard library. The child is
+started for every read of a job's output, so at the top it imports only what the child
+itself runs; what only the caller or a rare operation needs is imported where it is used.
 
 :depends: none
 """
 
-import base64
-import calendar
+import binascii
 import contextlib
 import errno
 import json
+import marshal
 import os
 import posixpath
 import re
-import secrets
-import select
-import selectors
-import signal
 import stat
-import subprocess
 import sys
 import time
 
@@ -68,7 +65,8 @@ MAX_TAIL_BYTES = 16 * 1024 * 1024
 MAX_TREE_DEPTH = 256
 #: Operations :func:`run_confined` accepts; the others need root.
 CONFINED_OPS = frozenset({"makedirs", "write_file", "read_tail", "room", "prune_job_dirs"})
-#: Interpreter of the confined child; the target uid must be able to execute it.
+#: Interpreter of the confined child; the target uid must be able to execute it, and it
+#: must be the caller's own Python, as the child runs code the caller compiled.
 CHILD_PYTHON = sys.executable
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -254,7 +252,7 @@ def makedirs(root, parts, mode=0o700):
 
 def _temp_name(name):
     # A random name: a FIFO or link planted under a predictable name is never opened.
-    token = secrets.token_hex(8)
+    token = os.urandom(8).hex()
     temp = f".{name}.{token}.tmp"
     if len(temp.encode("utf-8")) > _NAME_MAX:
         temp = f".{token}.tmp"
@@ -598,6 +596,7 @@ def prune_job_dirs(root, parts, older_than, keep=()):
             "prune_job_dirs", uid=100000, gid=100000, root="/srv/dockermpi/users",
             parts=["alice", "mpi-jobs"], older_than=time.time() - 30 * 86400, keep=[])
     """
+    import calendar  # pylint: disable=import-outside-toplevel
     older_than = float(older_than)
     removed = []
     try:
@@ -657,19 +656,22 @@ _ERROR_KINDS = {"UserPathError": UserPathError, "ValueError": ValueError, "TypeE
 def _encode(value):
     """JSON-ready ``value``: bytes become ``{"base64": "..."}``."""
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return {_BYTES_TAG: base64.b64encode(value).decode("ascii")}
+        return {_BYTES_TAG: binascii.b2a_base64(value, newline=False).decode("ascii")}
     return value
 
 
 def _decode(value):
     if isinstance(value, dict) and list(value) == [_BYTES_TAG]:
-        return base64.b64decode(value[_BYTES_TAG], validate=True)
+        return binascii.a2b_base64(value[_BYTES_TAG], strict_mode=True)
     return value
 
 
 def _exchange(process, request, deadline, op):
     """Send ``request`` to the child and collect its stdout (bounded) and the tail of its
     stderr until both close, or raise subprocess.TimeoutExpired at ``deadline``."""
+    import select  # pylint: disable=import-outside-toplevel
+    import selectors  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
     pending = memoryview(request)
     stdout, stderr = bytearray(), bytearray()
     with selectors.DefaultSelector() as selector:
@@ -704,6 +706,7 @@ def _exchange(process, request, deadline, op):
 
 
 def _signal_name(number):
+    import signal  # pylint: disable=import-outside-toplevel
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -718,24 +721,37 @@ def _stderr_line(stderr):
     return "".join(char if char.isprintable() else "?" for char in lines[-1].strip()[:500])
 
 
-_SOURCE = []
+_PROGRAM = []
+
+# What the child runs first: it loads the compiled program from the head of its stdin
+# (its length in argv) and runs it as __main__, which reads the request after it. A
+# different Python could not load the code, so the child checks it is the caller's.
+_LOADER = (
+    "import marshal, sys\n"
+    "if sys.implementation.cache_tag != sys.argv[2]:\n"
+    "    sys.exit(f'the confined child runs {sys.implementation.cache_tag}, '\n"
+    "             f'not the caller\\'s {sys.argv[2]}')\n"
+    "exec(marshal.loads(sys.stdin.buffer.read(int(sys.argv[1]))), {'__name__': '__main__'})\n"
+)
 
 
-def _own_source():
-    """This file's text (it is the child's program), read once."""
-    if not _SOURCE:
+def _own_program():
+    """This file compiled (it is the child's program), once: the child then loads code
+    instead of compiling 800 lines at every start."""
+    if not _PROGRAM:
         with open(os.path.abspath(__file__), encoding="utf-8") as handle:
-            _SOURCE.append(handle.read())
-    return _SOURCE[0]
+            _PROGRAM.append(marshal.dumps(compile(handle.read(), __file__, "exec")))
+    return _PROGRAM[0]
 
 
 def run_confined(op, uid=None, gid=None, timeout=10.0, **kwargs):
     """
     Run ``op(**kwargs)`` in a child process with the user's uid and gid.
 
-    The child is this file's source run as ``python -I -S -c <source>``, with no
-    supplementary groups, no environment and ``/`` as its working directory, so the
-    kernel also checks every access against the user's own permissions.
+    The child is this file, compiled here and run by ``python -I -S`` (the same Python
+    as the caller's), with no supplementary groups, no environment and ``/`` as its
+    working directory, so the kernel also checks every access against the user's own
+    permissions.
 
     op
         One of :data:`CONFINED_OPS`: ``makedirs``, ``write_file``, ``read_tail``.
@@ -770,12 +786,15 @@ def run_confined(op, uid=None, gid=None, timeout=10.0, **kwargs):
         credentials = {"user": uid, "group": gid, "extra_groups": []}
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number, not {timeout!r}")
-    request = json.dumps(
+    import subprocess  # pylint: disable=import-outside-toplevel
+    program = _own_program()
+    request = program + json.dumps(
         {"op": op, "kwargs": {key: _encode(value) for key, value in kwargs.items()}}
     ).encode("utf-8")
-    # The source travels as -c text, read here as root: Salt keeps synced utils in a
+    # The program travels on stdin, read here as root: Salt keeps synced utils in a
     # directory only root may enter, which the child (the user's uid) cannot read.
-    argv = [CHILD_PYTHON, "-I", "-S", "-c", _own_source()]
+    argv = [CHILD_PYTHON, "-I", "-S", "-c", _LOADER, str(len(program)),
+            sys.implementation.cache_tag]
     deadline = time.monotonic() + timeout
     try:
         process = subprocess.Popen(

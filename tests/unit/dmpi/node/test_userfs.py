@@ -327,13 +327,14 @@ def test_write_file_never_opens_planted_fifos(users):
 def test_write_file_never_opens_a_planted_file_even_at_its_exact_temporary_name(users,
                                                                                monkeypatch):
     job_dir = _job_dir(users)
-    monkeypatch.setattr(userfs.secrets, "token_hex", lambda size: "guessed")
-    (job_dir / ".status.json.guessed.tmp").symlink_to(users / "bob" / "secret.txt")
+    monkeypatch.setattr(userfs.os, "urandom", lambda size: b"guessed!"[:size])
+    guessed = f".status.json.{b'guessed!'.hex()}.tmp"
+    (job_dir / guessed).symlink_to(users / "bob" / "secret.txt")
     before = _victims(users)
     with pytest.raises(UserPathError, match=f"^alice/mpi-jobs/{JOB}/status.json: "):
         userfs.write_file(str(users), ["alice", "mpi-jobs", JOB], "status.json", b"x")
     assert _victims(users) == before
-    assert (job_dir / ".status.json.guessed.tmp").is_symlink()
+    assert (job_dir / guessed).is_symlink()
 
 
 def test_read_tail_refuses_a_fifo_without_blocking(users):
@@ -548,7 +549,7 @@ def test_a_slow_child_is_killed_at_the_timeout(users, tmp_path, monkeypatch, int
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(userfs.subprocess, "Popen", RecordingPopen)
+    monkeypatch.setattr(subprocess, "Popen", RecordingPopen)
     began = time.monotonic()
     with pytest.raises(UserPathError, match=f"did not finish within {timeout} s"):
         userfs.run_confined("makedirs", timeout=timeout, root=str(users), parts=["alice", "x"])
@@ -570,6 +571,28 @@ def test_a_misbehaving_child_raises_user_path_error(users, tmp_path, monkeypatch
     with pytest.raises(UserPathError, match=message) as raised:
         userfs.run_confined("makedirs", timeout=20, root=str(users), parts=["alice"])
     assert len(str(raised.value)) < 1000
+
+
+def test_a_child_of_another_python_refuses_the_callers_code_by_name(users, monkeypatch):
+    monkeypatch.setattr(userfs.sys.implementation, "cache_tag", "cpython-299")
+    with pytest.raises(UserPathError, match="exited with status 1: the confined child runs "
+                                            r"cpython-3\d+, not the caller's cpython-299$"):
+        userfs.run_confined("makedirs", root=str(users), parts=["alice", "x"])
+    assert not (users / "alice" / "x").exists()
+
+
+def test_the_child_imports_only_what_it_runs(users, tmp_path):
+    """The child starts for every read of a job's output: what only the caller needs
+    (subprocess, selectors, signal) stays out of it."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"exec(open({MODULE_PATH!r}).read().replace('\\nif __name__', "
+                     "'\\nif False and __name__'))\n"
+                     "import sys\nprint(' '.join(sorted(sys.modules)))\n")
+    child = subprocess.run([SYSTEM_PYTHON, "-I", "-S", str(probe)], capture_output=True,
+                           timeout=30, check=True)
+    loaded = set(child.stdout.decode().split())
+    assert "json" in loaded
+    assert not loaded & {"subprocess", "selectors", "signal", "base64", "secrets", "calendar"}
 
 
 def test_a_child_that_cannot_start_raises_user_path_error(users, monkeypatch):
