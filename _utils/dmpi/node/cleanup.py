@@ -75,7 +75,7 @@ def cleanup(node_id, job_id, job_root, status=None, status_node=None, storage_pa
     result = {"removed": sorted(removed), "secrets_removed": had_secrets}
     if keep_standby and image:
         try:
-            result["standby"] = standby.keep(image, keep_standby, node_id)
+            result["standby"] = standby.keep(image, keep_standby, node_id, client)
         except DockerMPIError as exc:
             log.error("cannot keep %s standby network namespaces: %s", keep_standby, exc)
     return result

@@ -131,7 +131,7 @@ def status():
     return {"ready": ready, "not_running": len(spares) - ready}
 
 
-def keep(image, count, node_id):
+def keep(image, count, node_id, client=None):
     """Keep ``count`` network namespaces made ahead of jobs on this node, each held by a
     container that runs ``sleep`` as nobody (no capabilities, read-only, tiny limits)
     on the node-local internal network ``dmpi-standby``, which reaches nothing. A job
@@ -140,12 +140,13 @@ def keep(image, count, node_id):
 
     ``image``: one present on the node with ``sleep`` in it (the clean-up passes the
     image its job ran); ``count``: 0 to 16 (``mpi:job_network:standby``), 0 removes them
-    all; ``node_id``: the hostname the namespaces give the jobs. Returns ``{"made":
-    [names], "removed": [names], "ready": n}``."""
+    all; ``node_id``: the hostname the namespaces give the jobs; ``client``: the
+    caller's Docker client, if it has one. Returns ``{"made": [names], "removed":
+    [names], "ready": n}``."""
     check_count(count)
     if not isinstance(image, str) or not image or image.startswith("-"):
         raise RequestError(f"invalid image {image!r}")
-    client = containers.client()
+    client = client or containers.client()
     removed = []
     with _standby_lock():
         running = _trim(client, count, removed)

@@ -222,10 +222,10 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     # included, proves it is the job's: one publish starts the whole job. The job
     # directory and the launcher container are made while the sshds come up.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        prepared = pool.submit(_create_launcher, job_id, image, user, uid, gid, storage_path,
-                               job_root, launcher["argv"], launcher.get("environment"),
-                               launcher.get("limits"), launcher.get("status"), holder_name,
-                               node_key)
+        prepared = pool.submit(_create_launcher, client, job_id, image, user, uid, gid,
+                               storage_path, job_root, launcher["argv"],
+                               launcher.get("environment"), launcher.get("limits"),
+                               launcher.get("status"), holder_name, node_key)
         _wait_for_sshd(job_id, container, pid,
                        {addresses[n]: job_cas[n] for n in addresses}, sshd_port, deadline)
         launcher_container = prepared.result()
@@ -236,10 +236,11 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
             "launcher": launcher_container.name, "namespace": namespace, "phases": phases}
 
 
-def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv,
+def _create_launcher(client, job_id, image, user, uid, gid, storage_path, job_root, argv,
                      environment, limits, status, holder_name, node_key):
-    """The job directory (as the user's uid), the launcher container in the network
-    namespace of container ``holder_name`` (the worker's), created, not started, and
+    """The job directory (as the user's uid), the launcher container (by ``client``, the
+    start's own) in the network namespace of container ``holder_name`` (the worker's),
+    created, not started, and
     ``status.json`` (when ``status`` is given) saying the job runs."""
     checks.check_job_id(job_id)
     checks.check_user(user)
@@ -258,7 +259,7 @@ def _create_launcher(job_id, image, user, uid, gid, storage_path, job_root, argv
                                   **options["environment"])
     options.pop("detach")
     try:
-        container = containers.client().containers.create(
+        container = client.containers.create(
             image, network_mode=f"container:{holder_name}", **containers.program(argv),
             **options)
     except docker.errors.APIError as exc:
