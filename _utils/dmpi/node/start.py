@@ -240,8 +240,8 @@ def _create_launcher(client, job_id, image, user, uid, gid, storage_path, job_ro
                      environment, limits, status, holder_name, node_key):
     """The job directory (as the user's uid), the launcher container (by ``client``, the
     start's own) in the network namespace of container ``holder_name`` (the worker's),
-    created, not started, and
-    ``status.json`` (when ``status`` is given) saying the job runs."""
+    created, not started, and ``status.json`` (when ``status`` is given) saying the job
+    runs."""
     checks.check_job_id(job_id)
     checks.check_user(user)
     uid, gid = checks.check_ids(uid, gid)

@@ -581,7 +581,7 @@ def test_a_child_of_another_python_refuses_the_callers_code_by_name(users, monke
     assert not (users / "alice" / "x").exists()
 
 
-def test_the_child_imports_only_what_it_runs(users, tmp_path):
+def test_the_child_imports_only_what_it_runs(tmp_path):
     """The child starts for every read of a job's output: what only the caller needs
     (subprocess, selectors, signal) stays out of it."""
     probe = tmp_path / "probe.py"
