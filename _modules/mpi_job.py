@@ -238,7 +238,7 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
 
 
 def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health=None,
-                        revision=None):
+                        revision=None, multiprocessing=None):
     """
     Whether this minion was started with the ``mpi_node`` engine configured for these
     paths (minion engines are read at start only, so a newer configuration needs a
@@ -251,13 +251,19 @@ def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health
     revision
         The engine code's revision (:func:`mpi_config.engine_revision
         <_modules.mpi_config.engine_revision>`), when its configuration names it.
+    multiprocessing
+        When given, whether the minion must run its calls in processes of their own
+        (True, Salt's default) or in threads (False); read at start only, like engines.
 
     CLI Example:
 
     .. code-block:: bash
 
-        salt '*' mpi_job.node_engine_running /srv/dockermpi health=10 revision=0123abcd
+        salt '*' mpi_job.node_engine_running /srv/dockermpi health=10 revision=0123abcd multiprocessing=False
     """
+    if multiprocessing is not None and \
+            bool(__opts__.get("multiprocessing", True)) != bool(multiprocessing):
+        return False
     wanted = {"storage_path": storage_path, "job_root": job_root}
     if health is not None:
         wanted["health"] = health
@@ -267,7 +273,6 @@ def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health
         if isinstance(engine, dict) and engine.get("mpi_node") == wanted:
             return True
     return False
-
 
 
 @_salt_errors

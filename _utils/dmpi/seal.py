@@ -43,8 +43,7 @@ def _load_version(path, private, *version):
         data = handle.read()
     if private:
         # Salt's own key, which only root writes: checking its primes guards against
-        # crafted keys and costs some 40 ms, paid by every job's start on its launcher's
-        # node (a new process each time, so nothing is cached).
+        # crafted keys and costs some 40 ms, paid again by every process that loads it.
         return serialization.load_pem_private_key(data, password=None,
                                                   unsafe_skip_rsa_key_validation=True)
     return serialization.load_pem_public_key(data)

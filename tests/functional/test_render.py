@@ -413,12 +413,21 @@ def test_the_node_engine_runs_with_health_reports_and_restarts_the_minion_until_
     config = _args(preshared_high, "mpi-node-engine-config", "file.serialize")
     wanted = {"storage_path": "/data/cluster", "job_root": "/var/local/mpi-jobs",
               "health": 10, "revision": _engine_revision_of_this_tree(tmp_path)}
-    assert config["dataset"] == {"engines": [{"mpi_node": wanted}]}
+    # The minion runs DockerMPI's calls in threads, where its library stays loaded.
+    assert config["dataset"] == {"multiprocessing": False, "engines": [{"mpi_node": wanted}]}
     restart = _args(preshared_high, "mpi-node-engine-minion-restart", "module.run")
     unless = restart["unless"][0]
-    assert unless.pop("fun") == "mpi_job.node_engine_running" and unless == wanted
+    assert unless.pop("fun") == "mpi_job.node_engine_running"
+    assert unless == dict(wanted, multiprocessing=False)
     # Nothing of the highstate may still run when the minion restarts.
     assert restart["order"] == "last"
+    # saltutil.kill_job of a call in a thread signals the minion itself: it comes back.
+    policy = _args(preshared_high, "mpi-node-minion-restarts-always", "file.managed")
+    assert policy["name"] == "/etc/systemd/system/salt-minion.service.d/dockermpi.conf"
+    assert "Restart=always" in policy["contents"].splitlines()
+    reload = _args(preshared_high, "mpi-node-minion-restarts-always-loaded", "module.run")
+    assert reload["cmd.run_all"][0]["cmd"] == ["systemctl", "daemon-reload"]
+    assert reload["onchanges"] == [{"file": "mpi-node-minion-restarts-always"}]
 
 
 def test_job_network_on_cluster_network_after_docker_service(nfs_high):

@@ -711,6 +711,20 @@ def test_a_minion_whose_engine_predates_health_reports_is_not_running_the_wanted
         assert mpi_job.node_engine_running("/srv/dockermpi", health=10)
 
 
+def test_a_minion_running_its_calls_in_processes_is_not_the_wanted_one_until_it_restarts():
+    engines = [{"mpi_node": {"storage_path": "/srv/dockermpi",
+                             "job_root": "/var/lib/dockermpi/jobs"}}]
+    with patch.dict(mpi_job.__opts__, {"engines": engines}):
+        # Salt's default, read at the minion's start: processes.
+        mpi_job.__opts__.pop("multiprocessing", None)
+        assert mpi_job.node_engine_running("/srv/dockermpi")
+        assert not mpi_job.node_engine_running("/srv/dockermpi", multiprocessing=False)
+        mpi_job.__opts__["multiprocessing"] = False
+        assert mpi_job.node_engine_running("/srv/dockermpi", multiprocessing=False)
+        assert not mpi_job.node_engine_running("/srv/dockermpi", multiprocessing=True)
+        assert not mpi_job.node_engine_running("/srv/other", multiprocessing=False)
+
+
 def test_a_minion_started_before_the_engines_code_changed_is_not_running_the_wanted_engine(
         tmp_path):
     from dmpi.node.revision import engine_revision

@@ -11,7 +11,11 @@
     shared storage, images) is in the configuration so that nodes whose engine predates
     health reports restart into one that sends them: the master schedules no job on a
     node without them. `revision` is the digest of the engine's code as synced for this
-    run (mpi_config.engine_revision): an upgrade of DockerMPI restarts the minion into it. #}
+    run (mpi_config.engine_revision): an upgrade of DockerMPI restarts the minion into it.
+    `multiprocessing: False`: the minion runs each call (a job's start and clean-up, every
+    read of a followed job's output) in a thread of its own process, where DockerMPI's
+    library and the Docker SDK stay loaded, instead of a new process that loads them
+    again (docs/benchmarks.md has what it saves). #}
 {%- set engine_revision = salt['mpi_config.engine_revision']() %}
 
 include:
@@ -33,6 +37,7 @@ mpi-node-engine-config:
     - serializer: yaml
     - mode: '0644'
     - dataset:
+        multiprocessing: False
         engines:
           - mpi_node:
               storage_path: {{ mpi.storage.path | json }}
@@ -42,6 +47,33 @@ mpi-node-engine-config:
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-jobs-root-directory
+
+{#- In threads, Salt's saltutil.kill_job signals the call's pid, which is the minion's own
+    (and its children's, the engine included). Salt's packaged unit does not restart the
+    minion: with this it comes back two seconds later instead of leaving the node silent
+    until someone starts it, and a silent node's jobs are kept while its host answers
+    (mpi:engine:silent_grace). #}
+mpi-node-minion-restarts-always:
+  file.managed:
+    - name: /etc/systemd/system/salt-minion.service.d/dockermpi.conf
+    - makedirs: True
+    - mode: '0644'
+    - contents: |
+        [Service]
+        Restart=always
+        RestartSec=2
+    - require:
+      - sls: {{ tplroot }}.config
+
+mpi-node-minion-restarts-always-loaded:
+  module.run:
+    - cmd.run_all:
+      - cmd: [systemctl, daemon-reload]
+      - python_shell: False
+    - onchanges:
+      - file: mpi-node-minion-restarts-always
+    - require:
+      - sls: {{ tplroot }}.config
 
 mpi-node-engine-minion-restart:
   module.run:
@@ -59,6 +91,7 @@ mpi-node-engine-minion-restart:
         job_root: {{ mpi.job_root | json }}
         health: 10
         revision: {{ engine_revision | json }}
+        multiprocessing: False
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-engine-config
