@@ -1409,8 +1409,12 @@ print("kit ready", flush=True)
 
     def started(self, host, unit):
         """When ``unit`` last started on ``host`` (systemd's monotonic timestamp, as text)."""
-        _, found = self.exec(host, ["systemctl", "show", unit, "--value",
-                                    "-p", "ActiveEnterTimestampMonotonic"])
+        return self.unit_property(host, unit, "ActiveEnterTimestampMonotonic")
+
+    def unit_property(self, host, unit, name):
+        """A property of systemd ``unit`` on ``host`` (``systemctl show``), as text."""
+        _, found = self.exec(host, ["systemctl", "show", unit, "--value", "-p", name],
+                             stdout_only=True)
         return found.strip()
 
     def _highstate(self, minions, test=False):

@@ -92,23 +92,18 @@ def test_a_silent_minion_whose_host_answers_leaves_its_running_job_alone(cluster
     assert "answers on port" in silences[0]["host"]
 
 
-def _minion_property(cluster, node, name):
-    return cluster.exec(node, ["systemctl", "show", "-p", name, "--value", "salt-minion"],
-                        stdout_only=True)[1].strip()
-
-
 def test_an_admins_kill_job_on_a_node_brings_its_minion_back_and_leaves_its_job_alone(
         cluster, restore):
     # The nodes' minions run calls in threads (multiprocessing: False), where Salt's
     # saltutil.kill_job signals the minion's own process: systemd must bring it back,
     # whatever the unit Salt's package or the site installed says.
-    assert _minion_property(cluster, "node2", "Restart") == "always"
+    assert cluster.unit_property("node2", "salt-minion", "Restart") == "always"
     tag = f"go-kill-job-{int(time.time())}"
     job_id = submit(cluster, np=4, slots_per_node=2, nodes="node1,node2", cmd=held(tag),
                     walltime="3m", user="maint-kill-job")
     wait_for(cluster, job_id, ("running",), 30)
     restore(("node2", ["systemctl", "start", "salt-minion"]))
-    before = _minion_property(cluster, "node2", "MainPID")
+    before = cluster.unit_property("node2", "salt-minion", "MainPID")
     _, said = cluster.exec("master", ["salt", "node2", "test.sleep", "300", "--async"],
                            stdout_only=True)
     jid = said.split()[-1]
@@ -119,7 +114,7 @@ def test_an_admins_kill_job_on_a_node_brings_its_minion_back_and_leaves_its_job_
         time.sleep(0.5)
     cluster.exec("master", ["salt", "node2", "saltutil.kill_job", jid], check=False)
     deadline = time.monotonic() + 60
-    while _minion_property(cluster, "node2", "MainPID") in (before, "0", ""):
+    while cluster.unit_property("node2", "salt-minion", "MainPID") in (before, "0", ""):
         assert time.monotonic() < deadline, "node2's minion did not come back"
         time.sleep(0.5)
     deadline = time.monotonic() + 60

@@ -19,9 +19,7 @@ IMAGES_PILLAR = "/srv/pillar-local/testcluster_images.sls"
 
 
 def _dockerd_pid(cluster, node):
-    _, out = cluster.exec(node, ["systemctl", "show", "-p", "MainPID", "--value", "docker"],
-                          stdout_only=True)
-    return out.strip()
+    return cluster.unit_property(node, "docker", "MainPID")
 
 
 def test_a_highstate_that_restarts_dockerd_leaves_a_running_job_running(cluster):
