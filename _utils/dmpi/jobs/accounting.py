@@ -43,11 +43,6 @@ def history_row(record):
     }
 
 
-def in_window(row, since=None, until=None):
-    """Whether an ended job's row ended in ``[since, until)``."""
-    return (since is None or row["ended"] >= since) and (until is None or row["ended"] < until)
-
-
 def _empty():
     return {"jobs": {state: 0 for state in FINAL}, "core_hours": 0.0, "elapsed": 0.0,
             "queue_wait_mean": None, "queue_wait_max": None, "_waits": []}

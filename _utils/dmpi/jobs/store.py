@@ -19,7 +19,11 @@ import time
 from dmpi.contract import FINAL, STATES
 from dmpi.errors import StoreError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+
+#: When a job ended, for history windows: its end, or its submission for a record without
+#: one. The index and the queries spell it the same, so SQLite uses the index.
+_ENDED = "COALESCE(json_extract(record, '$.ended'), json_extract(record, '$.submitted'))"
 
 _OPENED = {}  # path -> ((st_dev, st_ino) of the file, JobStore): open_store's
 _OPENED_LOCK = threading.Lock()
@@ -36,6 +40,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user, seq);
+CREATE INDEX IF NOT EXISTS jobs_user_ended ON jobs (user, """ + _ENDED + """);
 CREATE TABLE IF NOT EXISTS nodes (
     id TEXT PRIMARY KEY,
     last_seen REAL NOT NULL,
@@ -88,6 +93,8 @@ CREATE TABLE IF NOT EXISTS drains (
     4: "CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user, seq);\n",
     # 6: no port slots: each job has a network namespace and addresses of its own.
     5: "ALTER TABLE jobs DROP COLUMN port_slot;\n",
+    # 7: a user's history in a window is found by index, however long the history.
+    6: f"CREATE INDEX IF NOT EXISTS jobs_user_ended ON jobs (user, {_ENDED});\n",
 }
 
 
@@ -192,21 +199,24 @@ class JobStore:
             "SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchall()
         return json.loads(rows[0][0]) if rows else None
 
-    def jobs(self, states=None, user=None, conn=None, keys=None):
-        """Records in submission order, optionally only these states / this user; with
-        ``keys`` (names of top-level fields), only those
+    def jobs(self, states=None, user=None, conn=None, keys=None, ended_in=None):
+        """Records in submission order, optionally only these states / this user, and
+        with ``ended_in`` (``(since, until)``, either None) only those that ended in
+        ``[since, until)`` (a record without ``ended`` by its ``submitted``), filtered by
+        SQLite; with ``keys`` (names of top-level fields), only those
         fields of each (None where a record has none), picked out by SQLite, so the
         rest of each record is never decoded."""
         if keys:
             if not all(isinstance(key, str) and key.isidentifier() for key in keys):
                 raise ValueError(f"keys must be field names, got {list(keys)!r}"[:200])
-            return self._fields(tuple(keys), states, user, conn)
-        return [record for _, record in self._select(states, user, conn=conn)]
+            return self._fields(tuple(keys), states, user, conn, ended_in)
+        return [record for _, record in self._select(states, user, conn=conn,
+                                                     ended_in=ended_in)]
 
-    def _fields(self, keys, states, user, conn):
+    def _fields(self, keys, states, user, conn, ended_in):
         # json_extract of two paths or more answers a JSON array of their values.
         paths = [f"$.{key}" for key in keys + keys[:1] * (len(keys) == 1)]
-        query, args = self._where(states, user, None)
+        query, args = self._where(states, user, None, ended_in)
         rows = (conn or self._reader()).execute(
             f"SELECT json_extract(record{', ?' * len(paths)}) FROM jobs{query} ORDER BY seq",
             paths + args).fetchall()
@@ -218,15 +228,15 @@ class JobStore:
         without reading every record again."""
         return self._select(states, after=int(seq))
 
-    def _select(self, states=None, user=None, after=None, conn=None):
+    def _select(self, states=None, user=None, after=None, conn=None, ended_in=None):
         """``[(seq, record)]`` in submission order, filtered as :meth:`jobs` says."""
-        query, args = self._where(states, user, after)
+        query, args = self._where(states, user, after, ended_in)
         rows = (conn or self._reader()).execute(
             f"SELECT seq, record FROM jobs{query} ORDER BY seq", args).fetchall()
         return [(row[0], json.loads(row[1])) for row in rows]
 
     @staticmethod
-    def _where(states, user, after):
+    def _where(states, user, after, ended_in=None):
         """(`` WHERE ...`` or "", its arguments) of :meth:`_select`'s filters."""
         query, args, clauses = "", [], []
         if states:
@@ -238,6 +248,11 @@ class JobStore:
         if after is not None:
             clauses.append("seq > ?")
             args.append(after)
+        since, until = ended_in or (None, None)
+        for bound, operator in ((since, ">="), (until, "<")):
+            if bound is not None:
+                clauses.append(f"{_ENDED} {operator} ?")
+                args.append(float(bound))
         if clauses:
             query = " WHERE " + " AND ".join(clauses)
         return query, args

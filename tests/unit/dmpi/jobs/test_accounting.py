@@ -71,13 +71,6 @@ def test_usage_of_nothing_is_zero():
         "core_hours": 0.0, "elapsed": 0.0, "queue_wait_mean": None, "queue_wait_max": None}}
 
 
-def test_window_is_half_open_on_the_end_time():
-    row = {"ended": 100.0}
-    assert accounting.in_window(row, 100.0, 101.0)
-    assert not accounting.in_window(row, None, 100.0)
-    assert accounting.in_window(row)
-
-
 def test_csv_has_a_header_and_one_line_per_job_with_commas_quoted():
     rows = [accounting.history_row(_job("j1", "alice", "failed", 2, 0.0, 1.0, 3.0,
                                          reason="rank 1 exited with code 3, badly"))]

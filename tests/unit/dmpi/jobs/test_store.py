@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from dmpi.contract import FINAL
 from dmpi.jobs import store as job_store
 
 
@@ -299,8 +300,8 @@ def test_a_version_3_store_is_migrated_with_its_records_intact(tmp_path):
     store.drain("node1", "maintenance")
     assert job_store.open_store(str(path)).drains()["node1"]["reason"] == "maintenance"
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == job_store.SCHEMA_VERSION == 6
-    assert "jobs_user" in {r[0] for r in conn.execute(
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == job_store.SCHEMA_VERSION == 7
+    assert {"jobs_user", "jobs_user_ended"} <= {r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'index'")}
     conn.close()
 
@@ -406,6 +407,35 @@ def test_jobs_with_keys_gives_those_fields_as_whole_records_hold_them(store):
     assert full[0]["submitted"] == 1764686400.1234567 and full[1]["submitted"] == 0.1 + 0.2
     assert store.jobs(states=["running"], user="alice", keys=["job_id"]) == [{"job_id": "a1"}]
     assert store.jobs(user="carol", keys=keys) == []
+
+
+def test_jobs_ended_in_a_window_are_picked_by_their_end_half_open_on_its_end(store):
+    store.add(_record("early", submitted=10.0, ended=99.5, state="succeeded"))
+    store.add(_record("on-since", submitted=20.0, ended=100.0, state="failed"))
+    store.add(_record("on-until", submitted=30.0, ended=200.0, state="succeeded"))
+    store.add(_record("never-ran", submitted=150.0, state="cancelled"))  # ends as submitted
+    store.add(_record("bob-in", user="bob", submitted=40.0, ended=120.0, state="failed"))
+
+    def ids(**given):
+        return [r["job_id"] for r in store.jobs(keys=("job_id",), **given)]
+
+    assert ids(ended_in=(100.0, 200.0)) == ["on-since", "never-ran", "bob-in"]
+    assert ids(ended_in=(100.0, 200.0), user="alice", states=["failed", "cancelled"]) == [
+        "on-since", "never-ran"]
+    assert ids(ended_in=(None, 100.0)) == ["early"]
+    assert ids(ended_in=(200.0, None)) == ["on-until"]
+    assert ids(ended_in=(None, None)) == ids() == [
+        "early", "on-since", "on-until", "never-ran", "bob-in"]
+    assert [r["job_id"] for r in store.jobs(ended_in=(150.0, 150.5))] == ["never-ran"]
+
+
+def test_a_users_window_of_history_is_searched_by_index_not_read_whole(store):
+    # The planner must find the index's expression in the query: a user with years of
+    # jobs asks for last week's without SQLite decoding every record of theirs.
+    query, args = store._where(list(FINAL), "alice", None, (100.0, 200.0))
+    plan = " ".join(str(row[-1]) for row in sqlite3.connect(store.path).execute(
+        f"EXPLAIN QUERY PLAN SELECT record FROM jobs{query} ORDER BY seq", args))
+    assert "USING INDEX jobs_user_ended" in plan, plan
 
 
 # -------------------------------------------------------------------------- drains
@@ -521,13 +551,24 @@ CREATE TABLE drains (
 
 _SCHEMA_V5_ADDS = "CREATE INDEX jobs_user ON jobs (user, seq);\n"
 _SCHEMA_V6_CHANGES = "ALTER TABLE jobs DROP COLUMN port_slot;\n"
+_SCHEMA_V7_ADDS = ("CREATE INDEX jobs_user_ended ON jobs (user, COALESCE(json_extract("
+                   "record, '$.ended'), json_extract(record, '$.submitted')));\n")
 
 
-def test_todays_schema_is_version_6_as_frozen_here(tmp_path):
-    """If this fails the schema changed: add a migration from 6 and a frozen copy of 7."""
+def _index_sql(conn):
+    """Each index's expression, spaces and case aside (index_info names no expression)."""
+    return {name: " ".join(sql.upper().replace("CREATE INDEX IF NOT EXISTS",
+                                               "CREATE INDEX").split())
+            for name, sql in conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
+
+
+def test_todays_schema_is_version_7_as_frozen_here(tmp_path):
+    """If this fails the schema changed: add a migration from 7 and a frozen copy of 8."""
     store = job_store.open_store(str(tmp_path / "new.sqlite"))
     frozen = sqlite3.connect(":memory:")
-    frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS + _SCHEMA_V5_ADDS + _SCHEMA_V6_CHANGES)
+    frozen.executescript(_SCHEMA_V3 + _SCHEMA_V4_ADDS + _SCHEMA_V5_ADDS + _SCHEMA_V6_CHANGES
+                         + _SCHEMA_V7_ADDS)
 
     def columns(conn):
         tables = [r[0] for r in conn.execute(
@@ -540,7 +581,8 @@ def test_todays_schema_is_version_6_as_frozen_here(tmp_path):
 
     with store._connect() as conn:
         assert columns(conn) == columns(frozen)
-    assert job_store.SCHEMA_VERSION == 6
+        assert _index_sql(conn) == _index_sql(frozen)
+    assert job_store.SCHEMA_VERSION == 7
 
 
 def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_moves_on(
@@ -557,8 +599,8 @@ def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_m
     conn.close()
     # Today's steps from 3 and one after them that adds a column: every step must keep
     # every record.
-    monkeypatch.setattr(job_store, "SCHEMA_VERSION", 7)
-    monkeypatch.setitem(job_store._MIGRATIONS, 6, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
+    monkeypatch.setattr(job_store, "SCHEMA_VERSION", 8)
+    monkeypatch.setitem(job_store._MIGRATIONS, 7, "ALTER TABLE jobs ADD COLUMN ended REAL;\n")
     store = job_store.open_store(path)
     record = store.get("j1")
     assert (record["state"], record["ended"]) == ("succeeded", 5.0)
@@ -568,7 +610,7 @@ def test_a_version_3_store_is_migrated_with_its_records_intact_when_the_schema_m
                                       "identity": "alice@hub"}
     assert store.user_uid("bob", 100000, 100009) == (100001, True)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 8
     assert [r[1] for r in conn.execute("PRAGMA table_info(jobs)")] == [
         "seq", "id", "user", "state", "record", "ended"]
     conn.close()

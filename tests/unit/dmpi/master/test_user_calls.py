@@ -151,6 +151,20 @@ def test_usage_shows_each_users_fair_share_standing_a_hub_user_only_their_own(si
     assert "fair_share" not in user_calls.usage(site, ALICE, until=time.time())
 
 
+def test_history_is_the_callers_jobs_that_ended_in_the_window_oldest_first(site, jobs):
+    alice_job, bob_job = jobs
+    store = site.store()
+    store.transition(alice_job, "failed", ended=2000.0)
+    store.transition(bob_job, "succeeded", ended=2500.0)
+    assert [r["job_id"] for r in user_calls.history(site, ALICE)] == [alice_job]
+    assert user_calls.history(site, ALICE, since=2000.5) == []
+    assert user_calls.history(site, ALICE, until=2000.0) == []  # the end is open
+    assert [r["job_id"] for r in user_calls.history(
+        site, user_calls.ADMIN, since=1000, until=3000)] == [alice_job, bob_job]
+    assert [r["job_id"] for r in user_calls.history(
+        site, user_calls.ADMIN, since="1970-01-01T00:40")] == [bob_job]  # 2400 s
+
+
 GLUSTER_CONFIG = dmpi.settings.validate(dmpi.settings.merge(CONFIG, {"storage": {
     "type": "glusterfs", "glusterfs": {"server": "10.251.1.6"},
     "quota": {"size_mb": 100, "files": 1000, "users": {"bob": {"size_mb": 5}}}}}))
