@@ -16,7 +16,12 @@
     read of a followed job's output) in a thread of its own process, where DockerMPI's
     library and the Docker SDK stay loaded, instead of a new process that loads them
     again (docs/benchmarks.md has what it saves). #}
-{%- set engine_revision = salt['mpi_config.engine_revision']() %}
+{#- The engine's settings and the minion's, named once: its configuration and the
+    restart's check must say the same, or the minion restarts at every highstate. #}
+{%- set engine_settings = {"storage_path": mpi.storage.path, "job_root": mpi.job_root,
+                           "health": 10,
+                           "revision": salt['mpi_config.engine_revision']()} %}
+{%- set minion_settings = {"multiprocessing": False} %}
 
 include:
   - {{ tplroot }}.config
@@ -36,14 +41,7 @@ mpi-node-engine-config:
     - name: /etc/salt/minion.d/dockermpi-engine.conf
     - serializer: yaml
     - mode: '0644'
-    - dataset:
-        multiprocessing: False
-        engines:
-          - mpi_node:
-              storage_path: {{ mpi.storage.path | json }}
-              job_root: {{ mpi.job_root | json }}
-              health: 10
-              revision: {{ engine_revision | json }}
+    - dataset: {{ dict(minion_settings, engines=[{"mpi_node": engine_settings}]) | json }}
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-jobs-root-directory
@@ -86,12 +84,7 @@ mpi-node-engine-minion-restart:
       - python_shell: False
     - order: last
     - unless:
-      - fun: mpi_job.node_engine_running
-        storage_path: {{ mpi.storage.path | json }}
-        job_root: {{ mpi.job_root | json }}
-        health: 10
-        revision: {{ engine_revision | json }}
-        multiprocessing: False
+      - {{ dict(engine_settings, fun="mpi_job.node_engine_running", **minion_settings) | json }}
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-engine-config
