@@ -295,9 +295,9 @@ def _mounts(cluster, node):
 
 def _unstack(cluster, node, count):
     """Unmount what was stacked on the storage path above its ``count`` mounts. A bind
-    still busy (a lookup in flight on a loaded machine) is tried again, and detached
-    lazily if it stays busy: the node's storage must be writable again whatever the test
-    found, or every later test on the node fails for this one."""
+    still busy (a process with a file or its working directory on it) is tried again,
+    and detached lazily if it stays busy: the node's storage must be writable again
+    whatever the test found, or every later test on the node fails for this one."""
     deadline = time.monotonic() + 30
     while _mounts(cluster, node) > count:
         code, said = cluster.exec(node, ["umount", STORAGE], check=False)
