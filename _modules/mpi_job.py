@@ -237,44 +237,6 @@ def cleanup(job_id, job_root, status=None, status_node=None, storage_path=None, 
                                 storage_path, user, uid, gid, standby)
 
 
-def node_engine_running(storage_path, job_root="/var/lib/dockermpi/jobs", health=None,
-                        revision=None, multiprocessing=None):
-    """
-    Whether this minion was started with the ``mpi_node`` engine configured for these
-    paths (minion engines are read at start only, so a newer configuration needs a
-    restart of the minion).
-
-    health
-        The seconds between health looks the engine should run with, when its
-        configuration names them (since it reports health: a minion started before that
-        runs an engine without it, and restarts).
-    revision
-        The engine code's revision (:func:`mpi_config.engine_revision
-        <_modules.mpi_config.engine_revision>`), when its configuration names it.
-    multiprocessing
-        When given, whether the minion must run its calls in processes of their own
-        (True, Salt's default) or in threads (False); read at start only, like engines.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt '*' mpi_job.node_engine_running /srv/dockermpi health=10 revision=0123abcd multiprocessing=False
-    """
-    if multiprocessing is not None and \
-            bool(__opts__.get("multiprocessing", True)) != bool(multiprocessing):
-        return False
-    wanted = {"storage_path": storage_path, "job_root": job_root}
-    if health is not None:
-        wanted["health"] = health
-    if revision is not None:
-        wanted["revision"] = revision
-    for engine in __opts__.get("engines") or []:
-        if isinstance(engine, dict) and engine.get("mpi_node") == wanted:
-            return True
-    return False
-
-
 @_salt_errors
 def jobs(job_root="/var/lib/dockermpi/jobs"):
     """

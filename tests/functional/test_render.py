@@ -417,7 +417,7 @@ def test_the_node_engine_runs_with_health_reports_and_restarts_the_minion_until_
     assert config["dataset"] == {"multiprocessing": False, "engines": [{"mpi_node": wanted}]}
     restart = _args(preshared_high, "mpi-node-engine-minion-restart", "module.run")
     unless = restart["unless"][0]
-    assert unless.pop("fun") == "mpi_job.node_engine_running"
+    assert unless.pop("fun") == "mpi_config.node_engine_running"
     assert unless == dict(wanted, multiprocessing=False)
     # Nothing of the highstate may still run when the minion restarts.
     assert restart["order"] == "last"

@@ -37,6 +37,7 @@ STDERR_DATA = REPO / "tests" / "unit" / "dmpi" / "launch" / "data" / "mpirun"
 
 
 mpi_job = load_extension("_modules/mpi_job.py", "mpi_job_module")
+mpi_config = load_extension("_modules/mpi_config.py", "mpi_config_module")
 
 JOB = "20261130-120000-abcdef"
 OTHER_JOB = "20261130-120001-012345"
@@ -47,7 +48,7 @@ OWN = "127.0.0.9"
 
 @pytest.fixture
 def configure_loader_modules():
-    return {mpi_job: {"__opts__": {"id": "node1"}}}
+    return {mpi_job: {"__opts__": {"id": "node1"}}, mpi_config: {"__opts__": {"id": "node1"}}}
 
 
 @pytest.fixture(autouse=True)
@@ -704,25 +705,25 @@ def test_a_hanging_storage_check_is_reported_and_not_waited_for_again(storage, m
 
 def test_a_minion_whose_engine_predates_health_reports_is_not_running_the_wanted_engine():
     old = {"storage_path": "/srv/dockermpi", "job_root": "/var/lib/dockermpi/jobs"}
-    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": old}]}):
-        assert mpi_job.node_engine_running("/srv/dockermpi")
-        assert not mpi_job.node_engine_running("/srv/dockermpi", health=10)
-    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": dict(old, health=10)}]}):
-        assert mpi_job.node_engine_running("/srv/dockermpi", health=10)
+    with patch.dict(mpi_config.__opts__, {"engines": [{"mpi_node": old}]}):
+        assert mpi_config.node_engine_running("/srv/dockermpi")
+        assert not mpi_config.node_engine_running("/srv/dockermpi", health=10)
+    with patch.dict(mpi_config.__opts__, {"engines": [{"mpi_node": dict(old, health=10)}]}):
+        assert mpi_config.node_engine_running("/srv/dockermpi", health=10)
 
 
 def test_a_minion_running_its_calls_in_processes_is_not_the_wanted_one_until_it_restarts():
     engines = [{"mpi_node": {"storage_path": "/srv/dockermpi",
                              "job_root": "/var/lib/dockermpi/jobs"}}]
-    with patch.dict(mpi_job.__opts__, {"engines": engines}):
+    with patch.dict(mpi_config.__opts__, {"engines": engines}):
         # Salt's default, read at the minion's start: processes.
-        mpi_job.__opts__.pop("multiprocessing", None)
-        assert mpi_job.node_engine_running("/srv/dockermpi")
-        assert not mpi_job.node_engine_running("/srv/dockermpi", multiprocessing=False)
-        mpi_job.__opts__["multiprocessing"] = False
-        assert mpi_job.node_engine_running("/srv/dockermpi", multiprocessing=False)
-        assert not mpi_job.node_engine_running("/srv/dockermpi", multiprocessing=True)
-        assert not mpi_job.node_engine_running("/srv/other", multiprocessing=False)
+        mpi_config.__opts__.pop("multiprocessing", None)
+        assert mpi_config.node_engine_running("/srv/dockermpi")
+        assert not mpi_config.node_engine_running("/srv/dockermpi", multiprocessing=False)
+        mpi_config.__opts__["multiprocessing"] = False
+        assert mpi_config.node_engine_running("/srv/dockermpi", multiprocessing=False)
+        assert not mpi_config.node_engine_running("/srv/dockermpi", multiprocessing=True)
+        assert not mpi_config.node_engine_running("/srv/other", multiprocessing=False)
 
 
 def test_a_minion_started_before_the_engines_code_changed_is_not_running_the_wanted_engine(
@@ -746,10 +747,10 @@ def test_a_minion_started_before_the_engines_code_changed_is_not_running_the_wan
     assert len(set(revisions)) == 5 and all(len(r) == 16 for r in revisions)
     running = {"storage_path": "/srv/dockermpi", "job_root": "/var/lib/dockermpi/jobs",
                "health": 10, "revision": revisions[0]}
-    with patch.dict(mpi_job.__opts__, {"engines": [{"mpi_node": running}],
+    with patch.dict(mpi_config.__opts__, {"engines": [{"mpi_node": running}],
                                        "extension_modules": str(tmp_path)}):
-        assert mpi_job.node_engine_running("/srv/dockermpi", health=10, revision=revisions[0])
-        assert not mpi_job.node_engine_running("/srv/dockermpi", health=10,
+        assert mpi_config.node_engine_running("/srv/dockermpi", health=10, revision=revisions[0])
+        assert not mpi_config.node_engine_running("/srv/dockermpi", health=10,
                                                revision=revisions[-1])
 
 

@@ -84,7 +84,7 @@ mpi-node-engine-minion-restart:
       - python_shell: False
     - order: last
     - unless:
-      - {{ dict(engine_settings, fun="mpi_job.node_engine_running", **minion_settings) | json }}
+      - {{ dict(engine_settings, fun="mpi_config.node_engine_running", **minion_settings) | json }}
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-node-engine-config
