@@ -73,9 +73,8 @@ DEFAULTS = {
     "probe_timeout": 0.5,
     "failures": 2,
 }
-# Container events after which the node's evidence has changed (``exec_die``: a job's
-# mpirun, an exec in its worker, ended).
-_CHANGES = ("start", "die", "destroy", "oom", "kill", "exec_die")
+# Container events after which the node's evidence has changed.
+_CHANGES = ("start", "die", "destroy", "oom", "kill")
 # Image events after which the node's health (the images it holds) has changed.
 _IMAGE_CHANGES = ("pull", "load", "import", "tag", "untag", "delete")
 

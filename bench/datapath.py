@@ -6,7 +6,7 @@ and prints both side by side (medians of ``--repeat`` runs):
 
 dockermpi
     a real job, ``salt-run mpi.submit ... np=2 nodes=node1,node2 slots_per_node=1``:
-    rank 0 in the job's worker on node1 (beside mpirun), rank 1 in its worker on node2, each
+    rank 0 in the job's launcher container on node1, rank 1 in its worker on node2, each
     in the job's own network namespace with an address on the Docker macvlan network
     (``job_addresses``), behind the job's own iptables. Figures come from the job's
     stdout. Each repeat is a new job, waited for with one ``mpi.wait`` that blocks in
@@ -25,8 +25,8 @@ host
     cluster network, OOB ports 20298-20299 and BTL ports 20900-20999 (inside the MPI
     port ranges the node firewall accepts from the cluster network). Each repeat is one
     mpirun in the same two containers. They have no CPU limit unless ``--cpus`` gives
-    one (a job's containers get ``cpus_per_slot`` per rank, 1 CPU here, and node1's
-    runs mpirun beside rank 0 within it).
+    one (a job's containers get ``cpus_per_slot`` per rank, 1 CPU here, and the
+    launcher's runs mpirun beside rank 0 within it).
 
 The ping-pong (rank 0 sends, rank 1 sends back, blocking ``Send``/``Recv``) measures
 
@@ -38,7 +38,7 @@ bandwidth
     MB/s (10^6 bytes), over ``--bw-iters`` round trips after warm-up.
 
 ``--pair within`` puts both ranks on node1 instead (``np=2 nodes=node1
-slots_per_node=2``: both in the job's worker on node1; on the host side both in
+slots_per_node=2``: both in the job's launcher container; on the host side both in
 node1's container, mpirun starting them locally): the figures are then shared memory's,
 named ``datapath_within_*``. Both sides use Open MPI's ``vader`` BTL there, with
 ``btl_vader_single_copy_mechanism none`` (``mca_params``): messages go through a shared

@@ -15,14 +15,14 @@ plain
     (``sleep 600``, ``salt-run mpi.submit ... nodes=<list> slots_per_node=2``) is queued
     and waited for until ``mpi.status`` says running. Its containers sit in the job's own
     network namespaces (``job_addresses``) and run as the user's own uid. The mpirun of
-    its launcher (the exec in ``dmpi-<job>-worker`` on the first node whose id the start
-    keeps in the job's secret directory; this script checks its command is
-    ``dmpi.launch.openmpi.mpi_argv`` of the job's settings, that the hostfile in
+    its launcher container's command (``docker inspect dmpi-<job>-launcher``; this script
+    checks it is ``dmpi.launch.openmpi.mpi_argv`` of the job's settings, that the hostfile in
     ``/run/dockermpi`` lists the job's addresses and that the program file there is the
     job's) is run again with ``/bin/sh /run/dockermpi/program`` replaced by ``hostname``
     (the baseline is not user input, so its argv goes to mpirun directly): as the job's
-    uid, with the job's keys and hostfile, timed by Python *inside* that worker (in the
-    job's namespace, with the limits the launch's mpirun gets); then the job is
+    uid, with the job's keys and hostfile, timed by Python *inside* the launcher
+    container on the first node (in the job's namespace, with the limits the launch's
+    mpirun gets; the worker beside it there gets only half a CPU); then the job is
     cancelled. mpirun binds every free port of its OOB range, so the job's own mpirun
     holds the whole OOB range in that namespace: the plain mpirun gets the top 100 ports
     of the job's BTL range for its OOB instead (free: the job's ranks only sleep) and the
@@ -73,7 +73,6 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-import dmpi.contract  # noqa: E402
 import dmpi.launch.files  # noqa: E402
 import dmpi.launch.flavours  # noqa: E402
 import dmpi.launch.openmpi  # noqa: E402
@@ -88,14 +87,9 @@ PROGRAM = ["hostname"]
 BASE_CMD = ["sleep", "600"]
 WALLTIME = "2m"         # bounds each launch and the baseline job in the runner
 T_LAUNCH = 150          # salt-run mpi.launch inside the master (walltime + slack)
-T_MPIRUN = 60           # plain mpirun inside the worker that runs the launcher
+T_MPIRUN = 60           # plain mpirun inside the launcher container
 T_RUNNING = 60          # baseline job: queued -> running
 RUN_DIR = dmpi.launch.ssh.DEFAULT_RUN_DIR  # the job's keys, hostfile and program file
-JOB_ROOT = dmpi.contract.DEFAULT_JOB_ROOT  # the test cluster keeps mpi:job_root's default
-NODE_PYTHON = "/opt/saltstack/salt/bin/python3"  # the minion's, with the Docker SDK
-# What Docker says of an exec (its command and user), by its id.
-EXEC_INSPECT = ("import docker, json, sys; "
-                "print(json.dumps(docker.from_env().api.exec_inspect(sys.argv[1])))")
 PLAIN_OOB_PORTS = 100   # OOB ports of the plain mpirun, the top of the job's BTL range
 SHORT = {"repeat": 1, "nodes": "3"}  # what --short (CI) sets: every side once, all nodes
 
@@ -263,19 +257,18 @@ class Baseline:
         uid = job.get("uid")
         if isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0:
             raise BenchError(f"baseline job record has no user uid: uid={uid!r}")
-        # The first node's worker runs the job's mpirun (an exec) and this node's ranks
-        # in the job's namespace, with the job's keys in RUN_DIR and the launch's limits.
+        # The launcher container runs the job's mpirun (and this node's ranks) in the
+        # job's namespace, with the job's keys in RUN_DIR and the launch's limits (the
+        # worker beside it on this node gets small ones, half a CPU).
         self.node = next(iter(job["placement"]))
-        self.container = f"dmpi-{self.job_id}-worker"
-        exec_id = node_exec(self.node, ["cat", posixpath.join(
-            JOB_ROOT, self.job_id, dmpi.contract.LAUNCHER_EXEC_FILE)]).stdout.strip()
-        config = json.loads(node_exec(self.node, [NODE_PYTHON, "-c", EXEC_INSPECT,
-                                                  exec_id]).stdout)["ProcessConfig"]
+        self.container = f"dmpi-{self.job_id}-launcher"
+        inspect = node_exec(self.node, ["docker", "inspect", self.container])
+        config = json.loads(inspect.stdout)[0]["Config"]
         self.user = f"{uid}:{uid}"
-        if config.get("user") != self.user:
-            raise BenchError(f"launcher runs as {config.get('user')!r}, not the job's user "
+        if config.get("User") != self.user:
+            raise BenchError(f"launcher runs as {config.get('User')!r}, not the job's user "
                              f"{self.user}")
-        command = [config.get("entrypoint")] + (config.get("arguments") or [])
+        command = (config.get("Entrypoint") or []) + (config.get("Cmd") or [])
         script = ["/bin/sh", "-c", dmpi.launch.flavours.LAUNCHER_SCRIPT, "sh"]
         # The script, the output paths, then mpirun (by the path the image's probe found).
         real = command[len(script) + 2:]
@@ -326,7 +319,7 @@ class Baseline:
             f"BTL {plain_btl[0]}-{plain_btl[1]}")
 
     def read(self, path):
-        """A file as the job's user sees it in the worker that runs mpirun."""
+        """A file as the job's user sees it in the launcher container."""
         return node_exec(self.node, ["docker", "exec", "--user", self.user, self.container,
                                      "cat", path]).stdout
 

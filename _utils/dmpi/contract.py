@@ -56,13 +56,10 @@ STATES = UNENDED + FINAL
 #: The tag every job transition is fired under on the master's event bus.
 JOB_EVENT_TAG = "mpi/job/{job_id}/{state}"
 
-#: A job's container on a node: ``dmpi-<job id>-worker`` (sshd and the ranks; on the
-#: job's first node mpirun too, as an exec in it).
-CONTAINER_ROLES = ("worker",)
+#: A job's containers on a node: ``dmpi-<job id>-worker`` (sshd, the ranks) everywhere,
+#: ``dmpi-<job id>-launcher`` (mpirun) on the first node.
+CONTAINER_ROLES = ("worker", "launcher")
 CONTAINER_NAME = "dmpi-{job_id}-{role}"
-#: The file of a job's secret directory on its first node holding the id of the exec
-#: that runs mpirun in the worker (written by root before the exec starts).
-LAUNCHER_EXEC_FILE = "launcher.exec"
 #: Docker labels on every job container: the job id, its role and whose job it is.
 LABEL_JOB = "io.dockermpi.job"
 LABEL_ROLE = "io.dockermpi.role"
@@ -116,7 +113,7 @@ def job_tag(job_id, state):
 
 
 def container_name(job_id, role):
-    """The name of a job's container: ``dmpi-<job id>-worker``.
+    """The name of a job's container: ``dmpi-<job id>-worker`` or ``dmpi-<job id>-launcher``.
     ``ValueError`` for anything but a job id and one of :data:`CONTAINER_ROLES`."""
     if not is_job_id(job_id):
         raise ValueError(f"{str(job_id)[:60]!r} is not a job id")

@@ -26,7 +26,7 @@ import dmpi.seal
 import dmpi.node.userfs
 import pytest
 import salt.crypt
-from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER, LAUNCHER_EXEC_FILE
+from dmpi.contract import LABEL_JOB, LABEL_ROLE, LABEL_USER
 from dmpi.launch import files, openmpi5
 from dmpi.node import agent, evidence, health, imagefacts, jobca
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -100,7 +100,7 @@ def job_root(tmp_path):
 
 def _secrets(job_root, job_id, addresses, port):
     directory = job_root / job_id
-    directory.mkdir(mode=0o700, exist_ok=True)
+    directory.mkdir(mode=0o700)
     (directory / "sshd_config").write_text(f"# generated\nPort {port}\nHostKey /run/x\n")
     (directory / "hostfile").write_text(
         "".join(f"{address} slots=2 max_slots=2\n" for address in addresses)
@@ -122,22 +122,6 @@ def _container(job_id, role, status, exit_code=0, user=USER, address=OWN):
     return container
 
 
-EXEC_ID = "5e" * 32
-
-
-def _launcher(job_root, job_id, status, exit_code=0):
-    """The job's running worker with mpirun in it, an exec in ``status`` (``running``,
-    ``created`` or ``exited`` with ``exit_code``), its id in the job's secret directory
-    as the start writes it."""
-    directory = job_root / job_id
-    directory.mkdir(mode=0o700, exist_ok=True)
-    (directory / LAUNCHER_EXEC_FILE).write_text(EXEC_ID)
-    worker = _container(job_id, "worker", "running")
-    worker.exec_state = {"ID": EXEC_ID, "Running": status == "running",
-                         "ExitCode": exit_code if status == "exited" else None}
-    return worker
-
-
 def _holder(name, address=None):
     """A standby namespace's holder: a spare, or one a job start took (renamed)."""
     container = MagicMock()
@@ -154,15 +138,6 @@ def _holder(name, address=None):
 def _engine(*containers):
     client = MagicMock()
     client.containers.list.return_value = list(containers)
-    execs = {c.exec_state["ID"]: c.exec_state for c in containers
-             if isinstance(getattr(c, "exec_state", None), dict)}
-
-    def exec_inspect(exec_id):
-        if exec_id not in execs:
-            raise docker.errors.NotFound(f"No such exec instance: {exec_id}")
-        return execs[exec_id]
-
-    client.api.exec_inspect.side_effect = exec_inspect
     return patch.object(docker, "from_env", return_value=client)
 
 
@@ -230,7 +205,7 @@ def test_running_job_probes_each_other_node_once_in_parallel(storage, job_root, 
                 pass
         return connects(address, port, timeout)
 
-    with _engine(_launcher(job_root, JOB, "running")), \
+    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "running")), \
             patch.object(evidence, "_tcp_connects", probe):
         ret = mpi_job.report(str(storage), str(job_root), probe_timeout=1.0)
     assert ret["engine"] == "ok"
@@ -289,40 +264,16 @@ def test_a_taken_namespace_outliving_its_job_is_reported_for_the_clean_up(storag
                                               "netns": "running"}
 
 
-def test_a_launcher_not_yet_started_is_created_and_one_the_engine_forgot_is_gone(
-        storage, job_root):
-    with _engine(_launcher(job_root, JOB, "created")):
-        ret = mpi_job.report(str(storage), str(job_root))
-    assert ret["jobs"][JOB]["containers"]["launcher"] == "created"
-    assert ret["jobs"][JOB]["launcher_exit_code"] is None
-    # The worker was made again (a restarted engine forgot its execs): no launcher.
-    with _engine(_container(JOB, "worker", "running")):
-        ret = mpi_job.report(str(storage), str(job_root))
-    assert ret["jobs"][JOB]["containers"] == {"worker": "running", "launcher": None,
-                                              "netns": None}
-
-
-@pytest.mark.parametrize("written", ["", "../../containers/x", "5E" * 32, "5e" * 31,
-                                     "5e" * 32 + "/json", "\x00" * 64])
-def test_a_launcher_file_that_is_no_exec_id_is_never_sent_to_the_engine(
-        storage, job_root, written):
-    worker = _launcher(job_root, JOB, "running")
-    (job_root / JOB / LAUNCHER_EXEC_FILE).write_text(written)
-    with _engine(worker) as from_env:
-        ret = mpi_job.report(str(storage), str(job_root))
-    assert ret["jobs"][JOB]["containers"]["launcher"] is None
-    from_env.return_value.api.exec_inspect.assert_not_called()
-
-
 def test_exited_launcher_reports_exit_code_and_failed_rank(storage, job_root):
     stderr = (STDERR_DATA / "exit3.stderr").read_text()
     _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", stderr)
-    with _engine(_launcher(job_root, JOB, "exited", 3)):
+    with _engine(_container(JOB, "worker", "running"),
+                 _container(JOB, "launcher", "exited", 3)):
         ret = mpi_job.report(str(storage), str(job_root))
     job = ret["jobs"][JOB]
     assert job["launcher_exit_code"] == 3
     assert job["failure"] == {"rank": 1, "exit_code": 3}
-    assert job["secrets"] is True
+    assert job["secrets"] is False
 
 
 @pytest.fixture(autouse=True)
@@ -338,7 +289,8 @@ def test_a_failing_ranks_word_in_the_job_directory_names_it_when_hydra_lost_its_
     _write(job_dir / "stderr", "")
     mark = files.RANK_FAILED_MARK
     _write(job_dir / files.RANK_FAILED_FILE, f"{mark} rank 1 status 3\n{mark} rank 0 status 143\n")
-    with _engine(_launcher(job_root, JOB, "exited", 15)):
+    with _engine(_container(JOB, "worker", "running"),
+                 _container(JOB, "launcher", "exited", 15)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["failure"] == {"rank": 1, "exit_code": 3}
 
@@ -349,7 +301,8 @@ def test_a_rank_that_ran_out_of_room_is_reported_with_its_error(storage, job_roo
     _write(job_dir / "stderr", "Traceback (most recent call last):\n"
            "OSError: [Errno 28] No space left on device\n"
            f"{mark} rank 1 status 1\n")
-    with _engine(_launcher(job_root, JOB, "exited", 1)):
+    with _engine(_container(JOB, "worker", "running"),
+                 _container(JOB, "launcher", "exited", 1)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["failure"] == {"rank": 1, "exit_code": 1,
                                            "space": "No space left on device"}
@@ -360,12 +313,12 @@ def test_a_lost_daemon_fails_a_launcher_that_exited_0(storage, job_root):
     stderr = (STDERR_DATA.parent / "openmpi5" / "ssh_partition.stderr").read_text()
     path = storage / "users" / USER / "mpi-jobs" / JOB / "stderr"
     _write(path, stderr)
-    with _engine(_launcher(job_root, JOB, "exited", 0)):
+    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "exited", 0)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["failure"] == {"lost_daemon": openmpi5.LOST_DAEMON_REASON}
     # Read once: what the job writes after its end changes nothing.
     path.write_text("")
-    with _engine(_launcher(job_root, JOB, "exited", 0)):
+    with _engine(_container(JOB, "worker", "running"), _container(JOB, "launcher", "exited", 0)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["failure"] == {"lost_daemon": openmpi5.LOST_DAEMON_REASON}
 
@@ -374,7 +327,7 @@ def test_successful_launcher_has_no_failure(storage, job_root):
     # Even with a failure message in stderr, exit code 0 means nothing failed.
     stderr = (STDERR_DATA / "segv.stderr").read_text()
     _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", stderr)
-    with _engine(_launcher(job_root, JOB, "exited", 0)):
+    with _engine(_container(JOB, "launcher", "exited", 0)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["launcher_exit_code"] == 0
     assert ret["jobs"][JOB]["failure"] is None
@@ -383,14 +336,14 @@ def test_successful_launcher_has_no_failure(storage, job_root):
 def test_only_the_last_64_kib_of_stderr_are_read(storage, job_root):
     stderr = (STDERR_DATA / "segv.stderr").read_text() + "x" * 70000
     _write(storage / "users" / USER / "mpi-jobs" / JOB / "stderr", stderr)
-    with _engine(_launcher(job_root, JOB, "exited", 139)):
+    with _engine(_container(JOB, "launcher", "exited", 139)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["launcher_exit_code"] == 139
     assert ret["jobs"][JOB]["failure"] is None
 
 
 def test_missing_stderr_leaves_failure_unknown(storage, job_root):
-    with _engine(_launcher(job_root, JOB, "exited", 1)):
+    with _engine(_container(JOB, "launcher", "exited", 1)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["launcher_exit_code"] == 1
     assert ret["jobs"][JOB]["failure"] is None
@@ -492,7 +445,7 @@ def test_a_report_never_raises_on_what_the_job_wrote(storage, job_root, tmp_path
     huge_rank = ("mpirun noticed that process rank " + "9" * 5000 + " with PID 1 on node n "
                  "exited on signal 11 (Segmentation fault).\n")
     _write(job_dir / "stderr", huge_rank)
-    with _engine(_launcher(job_root, JOB, "exited", 1)):
+    with _engine(_container(JOB, "launcher", "exited", 1)):
         assert mpi_job.report(str(storage), str(job_root))["jobs"][JOB]["failure"] is None
     # The job's directory swapped for a chain of 1100 symlinks, and a FIFO as stderr.
     users = storage / "users" / USER
@@ -501,7 +454,7 @@ def test_a_report_never_raises_on_what_the_job_wrote(storage, job_root, tmp_path
         os.symlink(f"l{i + 1}", users / f"l{i}")
     os.symlink("real", users / "l1100")
     os.symlink("l0", users / "mpi-jobs")
-    with _engine(_launcher(job_root, JOB, "exited", 1)):
+    with _engine(_container(JOB, "launcher", "exited", 1)):
         started = time.monotonic()
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["failure"] is None and time.monotonic() - started < 5
@@ -509,7 +462,7 @@ def test_a_report_never_raises_on_what_the_job_wrote(storage, job_root, tmp_path
     os.rename(users / "real", users / "mpi-jobs")
     os.unlink(job_dir / "stderr")
     os.mkfifo(job_dir / "stderr")
-    with _engine(_launcher(job_root, JOB, "exited", 1)):
+    with _engine(_container(JOB, "launcher", "exited", 1)):
         started = time.monotonic()
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["failure"] is None and time.monotonic() - started < 5
@@ -520,7 +473,7 @@ def test_stderr_is_read_as_the_users_uid(storage, job_root):
     path = storage / "users" / USER / "mpi-jobs" / JOB / "stderr"
     path.write_text((STDERR_DATA / "exit3.stderr").read_text())
     os.chmod(path, 0o600)  # owned by root, not the user
-    with _engine(_launcher(job_root, JOB, "exited", 3)):
+    with _engine(_container(JOB, "launcher", "exited", 3)):
         ret = mpi_job.report(str(storage), str(job_root))
     assert ret["jobs"][JOB]["failure"] is None
 

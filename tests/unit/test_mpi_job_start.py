@@ -1,13 +1,10 @@
 """
-Unit tests of the order ``mpi_job.start_worker`` keeps: in a standby namespace, the
+Unit tests of the order ``mpi_job.start_worker`` keeps in a standby namespace: the
 namespace leaves the standby network and gets the job's firewall before the worker
-starts in it, and a failure there starts nothing; on the launcher's node, mpirun starts
-in the worker once every sshd is proven, its id kept first. The Docker SDK is faked
-(the order of calls is what a unit test can pin down); the real engine is exercised on
-the cluster.
+starts in it, and a failure there starts nothing. The Docker SDK is faked (the order of
+calls is what a unit test can pin down); the real engine is exercised on the cluster.
 """
 
-import os
 from unittest.mock import MagicMock
 
 import docker.errors
@@ -198,67 +195,3 @@ def test_readiness_counts_only_certificates_of_the_right_ca_for_the_right_addres
     proven = start._answering_with_job_certificate(
         1, {"10.0.0.1": ca1, "10.0.0.2": ca2, "10.0.0.3": ca2}, 20000)
     assert proven == {"10.0.0.1"}
-
-
-def _start_on_the_launchers_node(steps):
-    """node2's part of the same job: it runs the launcher."""
-    _, other_ca = dmpi.launch.ssh.generate_ed25519_keypair("node1-ca")
-    secret_dir = containers.secret_dir(steps.storage, JOB)
-    os.makedirs(secret_dir)
-    return secret_dir, mpi_job.start_worker(
-        JOB, "registry:5000/mpi@sha256:" + "0" * 64, "alice", 23456, 23456, steps.storage,
-        steps.storage, "dmpi-jobs", {"node1": LAUNCHER_ADDRESS, "node2": ADDRESS},
-        {"peers": [ADDRESS, LAUNCHER_ADDRESS], "hosts": ["10.251.0.11"]}, 20000, FILES,
-        launcher={"node": "node1", "argv": ["/bin/sh", "-c", "x", "sh", "out", "err",
-                                             "mpirun", "-n", "2"]},
-        job_cas={"node1": mpi_job.job_ca(), "node2": other_ca}, valid_seconds=60)
-
-
-@pytest.fixture
-def launcher_steps(steps, monkeypatch):
-    """The launcher's exec, faked, its calls recorded with the file its id goes to."""
-    made = "ab" * 32
-    monkeypatch.setattr(start, "_prepare_launcher",
-                        lambda *args: {"SECRET_TOKEN": "s3", "HOME": "/elsewhere"})
-
-    def exec_create(container, argv, **options):
-        steps.append(("exec_create", argv, options))
-        return {"Id": made}
-
-    def exec_start(exec_id, detach):
-        written = open(containers.secret_dir(steps.storage, JOB) + "/launcher.exec").read()
-        steps.append(("exec_start", exec_id, detach, written))
-
-    steps.client.api.exec_create.side_effect = exec_create
-    steps.client.api.exec_start.side_effect = exec_start
-    steps.exec_id = made
-    return steps
-
-
-def test_the_launcher_runs_in_the_worker_as_the_users_uid_its_id_kept_before_it_starts(
-        launcher_steps):
-    steps = launcher_steps
-    steps[:] = []
-    secret_dir, ret = _start_on_the_launchers_node(steps)
-    names = [step[0] for step in steps]
-    # mpirun starts after every sshd of the job was proven, the worker's own included.
-    assert names.index("sshd") < names.index("exec_create") < names.index("exec_start")
-    (_, argv, options), = [s for s in steps if s[0] == "exec_create"]
-    assert argv == ["/bin/sh", "-c", "x", "sh", "out", "err", "mpirun", "-n", "2"]
-    assert options["user"] == "23456:23456" and options["workdir"] == "/data"
-    # The job's environment, with the job's own HOME and TMPDIR whatever it says.
-    assert options["environment"] == {"SECRET_TOKEN": "s3", "HOME": "/data", "TMPDIR": "/tmp"}
-    # Its id is in the secret directory, as root's alone, before it starts.
-    assert ("exec_start", steps.exec_id, True, steps.exec_id) in steps
-    assert oct(os.stat(secret_dir + "/launcher.exec").st_mode & 0o777) == "0o600"
-    assert ret["launcher"] == steps.exec_id
-    # No container of its own: the worker is the only container made.
-    assert len([s for s in steps if s[0] == "create"]) == 1
-
-
-def test_a_launcher_docker_refuses_fails_the_start_and_starts_nothing(launcher_steps):
-    steps = launcher_steps
-    steps.client.api.exec_create.side_effect = docker.errors.APIError("container not running")
-    with pytest.raises(CommandExecutionError, match="cannot start the launcher of job"):
-        _start_on_the_launchers_node(steps)
-    assert not [s for s in steps if s[0] == "exec_start"]

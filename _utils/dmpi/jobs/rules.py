@@ -236,7 +236,7 @@ def _node_fault(node, record, report, info):
     containers = info.get("containers") or {}
     if node == next(iter(record["placement"])) and \
             containers.get("launcher") not in ("running", "created"):
-        return f"the launcher (mpirun) on {node} is gone"
+        return f"the launcher container on {node} is gone"
     if containers.get("worker") not in ("running", "created"):
         return f"the worker container on {node} is gone"
     unreachable = info.get("unreachable_peers")

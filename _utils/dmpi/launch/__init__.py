@@ -8,7 +8,7 @@ the job's user's own uid:gid with every capability dropped) runs the node's own 
 (:mod:`dmpi.node.agent`) with ``-D -e -f /run/dockermpi/sshd_config`` on a per-job port. The read-only per-job directory
 ``/run/dockermpi`` holds the files built here: ``sshd_config``, ``known_hosts``,
 ``hostfile`` and the ``passwd``/``group`` files that are bind-mounted over
-``/etc/passwd`` and ``/etc/group``. On the first node the *launcher*, an exec in that node's worker, runs the
+``/etc/passwd`` and ``/etc/group``. A *launcher* container on the first node runs the
 MPI's launcher over ssh to the workers.
 
 - :mod:`dmpi.launch.ssh`: the job's keys and certificates, sshd's configuration,

@@ -7,8 +7,8 @@ run_dir, keepalive, launcher)`` (its mpirun or mpiexec command, which
 then its standard output); a
 flavour whose launcher reads settings from its environment only also offers
 ``launcher_environment(oob_ports, ssh_port)``, and one whose launcher can exit 0 after
-losing a node ``lost_daemon(stderr_text)``; one whose launcher needs more of its
-process than its argv gives a ``LAUNCHER_PRELUDE`` to the launcher's script.
+losing a node ``lost_daemon(stderr_text)``; one whose launcher needs more of the
+launcher container than its argv gives a ``LAUNCHER_PRELUDE`` to that container's script.
 """
 
 import ipaddress
@@ -20,7 +20,7 @@ from dmpi.launch.values import check_output_paths
 MODULES = {"openmpi4": openmpi, "openmpi5": openmpi5, "mpich": mpich, "intelmpi": intelmpi}
 #: The flavour of a job whose image was never probed: DockerMPI's own job image's.
 DEFAULT = "openmpi4"
-#: The launcher's fixed wrapper script. User strings only ever arrive as
+#: The launcher container's fixed wrapper script. User strings only ever arrive as
 #: positional parameters: $1 is the stdout file, $2 the stderr file, the rest the MPI's
 #: command.
 LAUNCHER_SCRIPT = 'out="$1"; err="$2"; shift 2; exec "$@" >"$out" 2>"$err"'
@@ -82,7 +82,7 @@ def failed_rank_at(failure, hostfile_text):
 
 def launcher_argv(module, stdout_path, stderr_path, *mpi_args, **mpi_kwargs):
     """
-    Return the launcher's command: ``/bin/sh -c <fixed script> sh <stdout>
+    Return the launcher container's command: ``/bin/sh -c <fixed script> sh <stdout>
     <stderr> <the MPI's command>``.
 
     module
@@ -96,7 +96,7 @@ def launcher_argv(module, stdout_path, stderr_path, *mpi_args, **mpi_kwargs):
     The script is a constant (:data:`LAUNCHER_SCRIPT`, after the module's own
     ``LAUNCHER_PRELUDE`` if it has one); the paths and the MPI's whole command arrive as positional
     parameters, so no user string is parsed by a shell. The script ``exec``\ s the
-    launcher, so the launcher's exit code is its.
+    launcher, so the container's exit code is its.
     """
     check_output_paths(stdout_path, stderr_path)
     script = getattr(module, "LAUNCHER_PRELUDE", "") + LAUNCHER_SCRIPT
@@ -111,7 +111,7 @@ def ends_job_on_rank_exit(module):
 
 
 def launcher_environment(module, oob_ports, ssh_port):
-    """``{name: value}`` the launcher of a job of flavour ``module`` must
+    """``{name: value}`` the launcher container of a job of flavour ``module`` must
     have besides the job's own environment (Hydra's ssh options and control port)."""
     settings = getattr(module, "launcher_environment", None)
     return settings(oob_ports, ssh_port) if settings is not None else {}

@@ -63,7 +63,7 @@ from dmpi.launch.values import (check_abs_path, check_cidr, check_job_ports, che
 
 #: Intel's Hydra kills the other ranks when one exits non-zero.
 ENDS_JOB_ON_RANK_EXIT = True
-#: What the launcher's script does first (before
+#: What the launcher container's script does first (before
 #: :data:`dmpi.launch.flavours.LAUNCHER_SCRIPT`): name the job namespace's one Ethernet
 #: interface (``type`` 1 in the kernel's /sys, never what the user says; not ``lo``, nor
 #: the ``tunl0`` or ``sit0`` a host's tunnel modules put in every namespace) in
@@ -78,7 +78,7 @@ parse_failure = mpich.parse_failure
 
 def launcher_environment(oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR):
     """
-    Return the environment ``{name: value}`` the launcher must have for
+    Return the environment ``{name: value}`` the launcher container must have for
     ``mpiexec``: what Intel's Hydra reads from its environment only.
 
     oob_ports

@@ -11,7 +11,7 @@ What Hydra 4.0.2 offers, and what is used:
   Hydra has no command-line option for the client's arguments: it reads them from its
   own environment, ``HYDRA_LAUNCHER_EXTRA_ARGS``, split on spaces and put between its
   ``-x`` and the host (``ssh -x <extra args> <host> "<proxy>" <proxy args>``). So the
-  launcher must carry :func:`launcher_environment`, whose value is exactly
+  launcher container must carry :func:`launcher_environment`, whose value is exactly
   :func:`dmpi.launch.ssh.ssh_args` (no element has a space). Hydra forks, not sshes, the
   proxy of a hostfile entry that is one of its own addresses (the launcher's node).
 - **No tree launch**: Hydra 4.0.2 starts every proxy from ``mpiexec`` itself (there is
@@ -67,7 +67,7 @@ What Hydra 4.0.2 offers, and what is used:
   wait status there, which :func:`parse_failure` reads (with ``MPI_Abort``'s message
   from standard error).
 
-The launcher runs :func:`mpi_argv` as for Open MPI
+The launcher container runs :func:`mpi_argv` as for Open MPI
 (:func:`dmpi.launch.flavours.launcher_argv`), with :func:`launcher_environment` in its
 environment.
 """
@@ -103,7 +103,7 @@ def hostfile_text(placement):
 
 def launcher_environment(oob_ports, ssh_port, run_dir=DEFAULT_RUN_DIR):
     """
-    Return the environment ``{name: value}`` the launcher must have for
+    Return the environment ``{name: value}`` the launcher container must have for
     ``mpiexec``: what Hydra reads from its environment only.
 
     oob_ports

@@ -3,7 +3,7 @@ Open MPI's launch: the hostfile, the MCA parameters that keep ``mpirun`` and its
 daemons inside the job's ports and network, the launcher's command line, and which rank
 failed how, read from Open MPI's own messages.
 
-The *launcher* on the first node (an exec in its worker) runs :func:`mpi_argv` (``mpirun`` over the
+A *launcher* container on the first node runs :func:`mpi_argv` (``mpirun`` over the
 node's ssh, :mod:`dmpi.node.agent`, :mod:`dmpi.launch.ssh`, to the workers) with its
 output redirected into the job directory (:func:`dmpi.launch.flavours.launcher_argv`).
 """

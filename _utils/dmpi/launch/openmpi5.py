@@ -14,7 +14,7 @@ the ``smsc`` framework), ``hwloc_base_binding_policy`` and ``rmaps_base_oversubs
 (``--bind-to`` and ``--map-by`` say it), and ``oob_tcp_if_include`` survives only as a
 deprecated synonym of ``prte_if_include``.
 
-The launcher runs :func:`mpi_argv` as for Open MPI 4
+The launcher container runs :func:`mpi_argv` as for Open MPI 4
 (:func:`dmpi.launch.flavours.launcher_argv`).
 """
 

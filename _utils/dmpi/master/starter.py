@@ -101,19 +101,20 @@ def bring_up(transport, record, timings, job_cas, clock=time.time):
                + list(config["job_network"].get("unreachable") or [])}
     mark = time.monotonic()
     # One publish starts the whole job: each node takes its own address and limits,
-    # and the launcher's node starts mpirun in its worker once every peer's sshd is
-    # proven.
+    # and the launcher's node starts mpirun once every peer's sshd is proven. That
+    # node runs its ranks in the launcher container, so its worker gets the small
+    # default limits.
     view = job_record.public(dict(record, state="running", started=clock(), timings=timings))
     workers = transport.call(
         nodes, "mpi_job.start_worker", timeout=30,
         network=config["job_network"]["name"], addresses=job_addresses,
         allowed_sources=allowed, sshd_port=sshd_port, files=files,
-        limits={n: node_limits(config, placement[n]) for n in nodes},
+        limits={n: node_limits(config, placement[n]) for n in nodes if n != launcher_node},
         launcher={"node": launcher_node, "argv": argv,
                   "environment": transport.seal_for(launcher_node, dict(
                       environment, **dmpi.launch.flavours.launcher_environment(
                           flavour, oob_ports, sshd_port))),
-                  "status": view},
+                  "status": view, "limits": node_limits(config, placement[launcher_node])},
         job_cas=job_cas, valid_seconds=record["walltime"],
         **common)
     if not workers[launcher_node].get("launcher"):

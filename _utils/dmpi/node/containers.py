@@ -10,22 +10,21 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount
 
-from dmpi.contract import (AGENT_DIR, CONTAINER_ROLES, DATA_MOUNT, LABEL_JOB, LABEL_ROLE,
-                           LABEL_USER, NETNS_RE, RUN_DIR, STANDBY_ROLE)
+from dmpi.contract import (AGENT_DIR, DATA_MOUNT, LABEL_JOB, LABEL_ROLE, LABEL_USER, NETNS_RE, RUN_DIR,
+                           STANDBY_ROLE)
 from dmpi.errors import NodeError, RequestError
 from dmpi.node import checks
 
 SECRET_FILE_MAX = 1 << 20  # bytes a file of a job's secret directory holds at most
 
-# What a job container is given when the runner names no limits for its node.
+# What a job container is given when the runner names no limits (a worker that only
+# holds the job's network namespace and sshd, on the launcher's node).
 SMALL_LIMITS = {"memory": 256 << 20, "pids": 64, "nano_cpus": 500_000_000, "tmp_size": 64 << 20}
-# The environment every process of a job starts with (sshd's sessions and mpirun's exec).
-JOB_ENVIRONMENT = {"HOME": DATA_MOUNT, "TMPDIR": "/tmp"}
 
 
 def program(argv):
     """Options that run ``argv`` in a job container whatever ENTRYPOINT its image sets
-    (which would otherwise wrap the agent's sshd)."""
+    (which would otherwise wrap the agent's sshd and the launcher's script)."""
     return {"entrypoint": argv[:1], "command": argv[1:]}
 
 
@@ -75,7 +74,7 @@ def _limit_options(limits):
 
 
 def container_options(job_id, role, user, uid, gid, data_dir, secrets, limits, agent):
-    """Docker options of a job's container (``role``: ``worker``): the user's own
+    """Docker options of a job's ``worker`` or ``launcher`` container: the user's own
     uid, no capabilities, no new privileges, the user's directory at /data, the job's
     files and the node's remote-start agent (``agent``, its build's path on the node)
     read-only, and its limits."""
@@ -95,7 +94,7 @@ def container_options(job_id, role, user, uid, gid, data_dir, secrets, limits, a
         "mounts": mounts,
         "init": True,
         "working_dir": DATA_MOUNT,
-        "environment": dict(JOB_ENVIRONMENT),
+        "environment": {"HOME": DATA_MOUNT, "TMPDIR": "/tmp"},
         "detach": True,
         **_limit_options(limits),
     }
@@ -104,14 +103,14 @@ def container_options(job_id, role, user, uid, gid, data_dir, secrets, limits, a
 def job_of(container):
     """(job id, role) of one of DockerMPI's containers on a node: a taken standby namespace is
     its job's ``netns`` (by the name the start gave it), a spare belongs to no job
-    (``(None, "standby")``); workers carry their job and role as labels.
+    (``(None, "standby")``); workers and launchers carry their job and role as labels.
     The role is None for a label DockerMPI never sets."""
     labels = container.labels or {}
     role = labels.get(LABEL_ROLE)
     if role == STANDBY_ROLE:
         taken = NETNS_RE.match(container.name or "")
         return (taken.group(1), "netns") if taken else (None, STANDBY_ROLE)
-    return labels.get(LABEL_JOB), role if role in CONTAINER_ROLES else None
+    return labels.get(LABEL_JOB), role if role in ("worker", "launcher") else None
 
 
 def namespace_options(node_id):

@@ -19,14 +19,13 @@ import dmpi.launch.files
 import dmpi.launch.flavours
 import requests.exceptions
 
-from dmpi.contract import (JOB_ID_RE, LABEL_ROLE, LABEL_USER, LAUNCHER_EXEC_FILE, PROBE_ROLE,
-                           STANDBY_ROLE, USER_RE)
+from dmpi.contract import (JOB_ID_RE, LABEL_ROLE, LABEL_USER, PROBE_ROLE, STANDBY_ROLE,
+                           USER_RE)
 from dmpi.errors import DockerMPIError, NodeError, RequestError
 from dmpi.node import checks, containers, userdirs
 
 log = logging.getLogger(__name__)
 
-_EXEC_ID_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _PORT_RE = re.compile(r"^\s*Port\s+([0-9]{1,5})\s*$", re.IGNORECASE | re.MULTILINE)
 DAEMON_JSON = "/etc/docker/daemon.json"  # written by highstate (dockermpi.docker.config)
 # Seconds a Docker engine with live-restore may stay silent before the node says so as a
@@ -129,7 +128,7 @@ def _limits_hit(container):
     return hit
 
 
-def _engine_jobs(engine_timeout, job_root):
+def _engine_jobs(engine_timeout):
     """{job_id: {...}} from the Docker engine: containers, launcher exit, own address,
     limits hit."""
     client = docker.from_env(timeout=engine_timeout)
@@ -139,56 +138,38 @@ def _engine_jobs(engine_timeout, job_root):
         listed = client.containers.list(
             all=True, filters={"label": LABEL_ROLE}, ignore_removed=True
         )
-        found = {}
-        for container in listed:
-            labels = container.labels or {}
-            job_id, role = containers.job_of(container)
-            if role == STANDBY_ROLE or labels.get(LABEL_ROLE) == PROBE_ROLE:
-                continue  # a spare (no job's yet), or an image being probed
-            if role is None or not JOB_ID_RE.match(job_id or ""):
-                log.warning("ignoring container %s with labels %s", container.name, labels)
-                continue
-            job = found.setdefault(job_id, _empty_job())
-            user = labels.get(LABEL_USER)
-            if job["user"] is None and user and USER_RE.match(user):
-                job["user"] = user
-            job["containers"][role] = container.status
-            attrs = container.attrs or {}
-            if role in ("worker", "netns"):
-                # The namespace's owner holds the address (the worker's own, or the standby's).
-                networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
-                job["address"] = job["address"] or next(
-                    (n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), None)
-            if role == "worker":
-                config_user = (attrs.get("Config") or {}).get("User") or ""
-                job["uid"] = config_user.split(":")[0] or None
-                job["gid"] = config_user.split(":")[1] if ":" in config_user else None
-                job["containers"]["launcher"], job["launcher_exit_code"] = _launcher(
-                    client, job_root, job_id)
-            for limit in _limits_hit(container):
-                if limit not in job["limits_hit"]:
-                    job["limits_hit"].append(limit)
     finally:
         client.close()
+    found = {}
+    for container in listed:
+        labels = container.labels or {}
+        job_id, role = containers.job_of(container)
+        if role == STANDBY_ROLE or labels.get(LABEL_ROLE) == PROBE_ROLE:
+            continue  # a spare (no job's yet), or an image being probed
+        if role is None or not JOB_ID_RE.match(job_id or ""):
+            log.warning("ignoring container %s with labels %s", container.name, labels)
+            continue
+        job = found.setdefault(job_id, _empty_job())
+        user = labels.get(LABEL_USER)
+        if job["user"] is None and user and USER_RE.match(user):
+            job["user"] = user
+        job["containers"][role] = container.status
+        attrs = container.attrs or {}
+        if role in ("worker", "netns"):
+            # The namespace's owner holds the address (the worker's own, or the standby's).
+            networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
+            job["address"] = job["address"] or next(
+                (n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), None)
+        if role == "worker":
+            config_user = (attrs.get("Config") or {}).get("User") or ""
+            job["uid"] = config_user.split(":")[0] or None
+            job["gid"] = config_user.split(":")[1] if ":" in config_user else None
+        if role == "launcher" and container.status in ("exited", "dead"):
+            job["launcher_exit_code"] = (attrs.get("State") or {}).get("ExitCode")
+        for limit in _limits_hit(container):
+            if limit not in job["limits_hit"]:
+                job["limits_hit"].append(limit)
     return found
-
-
-def _launcher(client, job_root, job_id):
-    """(state, exit code) of the job's mpirun on this node: the exec in its worker whose
-    id the start wrote to the job's secret directory (``running``, ``created`` before it
-    started, ``exited`` with its code), or (None, None) on a node that runs none."""
-    exec_id = (_secret_text(os.path.join(job_root, job_id), LAUNCHER_EXEC_FILE) or "").strip()
-    if not _EXEC_ID_RE.match(exec_id):
-        return None, None
-    try:
-        found = client.api.exec_inspect(exec_id)
-    except docker.errors.NotFound:
-        return None, None
-    if found.get("Running"):
-        return "running", None
-    if found.get("ExitCode") is None:
-        return "created", None
-    return "exited", found["ExitCode"]
 
 
 def _empty_job():
@@ -305,8 +286,7 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
         {"engine": "ok" or the error text when the Docker engine cannot be reached,
          "jobs": {job_id: {"user": str or None,
                            "containers": {"worker": status or None,
-                                          "launcher": status of mpirun's exec in
-                                              the worker, or None,
+                                          "launcher": status or None,
                                           "netns": status or None},
                            "launcher_exit_code": int or None,
                            "failure": which rank failed (from stderr) or None,
@@ -336,7 +316,7 @@ def report(storage_path, job_root="/var/lib/dockermpi/jobs", probe_timeout=0.5,
 
     engine, outage = "ok", None
     try:
-        found = _engine_jobs(engine_timeout, job_root)
+        found = _engine_jobs(engine_timeout)
         _ENGINE_OUTAGE["since"] = None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         engine = str(exc) or type(exc).__name__

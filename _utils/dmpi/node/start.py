@@ -2,8 +2,8 @@
 A job's start on a node: its keys made and certified here, its files written where only
 its uid reads them, its worker container started in a network namespace of its own (a
 standby's when the node has one) behind the job's firewall, and, once every sshd of the
-job answers with its host certificate, on the job's first node ``mpirun`` started in
-that node's worker.
+job answers with its host certificate, on the job's first node the container that runs
+``mpirun``.
 """
 
 import concurrent.futures
@@ -16,8 +16,7 @@ import docker.errors
 import dmpi.launch.ssh
 import dmpi.seal
 
-from dmpi.contract import (AGENT_SSHD, DATA_MOUNT, DOCKER_NAME_RE, JOBS_SUBDIR,
-                           LAUNCHER_EXEC_FILE, RUN_DIR)
+from dmpi.contract import AGENT_SSHD, DOCKER_NAME_RE, JOBS_SUBDIR, RUN_DIR
 from dmpi.errors import NodeError, RequestError, StartFailure
 from dmpi.node import agent, checks, containers, jobca, netns, standby, userdirs
 
@@ -89,7 +88,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     """
     Make a job's keys, write its files, start its worker container and wait until its
     sshd answers with the job's host certificate; on the job's first node, start the
-    launcher (``mpirun``) in that worker.
+    launcher.
 
     job_id
         The job id the runner gave.
@@ -119,23 +118,22 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         ``{name: text}``: sshd_config, passwd, group, program and hostfile (no keys: the
         node makes those).
     launcher
-        ``{"node": id, "argv": [...], "environment": {...}, "status": {...}}``: the
-        node with that id makes the job's user key and, once its own sshd and every
-        other address in ``addresses`` answer with their host certificates, starts
-        mpirun in its worker, as the user's uid in ``/data`` (``argv``, the launcher
+        ``{"node": id, "argv": [...], "environment": {...}, "limits": {...},
+        "status": {...}}``: the node with that id makes the job's user key and, once
+        its own sshd and every other address in ``addresses`` answer with their host
+        certificates, starts the container that runs mpirun (``argv``, the launcher
         command; ``environment``, set there and forwarded to the ranks, sealed to this
-        node's Salt key by the master (:mod:`dmpi.seal`); ``status``, written as
-        ``status.json`` while the sshds come up) before it returns. Every other node's
-        sshd trusts the user certificates of that node's job CA.
+        node's Salt key by the master (:mod:`dmpi.seal`); ``status``,
+        written as ``status.json`` just before it starts) before it returns. Every
+        other node's sshd trusts the user certificates of that node's job CA.
     job_cas
         ``{node id: job CA public line}`` of every node of the job (:func:`job_ca`).
     valid_seconds
         How long the job may run: its certificates expire that long (and a grace for
         the clean-up) after they are made.
     limits
-        ``{node id: {"memory": bytes, "pids": n, "nano_cpus": n, "tmp_size": bytes}}``:
-        what the worker on that node (its ranks, and on the launcher's node mpirun too)
-        may use; a node not named gets small limits.
+        ``{node id: {"memory": bytes, "pids": n, "nano_cpus": n, "tmp_size": bytes}}``;
+        a node not named gets small limits (a worker that runs no ranks).
     ready_timeout
         Seconds to wait for sshd.
     node_id, node_key
@@ -143,12 +141,10 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
         launcher's sealed environment).
 
     Returns ``{"container": name, "sshd_ready_seconds": float, "namespace": "standby"
-    or "own", "phases": {...}}``, and on the launcher's node also ``launcher`` (the id
-    of mpirun's exec in the worker, also kept in the job's secret directory as
-    :data:`dmpi.contract.LAUNCHER_EXEC_FILE` for the node's reports); there
-    ``sshd_ready_seconds`` is when every sshd of the job was proven. ``phases`` says
-    when each step ended (seconds from the call: prepare, namespace, container,
-    firewall, sshd, launcher). In a standby namespace the
+    or "own", "phases": {...}}``, and on the launcher's node also ``launcher`` (its
+    container name); there ``sshd_ready_seconds`` is when every sshd of the job was
+    proven. ``phases`` says when each step ended (seconds from the call: prepare,
+    namespace, container, firewall, sshd, launcher). In a standby namespace the
     firewall is in place before the worker starts; in its own, just after.
     """
     checks.check_job_id(job_id)
@@ -210,6 +206,7 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
     except docker.errors.APIError as exc:
         raise NodeError(f"cannot start the worker of job {job_id}: {exc}") from exc
     phases["container"] = time.monotonic() - started
+    holder_name = holder.id if holder is not None else options["name"]
     namespace = "standby" if holder is not None else "own"
     if holder is None:
         netns.close_namespace(job_id, pid, allowed_sources, sshd_port)
@@ -223,56 +220,53 @@ def start_worker(job_id, image, user, uid, gid, storage_path, job_root, network,
                 "namespace": namespace, "phases": phases}
     # The launcher's node starts mpirun itself once every sshd of the job, its own
     # included, proves it is the job's: one publish starts the whole job. The job
-    # directory and the launcher's environment are made ready while the sshds come up.
+    # directory and the launcher container are made while the sshds come up.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        prepared = pool.submit(_prepare_launcher, job_id, user, uid, gid, storage_path,
-                               launcher["argv"], launcher.get("environment"),
-                               launcher.get("status"), node_key)
+        prepared = pool.submit(_create_launcher, client, job_id, image, user, uid, gid,
+                               storage_path, job_root, launcher["argv"],
+                               launcher.get("environment"), launcher.get("limits"),
+                               launcher.get("status"), holder_name, node_key)
         _wait_for_sshd(job_id, container, pid,
                        {addresses[n]: job_cas[n] for n in addresses}, sshd_port, deadline)
-        environment = prepared.result()
+        launcher_container = prepared.result()
     phases["sshd"] = time.monotonic() - started
-    exec_id = _start_launcher(client, job_id, container, launcher["argv"], uid, gid,
-                              environment, secret_dir)
+    _start_launcher(job_id, launcher_container)
     phases["launcher"] = time.monotonic() - started
     return {"container": options["name"], "sshd_ready_seconds": phases["sshd"],
-            "launcher": exec_id, "namespace": namespace, "phases": phases}
+            "launcher": launcher_container.name, "namespace": namespace, "phases": phases}
 
 
-def _prepare_launcher(job_id, user, uid, gid, storage_path, argv, environment, status,
-                      node_key):
-    """The job directory (made as the user's uid) and ``status.json`` (when ``status`` is
-    given) saying the job runs; returns the launcher's environment, opened."""
+def _create_launcher(client, job_id, image, user, uid, gid, storage_path, job_root, argv,
+                     environment, limits, status, holder_name, node_key):
+    """The job directory (as the user's uid), the launcher container (by ``client``, the
+    start's own) in the network namespace of container ``holder_name`` (the worker's),
+    created, not started, and ``status.json`` (when ``status`` is given) saying the job
+    runs."""
     checks.check_job_id(job_id)
     checks.check_user(user)
     uid, gid = checks.check_ids(uid, gid)
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise RequestError("argv must be a non-empty list of strings")
     users_root = userdirs.users_root(storage_path)
+    secret_dir = containers.secret_dir(job_root, job_id)
+    if not os.path.isdir(secret_dir):
+        raise NodeError(f"job {job_id} has no worker on this node")
     userdirs.userfs("makedirs", uid, gid, root=users_root, parts=[user, JOBS_SUBDIR, job_id])
-    environment = _opened_environment(environment, node_key)
-    if status is not None:
-        userdirs.write_status(job_id, storage_path, user, uid, gid, status)
-    return environment
-
-
-def _start_launcher(client, job_id, worker, argv, uid, gid, environment, secret_dir):
-    """Start mpirun (``argv``) as the user's uid in the job's ``worker`` container, as an
-    exec: no container of its own to make and remove. Its id is written to the job's
-    secret directory (root's file) before it starts, so no report of this node can miss
-    its end. Returns the exec's id."""
+    options = containers.container_options(job_id, "launcher", user, uid, gid,
+                                           os.path.join(users_root, user), secret_dir, limits,
+                                           agent.host_path())
+    options["environment"] = dict(_opened_environment(environment, node_key),
+                                  **options["environment"])
+    options.pop("detach")
     try:
-        made = client.api.exec_create(
-            worker.id, argv, stdout=False, stderr=False, user=f"{uid}:{gid}",
-            environment=dict(environment, **containers.JOB_ENVIRONMENT), workdir=DATA_MOUNT)
-        fd = os.open(os.path.join(secret_dir, LAUNCHER_EXEC_FILE),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(made["Id"])
-        client.api.exec_start(made["Id"], detach=True)
+        container = client.containers.create(
+            image, network_mode=f"container:{holder_name}", **containers.program(argv),
+            **options)
     except docker.errors.APIError as exc:
         raise NodeError(f"cannot start the launcher of job {job_id}: {exc}") from exc
-    return made["Id"]
+    if status is not None:
+        userdirs.write_status(job_id, storage_path, user, uid, gid, status)
+    return container
 
 
 def _opened_environment(environment, node_key):
@@ -289,3 +283,10 @@ def _opened_environment(environment, node_key):
             isinstance(k, str) and isinstance(v, str) for k, v in opened.items()):
         raise RequestError("the job's environment must be names and text values")
     return opened
+
+
+def _start_launcher(job_id, container):
+    try:
+        container.start()
+    except docker.errors.APIError as exc:
+        raise NodeError(f"cannot start the launcher of job {job_id}: {exc}") from exc

@@ -46,10 +46,11 @@ def test_is_user(value, ok):
 
 def test_container_name():
     assert contract.container_name(JOB, "worker") == f"dmpi-{JOB}-worker"
+    assert contract.container_name(JOB, "launcher") == f"dmpi-{JOB}-launcher"
     with pytest.raises(ValueError, match="is not a job id"):
         contract.container_name("x; rm -rf /", "worker")
-    with pytest.raises(ValueError, match="role must be one of worker, got .launcher."):
-        contract.container_name(JOB, "launcher")
+    with pytest.raises(ValueError, match="role must be one of worker, launcher"):
+        contract.container_name(JOB, "sidecar")
 
 
 def test_image_references_are_pinned_by_digest_only():

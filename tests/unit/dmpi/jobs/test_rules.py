@@ -150,7 +150,7 @@ def test_what_a_report_shows():
     assert rules.verdict(_record(), worker, NOW)[1] == "the worker container on node2 is gone"
     launcher = _nodes(node1=_job(containers={"worker": "running", "launcher": None}))
     assert rules.verdict(_record(), launcher, NOW)[1] == \
-        "the launcher (mpirun) on node1 is gone"
+        "the launcher container on node1 is gone"
     cut = _nodes(node1=_job(unreachable_peers=["10.0.1.131"]))
     assert rules.verdict(_record(), cut, NOW)[1] == \
         "node1 cannot reach node2 (network partition)"
