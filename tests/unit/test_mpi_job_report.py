@@ -748,10 +748,10 @@ def test_a_minion_started_before_the_engines_code_changed_is_not_running_the_wan
     running = {"storage_path": "/srv/dockermpi", "job_root": "/var/lib/dockermpi/jobs",
                "health": 10, "revision": revisions[0]}
     with patch.dict(mpi_config.__opts__, {"engines": [{"mpi_node": running}],
-                                       "extension_modules": str(tmp_path)}):
+                                          "extension_modules": str(tmp_path)}):
         assert mpi_config.node_engine_running("/srv/dockermpi", health=10, revision=revisions[0])
         assert not mpi_config.node_engine_running("/srv/dockermpi", health=10,
-                                               revision=revisions[-1])
+                                                  revision=revisions[-1])
 
 
 def test_the_engine_revision_is_rendered_on_a_host_without_the_docker_sdk(tmp_path):
