@@ -31,7 +31,8 @@ Master configuration (written by the ``dockermpi.api`` state from pillar ``mpi:a
           tls_key: /etc/dockermpi/api-tls/tls.key
           allowed_clients: [10.0.0.5]
           limits: {requests_per_second: 20, burst: 40, streams: 4,
-                   body_bytes: 1048576, log_bytes: 1048576, wait_seconds: 60}
+                   body_bytes: 1048576, log_bytes: 1048576, wait_seconds: 60,
+                   page_jobs: 1000}
 
 :depends: tornado (a dependency of Salt); the ``dmpi`` package (``_utils``)
 """
@@ -83,7 +84,7 @@ DISCARD_BYTES = 1 << 30  # a body past the limit is read and dropped up to this 
 _JOB_ID = f"({JOB_ID_PATTERN})"
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{8,512}\Z")
 #: what ``limits`` must name (pillar ``mpi:api:limits``, from salt/dockermpi/defaults.yaml)
-LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes", "wait_seconds")
+LIMITS = dmpi.settings.API_LIMITS
 
 
 def __virtual__():
@@ -337,6 +338,16 @@ def _openapi():
     query = lambda name, schema, text: {"name": name, "in": "query", "schema": schema,  # noqa: E731
                                         "description": text}
     with_job = (400, 401, 403, 404, 429)
+    # A page of jobs: {"jobs": [...], "next": the job id to ask after for the next page}.
+    paging = [query("limit", {"type": "integer", "minimum": 1},
+                    "jobs at most (default and most: the site's page_jobs)"),
+              query("after", {"type": "string", "pattern": f"^{JOB_ID_PATTERN}$"},
+                    "the next page: the jobs submitted after this one (a page's next)")]
+    page = {"description": "{jobs: [rows], next: the job id to ask after, or null on "
+                           "the last page}",
+            "content": {"application/json": {"schema": {"type": "object", "properties": {
+                "jobs": {"type": "array", "items": {"type": "object"}},
+                "next": {"type": "string", "nullable": True}}}}}}
     # Where a job came from: the notebook and its cell (the %%mpi magic sends it).
     origin_schema = {"type": "object", "properties": {"notebook": {"type": "string"},
                                                       "cell": {"type": "integer"}}}
@@ -392,8 +403,9 @@ def _openapi():
                                   "mpi4py, OS)")},
             "/jobs": {
                 "get": op("your queued, starting and running jobs, oldest first (or those "
-                          "in state; ended jobs: /history)",
-                          params=[query("state", {"type": "string"}, "states, comma-separated")]),
+                          "in state; ended jobs: /history)", ok=page, errors=with_job,
+                          params=[query("state", {"type": "string"}, "states, comma-separated"),
+                                  *paging]),
                 "post": {**op("queue a job", ok=record, errors=(400, 401, 403, 413, 429),
                               body={"required": True, "content": {"application/json": {
                                   "schema": {"$ref": "#/components/schemas/Submit"}}}}),
@@ -415,9 +427,10 @@ def _openapi():
                 "the record once the job has ended, or when timeout ran out", ok=record,
                 params=[job_id, query("timeout", {"type": "number"}, "seconds, at most the "
                                       "site's limit")], errors=with_job)},
-            "/history": {"get": op("your ended jobs", params=[
+            "/history": {"get": op("your ended jobs, in submission order", ok=page,
+                                   errors=with_job, params=[
                 query("since", epoch, "from"), query("until", epoch, "to"),
-                query("state", {"type": "string"}, "states, comma-separated")])},
+                query("state", {"type": "string"}, "states, comma-separated"), *paging])},
             "/usage": {"get": op("your core-hours, fair-share standing and storage quota", params=[
                 query("since", epoch, "from"), query("until", epoch, "to")])},
             "/events": {"get": op(
@@ -582,6 +595,22 @@ def make_app(site, functions, settings):
                 return
             super()._handle_request_exception(e)
 
+        async def page(self, fun, **kwargs):
+            """``{"jobs": rows, "next": id}``: at most ``limit`` rows (the site's
+            page_jobs), and the job id to ask ``after`` for the next page (None: the
+            last page). One row more than asked for tells whether there is a next."""
+            most = int(limits["page_jobs"])
+            limit = self.number("limit", most, int)
+            if not 1 <= limit <= most:
+                raise Refused(400, f"limit must be between 1 and {most} jobs "
+                                   "(mpi:api:limits:page_jobs); ask for the next page with "
+                                   "after=<the last job id>")
+            rows = await self.call(fun, limit=limit + 1,
+                                   after=self.get_query_argument("after", None) or None,
+                                   **kwargs)
+            more = len(rows) > limit
+            return {"jobs": rows[:limit], "next": rows[limit - 1]["job_id"] if more else None}
+
         async def call(self, fun, **kwargs):
             # The worker threads are shared: no user holds more than a few of them.
             calls.take(self.hub_user)
@@ -606,8 +635,8 @@ def make_app(site, functions, settings):
 
     class JobList(Handler):
         async def get(self):
-            self.answer({"jobs": await self.call("list", state=self.get_query_argument(
-                "state", None) or LISTED_BY_DEFAULT)})
+            self.answer(await self.page("list", state=self.get_query_argument(
+                "state", None) or LISTED_BY_DEFAULT))
 
         async def post(self):
             body = self.json_body()
@@ -678,9 +707,9 @@ def make_app(site, functions, settings):
 
     class History(Handler):
         async def get(self):
-            self.answer({"jobs": await self.call(
+            self.answer(await self.page(
                 "history", since=self.number("since"), until=self.number("until"),
-                state=self.get_query_argument("state", None))})
+                state=self.get_query_argument("state", None)))
 
     class Usage(Handler):
         async def get(self):

@@ -252,7 +252,7 @@ def status(job_id):
     return _answer(user_calls.status, _site(), _admin(), job_id)
 
 
-def list_(user=None, state=None):
+def list_(user=None, state=None, limit=None, after=None):
     """
     List jobs, oldest first: id, name, user, state, np, placement, times and reason
     (a hub user sees only their own).
@@ -261,14 +261,18 @@ def list_(user=None, state=None):
         Only this user's jobs.
     state
         Only jobs in this state (or a comma-separated list of states).
+    limit, after
+        A page: at most ``limit`` jobs, those submitted after the job ``after``.
 
     CLI Example:
 
     .. code-block:: bash
 
         salt-run mpi.list user=alice state=queued,running
+        salt-run mpi.list state=succeeded limit=100 after=20261130-132321-b26398
     """
-    return _answer(user_calls.list_jobs, _site(), _admin(), user=user, state=state)
+    return _answer(user_calls.list_jobs, _site(), _admin(), user=user, state=state,
+                   limit=limit, after=after)
 
 
 def cancel(job_id, reason="cancelled by request"):
@@ -307,7 +311,8 @@ def logs(job_id, stream="stdout", tail=65536, offset=None):
                    offset=offset)
 
 
-def history(user=None, since=None, until=None, state=None, format=None):  # pylint: disable=redefined-builtin
+def history(user=None, since=None, until=None, state=None, format=None,  # pylint: disable=redefined-builtin
+            limit=None, after=None):
     """
     Ended jobs, oldest first, with what they used (like Slurm's ``sacct``): id, name,
     user, state, exit code, reason, ranks, nodes, submitted/started/ended, queue wait,
@@ -324,6 +329,9 @@ def history(user=None, since=None, until=None, state=None, format=None):  # pyli
         ``json`` (the default): a list of rows (print it with ``--out=json``);
         ``csv``: one text, a header line then one line per job, for a spreadsheet
         (``--out=txt`` prints it as it is).
+    limit, after
+        A page: at most ``limit`` jobs, those submitted after the job ``after``
+        (jobs are in submission order).
 
     CLI Example:
 
@@ -331,9 +339,10 @@ def history(user=None, since=None, until=None, state=None, format=None):  # pyli
 
         salt-run mpi.history user=alice since=2026-12-01 --out=json
         salt-run mpi.history since=2026-12-01 format=csv --out=txt > jobs.csv
+        salt-run mpi.history user=alice limit=500 after=20261130-132321-b26398
     """
     return _answer(user_calls.history, _site(), _admin(), user=user, since=since, until=until,
-                   state=state, format=format)
+                   state=state, format=format, limit=limit, after=after)
 
 
 def usage(user=None, since=None, until=None):

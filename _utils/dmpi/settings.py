@@ -107,7 +107,7 @@ SELFTEST_THRESHOLDS = ("min_bandwidth_mb_per_s", "far_below", "min_ratio")
 
 #: Per-user limits of the user API (``mpi:api:limits``).
 API_LIMITS = ("requests_per_second", "burst", "streams", "body_bytes", "log_bytes",
-              "wait_seconds")
+              "wait_seconds", "page_jobs")
 
 #: How users log in to the hub (``mpi:hub:authenticator``).
 HUB_AUTHENTICATORS = ("dummy", "github")

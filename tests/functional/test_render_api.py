@@ -58,7 +58,7 @@ def test_the_engine_gets_the_defaults_and_only_the_hub_host_as_client(api_high):
     }
     assert DEFAULT_API["limits"] == {"requests_per_second": 20, "burst": 40, "streams": 4,
                                      "body_bytes": 1048576, "log_bytes": 1048576,
-                                     "wait_seconds": 60}
+                                     "wait_seconds": 60, "page_jobs": 1000}
 
 
 def test_the_engine_settings_come_from_pillar(tmp_path):

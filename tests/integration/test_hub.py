@@ -484,6 +484,13 @@ def test_a_users_events_and_answers_carry_nothing_of_another_users_job(cluster, 
         status, answer = api(cluster, ANN, "GET", path)
         assert status == 200 and secret not in json.dumps(answer)
         assert "secretive" not in json.dumps(answer), answer
+    # Bob's job as the place Ann's pages start after is no such job to her.
+    status, bobs = api(cluster, BOB, "GET", "/history?state=succeeded")
+    assert status == 200, bobs
+    bob_job = [row["job_id"] for row in bobs["jobs"] if row["name"] == "secretive"][-1]
+    for path in ("/history?", "/jobs?state=succeeded&"):
+        status, answer = api(cluster, ANN, "GET", f"{path}after={bob_job}")
+        assert (status, answer["error"]) == (404, f"no such job: {bob_job}"), answer
 
 
 def test_two_users_following_at_once_each_get_only_their_own_jobs_output(cluster, notebooks):

@@ -354,6 +354,7 @@ class FakeAPI(http.server.ThreadingHTTPServer):
         self.expired_hangs = 0  # hanging streams that no reconnection ended
         self.drop_unanswered = None  # (method, path): its connection closes, unanswered
         self.hang_up_after_next = False  # the next answer's connection closes after it
+        self.page_jobs = 1000  # rows of a list or history page, as mpi:api:limits:page_jobs
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], ssl.SSLError):  # expected: an unknown CA
@@ -455,16 +456,28 @@ class FakeAPI(http.server.ThreadingHTTPServer):
     def job_list(self, query):
         states = (query.get("state") or "queued,running").split(",")
         with self.changed:
-            return 200, {"jobs": [dict(r) for r in self.jobs.values() if r["state"] in states]}
+            return self.page(query, [dict(r) for r in self.jobs.values()
+                                     if r["state"] in states])
 
     def history(self, query):
         since = self.number(query, "since", float("-inf"))
         until = self.number(query, "until", float("inf"))
         states = query["state"].split(",") if query.get("state") else FINAL
         with self.changed:
-            return 200, {"jobs": [dict(r) for r in self.jobs.values()
-                                  if r["state"] in states and r.get("ended") is not None
-                                  and since <= r["ended"] <= until]}
+            return self.page(query, [dict(r) for r in self.jobs.values()
+                                     if r["state"] in states and r.get("ended") is not None
+                                     and since <= r["ended"] <= until])
+
+    def page(self, query, rows):
+        """The page of ``rows`` that ``limit`` and ``after`` ask for, as the API pages."""
+        limit = self.number(query, "limit", self.page_jobs, int)
+        if not 1 <= limit <= self.page_jobs:
+            raise Refused(400, f"limit must be between 1 and {self.page_jobs} jobs")
+        if query.get("after"):
+            ids = [row["job_id"] for row in rows]
+            rows = rows[ids.index(query["after"]) + 1:]
+        return 200, {"jobs": rows[:limit],
+                     "next": rows[limit - 1]["job_id"] if len(rows) > limit else None}
 
     def logs(self, job_id, query):
         self.job(job_id)
@@ -786,6 +799,21 @@ def test_submit_without_an_image_is_refused_before_any_request(api, monkeypatch)
     with pytest.raises(dockermpi.DockerMPIError, match="DOCKERMPI_IMAGE is not set"):
         Client().submit("hostname")
     assert api.requests == []
+
+
+def test_a_list_or_a_history_longer_than_a_page_comes_whole_page_by_page(api):
+    api.page_jobs = 1
+    for n, job_id in enumerate((JOB, OTHER_JOB, "20261201-114412-000002")):
+        api.jobs[job_id] = record("failed", job_id=job_id, ended=2000.0 + n)
+    every = [JOB, OTHER_JOB, "20261201-114412-000002"]
+    assert [r["job_id"] for r in Client().history()] == every
+    assert [r["job_id"] for r in Client().list(state="failed")] == every
+    queries = [(r.path[len(PREFIX + "/api/v1"):], r.query) for r in api.requests]
+    assert queries == [("/history", {}), ("/history", {"after": JOB}),
+                       ("/history", {"after": OTHER_JOB}),
+                       ("/jobs", {"state": "failed"}),
+                       ("/jobs", {"state": "failed", "after": JOB}),
+                       ("/jobs", {"state": "failed", "after": OTHER_JOB})]
 
 
 def test_calls_map_to_their_endpoints(api):

@@ -102,7 +102,8 @@ def _serving(runner, allowed_clients, tls_files=None, hub_ca=True):
                     "allowed_clients": allowed_clients,
                     "token_cache_seconds": 60,
                     "limits": {"requests_per_second": 2, "burst": 5, "streams": 1,
-                               "body_bytes": 1024, "log_bytes": 4096, "wait_seconds": 5}}
+                               "body_bytes": 1024, "log_bytes": 4096, "wait_seconds": 5,
+                               "page_jobs": 3}}
         app, _ = mpi_api.make_app(Site({}), runner, settings)
         api = tornado.httpserver.HTTPServer(app, max_body_size=mpi_api.DISCARD_BYTES,
                                             ssl_options=api_ssl)
@@ -269,7 +270,8 @@ def test_an_engine_configuration_without_every_limit_is_refused_naming_those_mis
     settings = {"hub_api_url": "http://127.0.0.1:1/hub/api", "allowed_clients": ["127.0.0.1"],
                 "limits": {"requests_per_second": 2, "burst": 5, "streams": 1,
                            "body_bytes": 1024}}
-    with pytest.raises(ValueError, match="limits lack log_bytes, wait_seconds; .*mpi:api:limits"):
+    with pytest.raises(ValueError,
+                       match="limits lack log_bytes, wait_seconds, page_jobs; .*mpi:api:limits"):
         mpi_api.make_app(Site({}), Runner(), settings)
     with pytest.raises(ValueError, match="lack requests_per_second, burst, streams, body_bytes"):
         mpi_api.make_app(Site({}), Runner(), dict(settings, limits=None))
@@ -338,7 +340,8 @@ def real_runner(tmp_path, monkeypatch):
     store.set_meta("priorities", {"20261202-120002-aaaaaa": PRIORITY})
     store.set_meta("queue_places", {"20261202-120001-aaaaaa": 1, "20261202-120002-aaaaaa": 2})
     functions = {"status": functools.partial(user_calls.status, site),
-                 "list": functools.partial(user_calls.list_jobs, site)}
+                 "list": functools.partial(user_calls.list_jobs, site),
+                 "history": functools.partial(user_calls.history, site)}
     with _serving(functions, ["127.0.0.0/8"]) as url:
         yield url, store
 
@@ -375,6 +378,27 @@ def test_a_hub_users_list_and_status_show_their_own_jobs_as_recorded(real_runner
         "queued", False, "queued")
     status, _, answer = call(url, "/jobs/20261202-120001-aaaaaa")  # bob's
     assert status == 404 and answer["error"] == "no such job: 20261202-120001-aaaaaa"
+
+
+def test_a_list_and_a_history_come_in_pages_of_the_callers_own_jobs(real_runner):
+    url, _ = real_runner
+    every = "/jobs?state=queued,running,succeeded"
+    status, _, first = call(url, every + "&limit=2")
+    assert status == 200 and [j["job_id"] for j in first["jobs"]] == [
+        "20261202-120000-aaaaaa", "20261202-120002-aaaaaa"]
+    assert first["next"] == "20261202-120002-aaaaaa"
+    status, _, last = call(url, f"{every}&limit=2&after={first['next']}")
+    assert status == 200 and [j["job_id"] for j in last["jobs"]] == ["20261202-120003-aaaaaa"]
+    assert last["next"] is None
+    status, _, history = call(url, "/history")
+    assert status == 200 and history["next"] is None
+    assert [j["job_id"] for j in history["jobs"]] == ["20261202-120003-aaaaaa"]
+    # bob's job as the place to start after is no such job: nothing of his is shown
+    status, _, answer = call(url, "/history?after=20261202-120001-aaaaaa")
+    assert (status, answer["error"]) == (404, "no such job: 20261202-120001-aaaaaa")
+    status, _, answer = call(url, every + "&limit=4")
+    assert status == 400 and answer["error"].startswith(
+        "limit must be between 1 and 3 jobs (mpi:api:limits:page_jobs)")
 
 
 def test_a_list_without_state_shows_the_queued_and_running_jobs_as_squeue(real_runner):

@@ -199,27 +199,38 @@ class JobStore:
             "SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchall()
         return json.loads(rows[0][0]) if rows else None
 
-    def jobs(self, states=None, user=None, conn=None, keys=None, ended_in=None):
+    def jobs(self, states=None, user=None, conn=None, keys=None, ended_in=None,
+             after=None, limit=None):
         """Records in submission order, optionally only these states / this user, and
         with ``ended_in`` (``(since, until)``, either None) only those that ended in
         ``[since, until)`` (a record without ``ended`` by its ``submitted``), filtered by
         SQLite; with ``keys`` (names of top-level fields), only those
         fields of each (None where a record has none), picked out by SQLite, so the
-        rest of each record is never decoded."""
+        rest of each record is never decoded. ``after`` (a :meth:`seq_of`) and ``limit``
+        page through them: at most ``limit`` records submitted after that one."""
         if keys:
             if not all(isinstance(key, str) and key.isidentifier() for key in keys):
                 raise ValueError(f"keys must be field names, got {list(keys)!r}"[:200])
-            return self._fields(tuple(keys), states, user, conn, ended_in)
-        return [record for _, record in self._select(states, user, conn=conn,
-                                                     ended_in=ended_in)]
+            return self._fields(tuple(keys), states, user, conn, ended_in, after, limit)
+        return [record for _, record in self._select(states, user, after, conn, ended_in,
+                                                     limit)]
 
-    def _fields(self, keys, states, user, conn, ended_in):
+    def seq_of(self, job_id, user=None):
+        """The job's place in submission order (``after`` of :meth:`jobs`), or None when
+        there is no such job (of ``user``)."""
+        query, args = "SELECT seq FROM jobs WHERE id = ?", [job_id]
+        if user is not None:
+            query, args = query + " AND user = ?", args + [user]
+        rows = self._reader().execute(query, args).fetchall()
+        return rows[0][0] if rows else None
+
+    def _fields(self, keys, states, user, conn, ended_in, after=None, limit=None):
         # json_extract of two paths or more answers a JSON array of their values.
         paths = [f"$.{key}" for key in keys + keys[:1] * (len(keys) == 1)]
-        query, args = self._where(states, user, None, ended_in)
+        query, args = self._where(states, user, after, ended_in)
         rows = (conn or self._reader()).execute(
-            f"SELECT json_extract(record{', ?' * len(paths)}) FROM jobs{query} ORDER BY seq",
-            paths + args).fetchall()
+            f"SELECT json_extract(record{', ?' * len(paths)}) FROM jobs{query} ORDER BY seq"
+            f"{_limit(limit)}", paths + args).fetchall()
         return [dict(zip(keys, json.loads(row[0]))) for row in rows]
 
     def jobs_after(self, seq, states=None):
@@ -228,11 +239,13 @@ class JobStore:
         without reading every record again."""
         return self._select(states, after=int(seq))
 
-    def _select(self, states=None, user=None, after=None, conn=None, ended_in=None):
+    def _select(self, states=None, user=None, after=None, conn=None, ended_in=None,
+                limit=None):
         """``[(seq, record)]`` in submission order, filtered as :meth:`jobs` says."""
         query, args = self._where(states, user, after, ended_in)
         rows = (conn or self._reader()).execute(
-            f"SELECT seq, record FROM jobs{query} ORDER BY seq", args).fetchall()
+            f"SELECT seq, record FROM jobs{query} ORDER BY seq{_limit(limit)}",
+            args).fetchall()
         return [(row[0], json.loads(row[1])) for row in rows]
 
     @staticmethod
@@ -537,3 +550,13 @@ def open_store(path):
         while len(_OPENED) > _OPENED_MAX:  # its readers close once nothing holds it
             del _OPENED[next(iter(_OPENED))]
         return store
+
+
+def _limit(limit):
+    """The `` LIMIT n`` clause of a query (none for None); ``limit`` is written into the
+    query, so only a whole number gets there."""
+    if limit is None:
+        return ""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be a whole number of rows, got {limit!r}"[:200])
+    return f" LIMIT {limit}"

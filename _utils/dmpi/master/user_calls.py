@@ -178,16 +178,18 @@ def status(site, caller, job_id):
     return public(store, known_job(store, caller, job_id))
 
 
-def list_jobs(site, caller, user=None, state=None):
+def list_jobs(site, caller, user=None, state=None, limit=None, after=None):
     """The caller's jobs (an admin's: every user's, or ``user``'s), oldest first: id,
     name, user, state, np, placement, times, reason, and why a queued job waits, its
-    priority and its place in the queue."""
+    priority and its place in the queue. ``limit`` and ``after`` (a job id) page through
+    them: at most ``limit`` jobs submitted after that one."""
     user = caller.acting_user(user)
     states = job_states(state)
     keys = ("job_id", "name", "user", "state", "np", "placement", "submitted", "started",
             "ended", "reason")
     store = site.store()
-    found = store.jobs(states, user=user, keys=keys)
+    found = store.jobs(states, user=user, keys=keys, after=_after(store, caller, after),
+                       limit=_limit(limit))
     # Why queued jobs wait and their priority, as the controller last planned: read only
     # when one is listed.
     queued = any(r["state"] == "queued" for r in found)
@@ -234,12 +236,14 @@ def logs(site, caller, job_id, stream="stdout", tail=65536, offset=None):
     return site.opened(sealed, readers[0])
 
 
-def history(site, caller, user=None, since=None, until=None, state=None, format=None):  # pylint: disable=redefined-builtin
-    """Ended jobs with what they used (``dmpi.jobs.accounting``), oldest first: rows,
-    or with ``format=csv`` one CSV text."""
+def history(site, caller, user=None, since=None, until=None, state=None, format=None,  # pylint: disable=redefined-builtin
+            limit=None, after=None):
+    """Ended jobs with what they used (``dmpi.jobs.accounting``), oldest first (in
+    submission order): rows, or with ``format=csv`` one CSV text. ``limit`` and
+    ``after`` (a job id) page through them as :func:`list_jobs`'s do."""
     if format not in (None, "json", "csv"):
         raise RequestError("format must be json or csv")
-    _, _, rows = _ended_rows(site, caller, user, since, until, state)
+    _, _, rows = _ended_rows(site, caller, user, since, until, state, limit, after)
     return accounting.to_csv(rows) if format == "csv" else rows
 
 
@@ -461,18 +465,42 @@ def _tail_bytes(tail):
     return tail
 
 
-def _ended_rows(site, caller, user, since, until, state):
+def _ended_rows(site, caller, user, since, until, state, limit=None, after=None):
     """(user, end of the window, history rows) of the caller's ended jobs in the
-    window (``dmpi.jobs.accounting``)."""
+    window (``dmpi.jobs.accounting``), paged as :func:`list_jobs` says."""
     user = caller.acting_user(user)
     start, end = moment(since, "since"), moment(until, "until")
     states = job_states(state) or list(FINAL)
     if set(states) - set(FINAL):
         raise RequestError(f"history holds ended jobs only: {', '.join(FINAL)}")
+    store = site.store()
     # Only the fields a row needs, of the jobs that ended in the window.
-    records = site.store().jobs(states, user=user, keys=accounting.RECORD_FIELDS,
-                                ended_in=(start, end))
+    records = store.jobs(states, user=user, keys=accounting.RECORD_FIELDS,
+                         ended_in=(start, end), after=_after(store, caller, after),
+                         limit=_limit(limit))
     return user, end, [accounting.history_row(record) for record in records]
+
+
+def _limit(limit):
+    """A page's ``limit`` as a whole number of jobs (None: no limit)."""
+    if limit is None:
+        return None
+    try:
+        number = int(limit) if not isinstance(limit, (bool, float)) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < 1:
+        raise RequestError(f"limit must be a whole number of jobs, at least 1; got "
+                           f"{str(limit)[:40]!r}")
+    return number
+
+
+def _after(store, caller, after):
+    """The place in submission order of the job a page starts after (None: the
+    first page); a job the caller cannot see is no such job."""
+    if after is None:
+        return None
+    return store.seq_of(known_job(store, caller, after)["job_id"])
 
 
 def moment(value, what):

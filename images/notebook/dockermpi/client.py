@@ -371,12 +371,22 @@ class Client:
     def list(self, state=None):
         """Queued and running jobs (or those in ``state``: one, comma-separated ones or a
         list), oldest first."""
-        return self._field("/jobs", self.call("GET", "/jobs", {"state": state}), "jobs")
+        return self._pages("/jobs", {"state": state})
 
     def history(self, since=None, until=None, state=None):
-        """Your ended jobs; ``since``/``until`` in epoch seconds."""
-        answer = self.call("GET", "/history", {"since": since, "until": until, "state": state})
-        return self._field("/history", answer, "jobs")
+        """Your ended jobs, in submission order; ``since``/``until`` in epoch seconds."""
+        return self._pages("/history", {"since": since, "until": until, "state": state})
+
+    def _pages(self, path, params):
+        """Every row of a paged listing: its pages one after another (``next``)."""
+        rows, after = [], None
+        while True:
+            answer = self.call("GET", path, dict(params, after=after))
+            rows += self._field(path, answer, "jobs")
+            following = answer.get("next")
+            if not following or following == after:
+                return rows
+            after = following
 
     def usage(self, since=None, until=None):
         """Your usage between ``since`` and ``until`` (epoch seconds), as the master

@@ -869,7 +869,8 @@ def test_hub_settings_normalised():
 
 
 API_KEYS = "host, port, allowed_clients, hub_api_url, tls, token_cache_seconds, limits"
-API_LIMIT_KEYS = "requests_per_second, burst, streams, body_bytes, log_bytes, wait_seconds"
+API_LIMIT_KEYS = ("requests_per_second, burst, streams, body_bytes, log_bytes, wait_seconds, "
+                  "page_jobs")
 
 
 def test_api_defaults_and_shipped_api_pillars_are_valid():
@@ -890,7 +891,7 @@ def test_api_defaults_and_shipped_api_pillars_are_valid():
     {"token_cache_seconds": 0},  # ask the hub on every call
     {"token_cache_seconds": 3600},
     {"limits": {"requests_per_second": 1, "burst": 1, "streams": 1, "body_bytes": 1,
-                "log_bytes": 1, "wait_seconds": 1}},
+                "log_bytes": 1, "wait_seconds": 1, "page_jobs": 1}},
     {"limits": {"body_bytes": 64 << 20, "wait_seconds": 3600}},
 ])
 def test_api_settings_accepted(api):

@@ -429,6 +429,26 @@ def test_jobs_ended_in_a_window_are_picked_by_their_end_half_open_on_its_end(sto
     assert [r["job_id"] for r in store.jobs(ended_in=(150.0, 150.5))] == ["never-ran"]
 
 
+def test_jobs_come_in_pages_after_a_jobs_place_in_submission_order(store):
+    for job_id, user in (("a1", "alice"), ("b1", "bob"), ("a2", "alice"), ("a3", "alice")):
+        store.add(_record(job_id, user=user))
+    assert store.seq_of("a1") < store.seq_of("b1") < store.seq_of("a2")
+    assert store.seq_of("b1", user="alice") is None and store.seq_of("nope") is None
+
+    def ids(**given):
+        return ([r["job_id"] for r in store.jobs(user="alice", **given)],
+                [r["job_id"] for r in store.jobs(user="alice", keys=("job_id",), **given)])
+
+    assert ids(limit=2) == (["a1", "a2"],) * 2
+    assert ids(after=store.seq_of("a2"), limit=2) == (["a3"],) * 2
+    assert ids(after=store.seq_of("b1")) == (["a2", "a3"],) * 2
+    assert ids(limit=0) == ([],) * 2
+    for limit in (-1, 1.0, "1; DROP TABLE jobs", True):
+        with pytest.raises(ValueError, match="limit must be a whole number of rows"):
+            store.jobs(limit=limit)
+    assert len(store.jobs()) == 4
+
+
 def test_a_users_window_of_history_is_searched_by_index_not_read_whole(store):
     # The planner must find the index's expression in the query: a user with years of
     # jobs asks for last week's without SQLite decoding every record of theirs.

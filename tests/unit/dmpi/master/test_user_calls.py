@@ -115,6 +115,8 @@ def test_a_hub_users_job_is_theirs_under_their_mapped_name(site):
     lambda site, job: user_calls.cancel(site, ALICE, job),
     lambda site, job: user_calls.logs(site, ALICE, job),
     lambda site, job: user_calls.logs(site, ALICE, job, stream="stderr", offset=0),
+    lambda site, job: user_calls.list_jobs(site, ALICE, after=job),
+    lambda site, job: user_calls.history(site, ALICE, after=job),
 ])
 def test_another_users_job_is_no_such_job_and_stays_untouched(site, jobs, call):
     _, bob_job = jobs
@@ -163,6 +165,37 @@ def test_history_is_the_callers_jobs_that_ended_in_the_window_oldest_first(site,
         site, user_calls.ADMIN, since=1000, until=3000)] == [alice_job, bob_job]
     assert [r["job_id"] for r in user_calls.history(
         site, user_calls.ADMIN, since="1970-01-01T00:40")] == [bob_job]  # 2400 s
+
+
+def test_a_history_and_a_list_come_in_pages_in_submission_order(site, jobs):
+    alice_job, bob_job = jobs
+    more = [_submit(site, ALICE)["job_id"] for _ in range(3)]
+    store = site.store()
+    for job_id, ended in zip([*more, alice_job], (4000.0, 3000.0, 2000.0, 1000.0)):
+        store.transition(job_id, "failed", ended=ended)  # ended in the other order
+    store.transition(bob_job, "failed", ended=2500.0)
+    pages, after = [], None
+    while True:
+        page = user_calls.history(site, ALICE, limit=2, after=after)
+        pages.append([row["job_id"] for row in page])
+        if len(page) < 2:
+            break
+        after = page[-1]["job_id"]
+    assert pages == [[alice_job, more[0]], [more[1], more[2]], []]
+    assert [row["job_id"] for row in user_calls.history(
+        site, user_calls.ADMIN, limit=2, after=more[0])] == [more[1], more[2]]
+    assert [j["job_id"] for j in user_calls.list_jobs(site, ALICE, state="failed", limit=1,
+                                                      after=more[1])] == [more[2]]
+    assert user_calls.history(site, ALICE, since=2500, limit=1, after=more[0]) == \
+        user_calls.history(site, ALICE, since=2500)[1:2]
+
+
+@pytest.mark.parametrize("limit", [0, -1, "two", 1.5, True, [1]])
+def test_a_page_of_no_whole_number_of_jobs_is_refused(site, jobs, limit):
+    with pytest.raises(RequestError, match="limit must be a whole number of jobs"):
+        user_calls.history(site, ALICE, limit=limit)
+    with pytest.raises(RequestError, match="limit must be a whole number of jobs"):
+        user_calls.list_jobs(site, ALICE, limit=limit)
 
 
 GLUSTER_CONFIG = dmpi.settings.validate(dmpi.settings.merge(CONFIG, {"storage": {
