@@ -6,6 +6,11 @@ containers (:mod:`dmpi.node.agent`).
 :depends: apt-get, dpkg-deb, ldd
 """
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current).
+dmpi_current.ensure()
+
 from dmpi.contract import AGENT_DIR
 from dmpi.errors import NodeError
 from dmpi.node import agent

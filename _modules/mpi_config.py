@@ -10,6 +10,11 @@ themselves live in :mod:`dmpi.settings`, shared with the ``mpi`` runner.
 :depends: the ``dmpi`` package (``_utils``)
 """
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current).
+dmpi_current.ensure()
+
 import dmpi.settings
 from dmpi.errors import ConfigError
 from dmpi.node import revision

@@ -11,6 +11,11 @@ digest cannot.
 import json
 import logging
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current).
+dmpi_current.ensure()
+
 from dmpi.contract import IMAGE_REFERENCE_RE, LABEL_ROLE, STANDBY_PREFIX, STANDBY_ROLE
 from dmpi.errors import NodeError
 from dmpi.launch import probe as image_probe

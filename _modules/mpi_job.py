@@ -17,6 +17,11 @@ import functools
 import os
 import shutil
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current).
+dmpi_current.ensure()
+
 from dmpi.errors import DockerMPIError, RequestError, StartFailure
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 

@@ -23,6 +23,11 @@ import ipaddress
 import logging
 import re
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current).
+dmpi_current.ensure()
+
 import dmpi.pingpong
 from dmpi.errors import NodeError
 from dmpi.settings import SELFTEST_COUNTS

@@ -12,6 +12,11 @@ bad argument ``SaltInvocationError``, anything gluster refuses
 
 import functools
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current).
+dmpi_current.ensure()
+
 import dmpi.settings
 from dmpi.errors import DockerMPIError, RequestError
 from dmpi.storage import glusterfs, hosts

@@ -11,6 +11,11 @@ Make sure an approved, digest-pinned image is present on a node's Docker engine.
 :depends: the ``mpi_image`` execution module (Docker SDK)
 """
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current).
+dmpi_current.ensure()
+
 from dmpi.launch import probe as image_probe
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
