@@ -51,6 +51,12 @@ import os
 import threading
 import time
 
+import dmpi_current
+
+# A minion that outlived an upgrade imports the library below anew (dmpi_current): the
+# minion loads this module in its own process too, to start the engine.
+dmpi_current.ensure()
+
 from dmpi.contract import DEFAULT_JOB_ROOT, LABEL_JOB, NODE_TAG_PREFIX
 
 try:

@@ -1,5 +1,6 @@
 """Operations an admin does while users run jobs (issue 10): a highstate that restarts
-the nodes' Docker engines (live-restore), usage accounting, backups of the job store.
+the nodes' Docker engines (live-restore), an upgrade's sync into running minions, usage
+accounting, backups of the job store.
 
 Run on the real cluster only: ``tests/run tests/integration/test_operations.py``.
 """
@@ -396,3 +397,46 @@ def test_the_registry_is_read_only_for_the_cluster_network(cluster):
                                         "import socket; socket.create_connection(('127.0.0.1',"
                                         " 5001), timeout=5).close()"])
     assert code == 0, out
+
+
+#: A Salt module of an upgrade that imports a name its upgrade adds to the library.
+UPGRADED_MODULE = b'''
+import dmpi_current
+
+dmpi_current.ensure()
+
+from dmpi.contract import UPGRADE_PROBE
+
+
+def probe():
+    return UPGRADE_PROBE
+'''
+
+
+def test_a_minion_that_outlived_an_upgrade_loads_the_modules_that_need_the_new_library(cluster):
+    # The nodes' minions run calls in threads of one process, which keeps the dmpi
+    # modules it imported; an upgrade's sync writes a changed library module and a Salt
+    # module that imports a name new in it. Salt loads the new module at once, so it
+    # must find the new library, before the minion's restart.
+    node, extmods = "node1", "/var/cache/salt/minion/extmods"
+    minion = cluster.unit_property(node, "salt-minion", "MainPID")
+    code, found = cluster.salt_json(["salt", node, "mpi_config.engine_revision"])
+    assert code == 0 and isinstance(found.get(node), str), found  # the library is loaded
+    contract = cluster.read(node, ["cat", f"{extmods}/utils/dmpi/contract.py"])
+    try:
+        cluster.put_file(node, f"{extmods}/utils/dmpi/contract.py",
+                         (contract + '\nUPGRADE_PROBE = "new in this upgrade"\n').encode())
+        cluster.put_file(node, f"{extmods}/modules/mpi_upgrade_probe.py", UPGRADED_MODULE)
+        cluster.salt(["salt", node, "saltutil.refresh_modules", "wait=True"])
+        code, found = cluster.salt_json(["salt", node, "mpi_upgrade_probe.probe"])
+        assert code == 0 and found == {node: "new in this upgrade"}, found
+        code, found = cluster.salt_json(["salt", node, "sys.list_functions", "mpi_job"])
+        assert "mpi_job.start_worker" in found[node], found  # and the rest still loads
+        assert cluster.unit_property(node, "salt-minion", "MainPID") == minion
+    finally:
+        # The master's files come back, and the probe goes (Salt's sync removes modules
+        # the master does not have).
+        cluster.salt(["salt", node, "saltutil.sync_all"])
+    assert "UPGRADE_PROBE" not in cluster.read(node, ["cat", f"{extmods}/utils/dmpi/contract.py"])
+    code, found = cluster.salt_json(["salt", node, "sys.list_functions", "mpi_job"])
+    assert "mpi_job.start_worker" in found[node], found
