@@ -3,10 +3,11 @@
 A session that needs a fresh cluster starts building it as soon as its tests are
 collected, in a child process logging to ``CLUSTER_BUILD_LOG``; the unit and functional
 tests (before the integration tests in ``testpaths``) run meanwhile and the first
-integration test waits for it. Once it is built, the Vagrant cycle
-(tests/vagrant) and then the install guide (tests/guide, its hosts at a low CPU weight)
-run in the background while the integration tests run; their tests, after those in
-``testpaths``, wait for them (tests/background.py).
+integration test waits for it. Once it is built, the test images of the flavour and MPI
+Operator tests (tests/cluster/testimages.py), the Vagrant cycle (tests/vagrant) and then
+the install guide (tests/guide), each at a low CPU weight, run in the
+background while the integration tests run; the tests that need them wait for them
+(tests/background.py), or find the images built.
 """
 
 import os
@@ -82,11 +83,17 @@ def pytest_collection_finish(session):
 
 
 def _start_beside_integration_tests(items):
-    """The Vagrant cycle, then the install guide, in the background once the cluster is
-    built, when this session runs their tests (after the integration tests in
-    ``testpaths``): one at a time, so the integration tests share the machine with one."""
+    """The flavour and MPI Operator tests' images (tests/cluster/testimages.py), the
+    Vagrant cycle, then the install guide, in the background once the cluster is built,
+    when this session runs tests that need them (the last two after the integration
+    tests in ``testpaths``): one at a time, so the integration tests share the machine
+    with one."""
     names = {item.name for item in items}
     wanted = []
+    if any({"flavour_images", "pi_images"} & set(getattr(item, "fixturenames", ()))
+           for item in items):
+        from tests.cluster.testimages import PREBUILD
+        wanted.append(PREBUILD)
     if "test_vagrant_up_runs_a_job_over_every_node_and_destroy_leaves_nothing" in names:
         from tests.vagrant.test_vagrant import VAGRANT_CYCLE
         wanted.append(VAGRANT_CYCLE)

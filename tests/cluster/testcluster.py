@@ -294,10 +294,13 @@ class TestCluster:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, nodes=3):
+    def __init__(self, nodes=3, build_cpu_shares=None):
+        """``build_cpu_shares``: the CPU weight of the images' builds (None: Docker's
+        default)."""
         if not 1 <= nodes <= 9:
             raise ClusterError(f"nodes must be between 1 and 9, got {nodes}")
         self.node_count = nodes
+        self.build_cpu_shares = build_cpu_shares
         self.docker = docker.from_env(timeout=600)
         self._idle_sessions = []  # RunnerSession objects no call is using
         self._sessions_lock = threading.Lock()
@@ -895,8 +898,9 @@ print("kit ready", flush=True)
         CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=CACHE) as scratch:
             rootfs = pathlib.Path(scratch) / "rootfs"
+            nice = ["nice", "-n", "10"] if self.build_cpu_shares else []
             subprocess.run(
-                ["debootstrap", "--variant=minbase", suite, str(rootfs)],
+                [*nice, "debootstrap", "--variant=minbase", suite, str(rootfs)],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
@@ -936,9 +940,10 @@ print("kit ready", flush=True)
             for arcname, source in extra.items():
                 shutil.copytree(source, context / arcname, copy_function=os.link)
             started = time.monotonic()
+            limits = {"cpushares": self.build_cpu_shares} if self.build_cpu_shares else None
             for chunk in self.docker.api.build(
                 path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
-                buildargs=buildargs,
+                buildargs=buildargs, container_limits=limits,
             ):
                 if "error" in chunk:
                     raise ClusterError(f"building {tag}: {chunk['error']}")

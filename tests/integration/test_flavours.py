@@ -72,12 +72,10 @@ def flavour_images(cluster):
     """The flavours' test images pushed to the cluster's registry, approved, and probed by
     one node's highstate (the others pull them when a job needs them); on the way out
     the approval is withdrawn and highstate removes them from every node."""
+    from tests.cluster import testimages
     from tests.cluster.testcluster import REGISTRY, REGISTRY_HOST_PORT
 
-    built = {"bullseye": cluster.mpi_bullseye_image(),
-             "openmpi5": cluster.mpi_openmpi5_image(),
-             "mpich": cluster.mpi_mpich_image(),
-             "intelmpi": cluster.mpi_intelmpi_image()}
+    built = testimages.flavours(cluster)
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
               for name, tag in built.items()}
     original = cluster.read("master", ["cat", IMAGES_PILLAR])

@@ -39,11 +39,10 @@ def pi_images(cluster):
     """The examples' images pushed, approved, and probed by one node's highstate, with
     slots of the memory the examples' pods ask; on the way out the approval is withdrawn
     and highstate removes the images from every node."""
+    from tests.cluster import testimages
     from tests.cluster.testcluster import REGISTRY, REGISTRY_HOST_PORT
 
-    built = {"mpi-pi": cluster.mpi_pi_image(),
-             "mpi-pi-mpich": cluster.mpi_pi_hydra_image(cluster.notebook_mpich_image()),
-             "mpi-pi-intel": cluster.mpi_pi_hydra_image(cluster.mpi_intelmpi_image())}
+    built = testimages.pi_examples(cluster)
     pushed = {name: cluster.push_image(tag, f"127.0.0.1:{REGISTRY_HOST_PORT}", REGISTRY)
               for name, tag in built.items()}
     original = cluster.read("master", ["cat", IMAGES_PILLAR])
