@@ -2,12 +2,12 @@
 DockerMPI's shared storage on the host that serves it: the Salt face of
 :mod:`dmpi.storage`. For ``mpi:storage:type`` glusterfs, run on the GlusterFS server
 (role ``mpi-glusterfs-server``): the volume made and set as DockerMPI needs it, and
-each user directory's quota of bytes and files set and read. Errors become Salt's: a
+each user directory's quota of bytes and files set and read. On every node: the storage's
+own directories made as several nodes may at once, and the hosts' port floor checked. Errors become Salt's: a
 bad argument ``SaltInvocationError``, anything gluster refuses
 ``CommandExecutionError``.
 
-:depends: gluster (Debian package glusterfs-server) for everything but :func:`clients`
-    and :func:`port_floor_problem`
+:depends: gluster (Debian package glusterfs-server) for the volume and quota functions
 """
 
 import functools
@@ -19,7 +19,7 @@ dmpi_current.ensure()
 
 import dmpi.settings
 from dmpi.errors import DockerMPIError, RequestError
-from dmpi.storage import glusterfs, hosts
+from dmpi.storage import glusterfs, hosts, shared
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 __virtualname__ = "mpi_storage"
@@ -157,3 +157,20 @@ def port_floor_problem():
         salt '*' mpi_storage.port_floor_problem
     """
     return hosts.port_floor_problem()
+
+
+@_salt_errors
+def shared_directory(path, user, group, mode, test=False):
+    """
+    Make ``path`` on the shared storage a directory owned by ``user``:``group`` with
+    ``mode``, as every node's highstate does at the same moment (the first to make it
+    wins; the others find it made). Its parent is never made. Returns what changed (or
+    would, with ``test=True``): ``{}`` when nothing did.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' mpi_storage.shared_directory /srv/dockermpi/users mpiguest mpiguest 0711
+    """
+    return shared.ensure_directory(path, user, group, mode, test=test)

@@ -1,6 +1,7 @@
 """
 DockerMPI's shared storage: on the host serving it, the GlusterFS volume and the users'
-quotas on it; on every host that speaks to it, that only root binds a privileged port.
+quotas on it; on every host that speaks to it, that only root binds a privileged port and
+the storage's own directories, which every node ensures at once.
 
 .. code-block:: yaml
 
@@ -14,13 +15,21 @@ quotas on it; on every host that speaks to it, that only root binds a privileged
       mpi_storage.privileged_ports_root_only:
         - name: net.ipv4.ip_unprivileged_port_start
 
+    mpi-storage-preshared-users-directory:
+      mpi_storage.shared_directory:
+        - name: /srv/dockermpi/users
+        - user: mpiguest
+        - group: mpiguest
+        - mode: '0711'
+
     mpi-storage-glusterfs-user-quotas:
       mpi_storage.user_quotas:
         - name: dockermpi
         - mount: /srv/dockermpi
         - limits: {size_mb: 102400, files: 1000000, users: {}}
 
-:depends: the ``mpi_storage`` execution module, gluster (glusterfs-server)
+:depends: the ``mpi_storage`` execution module; gluster (glusterfs-server) for the
+    volume and its quotas
 """
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -99,6 +108,28 @@ def user_quotas(name, mount, limits):
     return _applied(name, __salt__["mpi_storage.set_user_quotas"],
                     "Every user directory has its quota",
                     volume=name, mount=mount, limits=limits)
+
+
+def shared_directory(name, user, group, mode):
+    """
+    Ensure ``name``, on a file system every node mounts, is a directory owned by
+    ``user``:``group`` with ``mode`` (octal text, as ``file.directory`` takes it). Every
+    node applies this at once: the first makes the directory, the others find it made
+    (``file.directory`` looks, then makes, and fails on every node but one). Its parent is
+    never made; anything but a directory there fails the state and is left as it is.
+
+    name
+        The directory.
+
+    user, group
+        Its owner and group (names or ids).
+
+    mode
+        Its mode (``'0711'``).
+    """
+    return _applied(name, __salt__["mpi_storage.shared_directory"],
+                    f"Directory {name} is as it should be",
+                    path=name, user=user, group=group, mode=mode)
 
 
 def privileged_ports_root_only(name):

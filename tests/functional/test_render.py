@@ -281,9 +281,10 @@ def test_every_storage_host_checks_that_only_root_binds_a_privileged_port(reques
 def test_preshared_checks_path_without_creating_it(preshared_high):
     exists = _args(preshared_high, "mpi-storage-preshared-path-exists", "file.exists")
     assert exists["name"] == "/data/cluster"
-    users = _args(preshared_high, "mpi-storage-preshared-users-directory", "file.directory")
+    # Every node makes these at once on one file system: a state that lets the first win.
+    users = _args(preshared_high, "mpi-storage-preshared-users-directory",
+                  "mpi_storage.shared_directory")
     assert users["name"] == "/data/cluster/users"
-    assert users["makedirs"] is False
     assert (users["user"], users["mode"]) == ("mpiguest", "0711")
     assert not [sid for sid in preshared_high if "nfs" in sid]
 
@@ -294,9 +295,10 @@ def test_preshared_checks_path_without_creating_it(preshared_high):
 ])
 def test_a_health_directory_for_the_nodes_storage_probe(request, high, name, owner):
     # Written by root on the nodes: under NFS root_squash that root is nobody.
-    state = "mpi-storage-nfs-server-health-directory" if high == "nfs_high" \
-        else "mpi-storage-preshared-health-directory"
-    found = _args(request.getfixturevalue(high), state, "file.directory")
+    state, function = ("mpi-storage-nfs-server-health-directory", "file.directory") \
+        if high == "nfs_high" else ("mpi-storage-preshared-health-directory",
+                                    "mpi_storage.shared_directory")
+    found = _args(request.getfixturevalue(high), state, function)
     assert found["name"] == name and (found["user"], found["group"]) == owner
     assert found["mode"] == "0700"
 

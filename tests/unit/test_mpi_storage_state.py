@@ -42,3 +42,58 @@ def test_an_unreadable_floor_fails_with_the_error(host):
     host(fail="cannot read /proc/sys/net/ipv4/ip_unprivileged_port_start: gone")
     ret = state.privileged_ports_root_only("net.ipv4.ip_unprivileged_port_start")
     assert ret["result"] is False and ret["comment"].startswith("cannot read")
+
+
+@pytest.fixture
+def storage_dirs(monkeypatch):
+    """The state over the real execution function's library, on a temp directory."""
+    from dmpi.errors import DockerMPIError, RequestError
+    from dmpi.storage import shared
+    from salt.exceptions import SaltInvocationError
+
+    def make(test=False):
+        def shared_directory(path, user, group, mode, test=False):
+            try:
+                return shared.ensure_directory(path, user, group, mode, test=test)
+            except RequestError as exc:
+                raise SaltInvocationError(str(exc)) from exc
+            except DockerMPIError as exc:
+                raise CommandExecutionError(str(exc)) from exc
+        monkeypatch.setattr(state, "__salt__",
+                            {"mpi_storage.shared_directory": shared_directory}, raising=False)
+        monkeypatch.setattr(state, "__opts__", {"test": test}, raising=False)
+    return make
+
+
+def _me():
+    import os
+    return os.getuid(), os.getgid()
+
+
+def test_a_shared_directory_is_made_then_left_as_it_is(storage_dirs, tmp_path):
+    storage_dirs()
+    path = str(tmp_path / "users")
+    uid, gid = _me()
+    ret = state.shared_directory(path, uid, gid, "0711")
+    assert (ret["result"], ret["changes"]) == (
+        True, {"changes": {"directory": "new", "owner": f"{uid}:{gid}", "mode": "0711"}})
+    assert state.shared_directory(path, uid, gid, "0711") == {
+        "name": path, "result": True, "changes": {},
+        "comment": f"Directory {path} is as it should be"}
+
+
+def test_a_shared_directory_in_test_mode_is_none_and_not_made(storage_dirs, tmp_path):
+    storage_dirs(test=True)
+    path = tmp_path / "users"
+    ret = state.shared_directory(str(path), *_me(), "0711")
+    assert ret["result"] is None and ret["changes"]["changes"]["directory"] == "new"
+    assert not path.exists()
+
+
+def test_a_shared_directory_over_a_file_fails_naming_it(storage_dirs, tmp_path):
+    storage_dirs()
+    path = tmp_path / "users"
+    path.write_text("x")
+    ret = state.shared_directory(str(path), *_me(), "0711")
+    assert (ret["result"], ret["changes"]) == (False, {})
+    assert ret["comment"] == f"{path} exists and is not a directory: left as it is"

@@ -14,13 +14,14 @@ mpi-storage-preshared-path-exists:
     - require:
       - sls: {{ tplroot }}.config
 
+{#- Every node applies these at once on the one file system: mpi_storage.shared_directory
+    lets the first make each directory and the others find it made. #}
 mpi-storage-preshared-users-directory:
-  file.directory:
+  mpi_storage.shared_directory:
     - name: {{ (mpi.storage.path ~ "/users") | json }}
     - user: {{ mpi.guest.user | json }}
     - group: {{ mpi.guest.group | json }}
     - mode: '0711'
-    - makedirs: False
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-storage-preshared-path-exists
@@ -29,12 +30,11 @@ mpi-storage-preshared-users-directory:
 {#- Where each node's health check writes and removes its probe file (mpi_job.health),
     outside every user's directory. #}
 mpi-storage-preshared-health-directory:
-  file.directory:
+  mpi_storage.shared_directory:
     - name: {{ (mpi.storage.path ~ "/.dockermpi-health") | json }}
     - user: root
     - group: root
     - mode: '0700'
-    - makedirs: False
     - require:
       - sls: {{ tplroot }}.config
       - file: mpi-storage-preshared-path-exists
