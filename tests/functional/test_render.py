@@ -623,7 +623,7 @@ def test_states_get_normalised_settings(tmp_path):
     high = _highstate(_minion(tmp_path, ["mpi-node"], pillar))
     exists = _args(high, "mpi-storage-preshared-path-exists", "file.exists")
     assert exists["name"] == "/data/cluster"
-    users = _args(high, "mpi-storage-preshared-users-directory", "file.directory")
+    users = _args(high, "mpi-storage-preshared-users-directory", "mpi_storage.shared_directory")
     assert users["name"] == "/data/cluster/users"
     root = _args(high, "mpi-node-jobs-root-directory", "file.directory")
     assert root["name"] == "/var/local/mpi-jobs"
