@@ -490,3 +490,67 @@ def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one
     finally:
         _, left = cluster.settle()  # whatever the outcome, no job of this test runs on
     assert left == {}
+
+
+#: Copies the user's newest succeeded job ``count`` times in the master's store (ids no
+#: job has: ``20000101-000000-<n>``), as a long month of her jobs would leave; argv:
+#: store, user, count. Prints how many ended jobs she has now, then the copies' ids.
+_MANY_ENDED = """
+import json, sqlite3, sys
+store, user, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+conn = sqlite3.connect(store, timeout=60)
+state, text = conn.execute(
+    "SELECT state, record FROM jobs WHERE user = ? AND state = 'succeeded' "
+    "ORDER BY seq DESC LIMIT 1", (user,)).fetchone()
+record = json.loads(text)
+ids = [f"20000101-000000-{n:06x}" for n in range(count)]
+with conn:
+    for job_id in ids:
+        conn.execute("INSERT INTO jobs (id, user, state, record) VALUES (?, ?, ?, ?)",
+                     (job_id, user, state, json.dumps(dict(record, job_id=job_id))))
+ended = conn.execute("SELECT COUNT(*) FROM jobs WHERE user = ? AND state IN "
+                     "('succeeded', 'failed', 'cancelled', 'timed_out')", (user,)).fetchone()[0]
+print(ended)
+print("\\n".join(ids))
+"""
+_FORGET = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], timeout=60)
+with conn:
+    conn.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in sys.argv[2:]])
+"""
+STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
+#: More ended jobs than one history page holds (the site's page_jobs: 1000).
+MANY = 1100
+
+
+def test_the_jobs_panel_reads_every_page_of_a_long_history(cluster, notebook_user):
+    account = json.loads(cluster.notebook_exec(notebook_user, ["mpi", "whoami", "--json"])[1])
+    job_id = _mpi_submit(cluster, notebook_user, "-n", "1", "-J", "panel-pages", "--", "true")
+    assert cluster.run_json("mpi.wait", job_id=job_id, timeout=120)[1]["state"] == "succeeded"
+    code, out = cluster.exec("master", ["python3", "-c", _MANY_ENDED, STORE, account["account"],
+                                        str(MANY)], stdout_only=True)
+    assert code == 0, out
+    ended, *copies = out.split()
+    try:
+        assert int(ended) > MANY, out[:200]
+        with _browser(cluster) as browser:
+            _log_in(browser, notebook_user)
+            browser.get(_lab(notebook_user) + "?reset")
+            tab = ".jp-SideBar [data-id=\"dockermpi-jobs-panel\"]"
+            browser.wait_for(f"!!document.querySelector('.jp-LabShell') && "
+                             f"!!document.querySelector('{tab}')", timeout=180)
+            browser.click(browser.run(f"return document.querySelector('{tab}');")[ELEMENT])
+            heading = "#dockermpi-jobs-panel .dmpi-history h3"
+            shown = browser.wait_for(
+                f"(() => {{ const e = document.querySelector('{heading}'); "
+                f"return e && /\\(\\d+\\)/.test(e.innerText) && e.innerText; }})()",
+                timeout=120)
+            # Every ended job of the window, past the first page's 1000.
+            assert shown == f"Ended, last 30 days ({int(ended)})", shown
+            rows = browser.run("return [...document.querySelectorAll("
+                               "'#dockermpi-jobs-panel .dmpi-history .dmpi-job')]"
+                               ".map(r => r.dataset.jobId);")
+            assert len(rows) == 200 and set(rows) <= set(copies) | {job_id}, rows[:5]
+    finally:
+        cluster.exec("master", ["python3", "-c", _FORGET, STORE, *copies])

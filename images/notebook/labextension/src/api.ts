@@ -98,22 +98,16 @@ export class DockerMPIApi {
     return { ...DEFAULT_SETTINGS, ...found };
   }
 
-  async activeJobs(): Promise<Job[]> {
-    const answer = await this.get<{ jobs: Job[] }>('jobs', {
-      state: ACTIVE_STATES.join(',')
-    });
-    return answer.jobs;
+  activeJobs(): Promise<Job[]> {
+    return this.allPages<Job>('jobs', { state: ACTIVE_STATES.join(',') });
   }
 
   job(jobId: string): Promise<Job> {
     return this.get<Job>(`jobs/${encodeURIComponent(jobId)}`);
   }
 
-  async history(since: number): Promise<HistoryRow[]> {
-    const answer = await this.get<{ jobs: HistoryRow[] }>('history', {
-      since: Math.floor(since)
-    });
-    return answer.jobs;
+  history(since: number): Promise<HistoryRow[]> {
+    return this.allPages<HistoryRow>('history', { since: Math.floor(since) });
   }
 
   submit(request: Record<string, unknown>): Promise<Job> {
@@ -137,6 +131,25 @@ export class DockerMPIApi {
       query._xsrf = decodeURIComponent(xsrf[1]);
     }
     return this.apiUrl('events', query);
+  }
+
+  /**
+   * Every row of a paged list (`{jobs, next}`): the API gives at most the site's
+   * `page_jobs` rows a call, oldest first, and `next` names where the following page
+   * starts. Each job id follows the last, so the pages end.
+   */
+  private async allPages<T>(path: string, query: Record<string, string | number>): Promise<T[]> {
+    const rows: T[] = [];
+    let after: string | null = null;
+    do {
+      const page: { jobs: T[]; next?: string | null } = await this.get(
+        path,
+        after === null ? query : { ...query, after }
+      );
+      rows.push(...page.jobs);
+      after = page.next ?? null;
+    } while (after !== null);
+    return rows;
   }
 
   get<T>(path: string, query: Record<string, string | number> = {}): Promise<T> {
