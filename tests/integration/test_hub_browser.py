@@ -401,6 +401,19 @@ def _row(browser, job_id, css):
                 f"{css}').click();")
 
 
+def _open_panel(browser, user):
+    """Log ``user`` in to her JupyterLab and open the jobs panel from its sidebar tab."""
+    _log_in(browser, user)
+    # ?reset: the default layout, whatever an earlier session left open (the sidebar
+    # tab's click below opens the panel from there).
+    browser.get(_lab(user) + "?reset")
+    tab = ".jp-SideBar [data-id=\"dockermpi-jobs-panel\"]"
+    browser.wait_for(f"!!document.querySelector('.jp-LabShell') && "
+                     f"!!document.querySelector('{tab}')", timeout=180)
+    # A real click: Lumino's tab bars act on the pointer, not on click events.
+    browser.click(browser.run(f"return document.querySelector('{tab}');")[ELEMENT])
+
+
 def _other_users_job(cluster, name, command):
     """A job of OTHER_USER's (submitted on the master: how does not matter to the panel)."""
     code, job = cluster.run_json("mpi.submit", user=OTHER_USER, image="mpi", np=1, name=name,
@@ -424,15 +437,7 @@ def test_the_jobs_panel_follows_the_users_jobs_live_cancels_one_and_shows_no_one
     theirs = [_other_users_job(cluster, "not-yours", "sleep 600")]
     try:
         with _browser(cluster) as browser:
-            _log_in(browser, notebook_user)
-            # ?reset: the default layout, whatever an earlier session left open (the
-            # sidebar tab's click below opens the panel from there).
-            browser.get(_lab(notebook_user) + "?reset")
-            tab = ".jp-SideBar [data-id=\"dockermpi-jobs-panel\"]"
-            browser.wait_for(f"!!document.querySelector('.jp-LabShell') && "
-                             f"!!document.querySelector('{tab}')", timeout=180)
-            # A real click: Lumino's tab bars act on the pointer, not on click events.
-            browser.click(browser.run(f"return document.querySelector('{tab}');")[ELEMENT])
+            _open_panel(browser, notebook_user)
             _panel(browser, "p.visible && p.stream === 'open'")
             # Notifications: only once she agreed, from the panel's button.
             browser.run(_NOTIFICATION_SPY)
@@ -535,12 +540,7 @@ def test_the_jobs_panel_reads_every_page_of_a_long_history(cluster, notebook_use
     try:
         assert int(ended) > MANY, out[:200]
         with _browser(cluster) as browser:
-            _log_in(browser, notebook_user)
-            browser.get(_lab(notebook_user) + "?reset")
-            tab = ".jp-SideBar [data-id=\"dockermpi-jobs-panel\"]"
-            browser.wait_for(f"!!document.querySelector('.jp-LabShell') && "
-                             f"!!document.querySelector('{tab}')", timeout=180)
-            browser.click(browser.run(f"return document.querySelector('{tab}');")[ELEMENT])
+            _open_panel(browser, notebook_user)
             heading = "#dockermpi-jobs-panel .dmpi-history h3"
             shown = browser.wait_for(
                 f"(() => {{ const e = document.querySelector('{heading}'); "
