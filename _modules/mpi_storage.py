@@ -1,11 +1,11 @@
 """
-DockerMPI's shared storage on the host that serves it: the Salt face of
+DockerMPI's shared storage, on the host that serves it and on every node: the Salt face of
 :mod:`dmpi.storage`. For ``mpi:storage:type`` glusterfs, run on the GlusterFS server
 (role ``mpi-glusterfs-server``): the volume made and set as DockerMPI needs it, and
 each user directory's quota of bytes and files set and read. On every node: the storage's
-own directories made as several nodes may at once, and the hosts' port floor checked. Errors become Salt's: a
-bad argument ``SaltInvocationError``, anything gluster refuses
-``CommandExecutionError``.
+own directories, made as several nodes may make them at once, and the hosts' port floor
+checked. Errors become Salt's: a bad argument ``SaltInvocationError``, anything gluster
+or the file system refuses ``CommandExecutionError``.
 
 :depends: gluster (Debian package glusterfs-server) for the volume and quota functions
 """
