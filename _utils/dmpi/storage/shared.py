@@ -53,17 +53,17 @@ def ensure_directory(path, user, group, mode, test=False):
     """
     uid, gid = _ids(user, group)
     wanted_mode = _mode(mode)
-    changes = {}
+    wanted = {"owner": f"{uid}:{gid}", "mode": f"{wanted_mode:04o}"}
+    made = False
     if not os.path.lexists(path):
-        changes["directory"] = "new"
         if test:
-            changes.update(owner=f"{uid}:{gid}", mode=f"{wanted_mode:04o}")
-            return changes
+            return {"directory": "new", **wanted}
         try:
             # Made private, then handed over: never wider than asked, even for a moment.
             os.mkdir(path, 0o700)
+            made = True
         except FileExistsError:
-            del changes["directory"]  # another host made it first
+            pass  # another host made it first
         except FileNotFoundError:
             raise DockerMPIError(f"cannot make {path}: its parent directory does not exist") \
                 from None
@@ -76,14 +76,15 @@ def ensure_directory(path, user, group, mode, test=False):
             raise DockerMPIError(f"{path} exists and is not a directory: left as it is") \
                 from None
         raise DockerMPIError(f"cannot open {path}: {exc.strerror}") from None
+    changes = {}
     try:
         found = os.fstat(fd)
         if (found.st_uid, found.st_gid) != (uid, gid):
-            changes["owner"] = f"{uid}:{gid}"
+            changes["owner"] = wanted["owner"]
             if not test:
                 os.fchown(fd, uid, gid)
         if stat.S_IMODE(found.st_mode) != wanted_mode:
-            changes["mode"] = f"{wanted_mode:04o}"
+            changes["mode"] = wanted["mode"]
             if not test:
                 os.fchmod(fd, wanted_mode)
     except OSError as exc:
@@ -91,6 +92,4 @@ def ensure_directory(path, user, group, mode, test=False):
             from None
     finally:
         os.close(fd)
-    if changes.get("directory") == "new":
-        changes.update(owner=f"{uid}:{gid}", mode=f"{wanted_mode:04o}")
-    return changes
+    return {"directory": "new", **wanted} if made else changes
