@@ -1,11 +1,13 @@
 """Unit tests of the mpi_storage state's host check: only root binds a privileged port
-(the execution module reads the kernel's floor: tests/unit/dmpi/storage/test_hosts.py)."""
+(the execution module reads the kernel's floor: tests/unit/dmpi/storage/test_hosts.py),
+and of its shared directories over the real execution module."""
 
 import pytest
 from salt.exceptions import CommandExecutionError
 from tests.extension import load_extension
 
 state = load_extension("_states/mpi_storage.py", "mpi_storage_state")
+module = load_extension("_modules/mpi_storage.py", "mpi_storage_module")
 LOWERED = "net.ipv4.ip_unprivileged_port_start is 0 on this host: ..."
 
 
@@ -46,21 +48,11 @@ def test_an_unreadable_floor_fails_with_the_error(host):
 
 @pytest.fixture
 def storage_dirs(monkeypatch):
-    """The state over the real execution function's library, on a temp directory."""
-    from dmpi.errors import DockerMPIError, RequestError
-    from dmpi.storage import shared
-    from salt.exceptions import SaltInvocationError
-
+    """The state over the real execution module, on a temp directory."""
     def make(test=False):
-        def shared_directory(path, user, group, mode, test=False):
-            try:
-                return shared.ensure_directory(path, user, group, mode, test=test)
-            except RequestError as exc:
-                raise SaltInvocationError(str(exc)) from exc
-            except DockerMPIError as exc:
-                raise CommandExecutionError(str(exc)) from exc
         monkeypatch.setattr(state, "__salt__",
-                            {"mpi_storage.shared_directory": shared_directory}, raising=False)
+                            {"mpi_storage.shared_directory": module.shared_directory},
+                            raising=False)
         monkeypatch.setattr(state, "__opts__", {"test": test}, raising=False)
     return make
 
