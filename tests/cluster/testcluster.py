@@ -69,6 +69,8 @@ CLUSTER_NET = ("dmpi-cluster", "10.251.1.0/24", "10.251.1.1")
 SITE_NET = ("dmpi-site", "10.251.2.0/24", "10.251.2.1")
 MASTER = "dmpi-master"
 MASTER_ADDR = "10.251.1.2"
+#: The job store on the master host (the master's cachedir/dockermpi).
+JOB_STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
 REGISTRY = f"{MASTER_ADDR}:5000"  # read-only: what nodes pull from
 REGISTRY_PUSH_PORT = 5001  # the same storage, writable from this machine alone
 MINION_REPAIR_AFTER = 45  # seconds; minions answer within 20 s of a (re)start here

@@ -22,7 +22,7 @@ import yaml
 from tests.browser import ARTIFACTS, ELEMENT, Browser, BrowserError
 from tests.cluster import tls
 from tests.cluster.testcluster import (API_PUBLIC_URL, HUB_ADDR, HUB_DOMAIN, HUB_PUBLIC_URL,
-                                       REPO)
+                                       JOB_STORE, REPO)
 
 pytestmark = pytest.mark.cluster
 
@@ -524,7 +524,6 @@ conn = sqlite3.connect(sys.argv[1], timeout=60)
 with conn:
     conn.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in sys.argv[2:]])
 """
-STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
 #: More ended jobs than one history page holds (the site's page_jobs: 1000).
 MANY = 1100
 
@@ -533,8 +532,8 @@ def test_the_jobs_panel_reads_every_page_of_a_long_history(cluster, notebook_use
     account = json.loads(cluster.notebook_exec(notebook_user, ["mpi", "whoami", "--json"])[1])
     job_id = _mpi_submit(cluster, notebook_user, "-n", "1", "-J", "panel-pages", "--", "true")
     assert cluster.run_json("mpi.wait", job_id=job_id, timeout=120)[1]["state"] == "succeeded"
-    code, out = cluster.exec("master", ["python3", "-c", _MANY_ENDED, STORE, account["account"],
-                                        str(MANY)], stdout_only=True)
+    code, out = cluster.exec("master", ["python3", "-c", _MANY_ENDED, JOB_STORE,
+                                        account["account"], str(MANY)], stdout_only=True)
     assert code == 0, out
     ended, *copies = out.split()
     try:
@@ -554,4 +553,4 @@ def test_the_jobs_panel_reads_every_page_of_a_long_history(cluster, notebook_use
                                ".map(r => r.dataset.jobId);")
             assert len(rows) == 200 and set(rows) <= set(copies) | {job_id}, rows[:5]
     finally:
-        cluster.exec("master", ["python3", "-c", _FORGET, STORE, *copies])
+        cluster.exec("master", ["python3", "-c", _FORGET, JOB_STORE, *copies])

@@ -11,6 +11,7 @@ import time
 import pytest
 import yaml
 
+from tests.cluster.testcluster import JOB_STORE
 from tests.integration.test_lifecycle import (nothing_left_behind, run, status,  # noqa: F401
                                               submit, wait_for)
 
@@ -292,7 +293,6 @@ def test_approved_images_are_probed_and_launched_as_the_probe_found_them(cluster
         cluster._highstate(cluster.nodes)
 
 
-STORE = "/var/cache/salt/master/dockermpi/jobs.sqlite"
 _AGE_RECORD = """
 import json, sqlite3, sys
 conn = sqlite3.connect(sys.argv[1])
@@ -313,7 +313,7 @@ def test_retention_removes_old_records_and_job_dirs_and_nothing_else(cluster):
         assert run(cluster, "mpi.wait", job_id=job_id, timeout=120)[1]["state"] == "succeeded"
     running = submit(cluster, user=owner, np=1, cmd=["sleep", "120"])
     wait_for(cluster, running, ("running",), 60)
-    cluster.exec("master", ["python3", "-c", _AGE_RECORD, STORE, old, "400"])
+    cluster.exec("master", ["python3", "-c", _AGE_RECORD, JOB_STORE, old, "400"])
     # B's file, and A's old job directories: one plain, one holding a link to B's file,
     # one that is itself a link to B's directory (A's job could have made any of them).
     cluster.as_user(victim, ["sh", "-c", "echo precious > /srv/dockermpi/users/"
